@@ -1,0 +1,146 @@
+#include "common/checks.h"
+
+#include <limits>
+
+namespace sparsetorch {
+
+namespace {
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+}
+
+bool is_supported_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+void check_float_dtype(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(is_supported_float(t.scalar_type()), name,
+                   ": expected float16, bfloat16, float32 or float64, got ", t.scalar_type());
+}
+
+void check_index_dtype(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
+                   ": expected int32 or int64 indices, got ", t.scalar_type());
+}
+
+void check_same_device(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
+  TORCH_CHECK_VALUE(a.device() == b.device(), "expected ", a_name, " and ", b_name,
+                    " on the same device, got ", a_name, " on ", a.device(), " and ", b_name, " on ",
+                    b.device());
+}
+
+void check_same_dtype(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "expected ", a_name, " and ", b_name,
+                   " of the same dtype, got ", a_name, " ", a.scalar_type(), " and ", b_name, " ",
+                   b.scalar_type());
+}
+
+CsrShape check_csr_components(const at::Tensor& crow, const at::Tensor& col, const at::Tensor* values) {
+  check_index_dtype(crow, "crow_indices");
+  check_index_dtype(col, "col_indices");
+  TORCH_CHECK_TYPE(crow.scalar_type() == col.scalar_type(),
+                   "expected crow_indices and col_indices of the same dtype, got ", crow.scalar_type(),
+                   " and ", col.scalar_type());
+  check_same_device(crow, "crow_indices", col, "col_indices");
+  TORCH_CHECK_VALUE(crow.dim() == 1 || crow.dim() == 2,
+                    "crow_indices: expected a 1-D (m+1,) or 2-D (batch, m+1) tensor, got shape ",
+                    crow.sizes());
+  TORCH_CHECK_VALUE(col.dim() == crow.dim(), "col_indices: expected ", crow.dim(),
+                    "-D like crow_indices (", crow.dim() == 1 ? "(nnz,)" : "(batch, nnz)", "), got shape ",
+                    col.sizes());
+  TORCH_CHECK_VALUE(crow.size(-1) >= 1, "crow_indices: expected at least one entry (m+1 >= 1), got shape ",
+                    crow.sizes());
+  CsrShape s;
+  s.batched = crow.dim() == 2;
+  s.batch = s.batched ? crow.size(0) : 1;
+  s.m = crow.size(-1) - 1;
+  s.nnz_stride = col.size(-1);
+  if (s.batched) {
+    TORCH_CHECK_VALUE(col.size(0) == s.batch, "col_indices: expected batch size ", s.batch,
+                      " (from crow_indices ", crow.sizes(), "), got shape ", col.sizes());
+  }
+  if (values != nullptr) {
+    check_same_device(crow, "crow_indices", *values, "values");
+    TORCH_CHECK_VALUE(values->dim() == 1 || values->dim() == 2,
+                      "values: expected a 1-D (nnz,) or 2-D (batch, nnz) tensor, got shape ", values->sizes());
+    TORCH_CHECK_VALUE(values->size(-1) == s.nnz_stride, "values: expected last dimension ", s.nnz_stride,
+                      " (the length of col_indices), got shape ", values->sizes());
+    if (s.batched) {
+      TORCH_CHECK_VALUE(values->dim() == 2 && values->size(0) == s.batch, "values: expected shape (",
+                        s.batch, ", ", s.nnz_stride, ") to match the batched pattern, got ", values->sizes());
+    }
+  }
+  if (crow.scalar_type() == at::kInt) {
+    TORCH_CHECK_VALUE(s.nnz_stride <= kInt32Max && s.m < kInt32Max,
+                      "int32 indices cannot address nnz = ", s.nnz_stride, ", m = ", s.m,
+                      "; use int64 crow_indices/col_indices");
+  }
+  return s;
+}
+
+SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                            const at::Tensor& dense, const std::optional<at::Tensor>& accumulate,
+                            const std::optional<at::Tensor>& bias) {
+  const CsrShape csr = check_csr_components(crow, col, &values);
+  check_float_dtype(values, "values");
+  check_float_dtype(dense, "dense");
+  check_same_dtype(values, "values", dense, "dense");
+  check_same_device(values, "values", dense, "dense");
+  TORCH_CHECK_VALUE(dense.dim() == 2 || dense.dim() == 3,
+                    "dense: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape ", dense.sizes());
+
+  SpmmProblem p;
+  p.m = csr.m;
+  p.nnz_stride = csr.nnz_stride;
+  p.k = dense.size(-2);
+  p.n = dense.size(-1);
+  p.pattern_batched = csr.batched;
+  p.values_batched = values.dim() == 2;
+  p.dense_batched = dense.dim() == 3;
+  p.batched = p.pattern_batched || p.values_batched || p.dense_batched;
+  // Every batched operand must agree on the batch size; unbatched ones are broadcast.
+  int64_t batch = -1;
+  const char* batch_from = nullptr;
+  auto take_batch = [&](bool is_batched, int64_t size, const char* name) {
+    if (!is_batched) return;
+    if (batch < 0) {
+      batch = size;
+      batch_from = name;
+      return;
+    }
+    TORCH_CHECK_VALUE(size == batch, "batch sizes disagree: ", batch_from, " has batch ", batch, " but ", name,
+                      " has batch ", size);
+  };
+  take_batch(p.pattern_batched, crow.size(0), "crow_indices");
+  take_batch(p.values_batched, values.size(0), "values");
+  take_batch(p.dense_batched, dense.size(0), "dense");
+  p.batch = batch < 0 ? 1 : batch;
+
+  if (crow.scalar_type() == at::kInt) {
+    TORCH_CHECK_VALUE(p.k <= kInt32Max, "int32 indices cannot address k = ", p.k,
+                      " columns; use int64 crow_indices/col_indices");
+  }
+  const auto out_shape = p.out_shape();
+  if (accumulate.has_value()) {
+    check_same_dtype(values, "values", *accumulate, "accumulate");
+    check_same_device(values, "values", *accumulate, "accumulate");
+    TORCH_CHECK_VALUE(accumulate->sizes().vec() == out_shape, "accumulate: expected shape ",
+                      at::IntArrayRef(out_shape), " (the output's), got ", accumulate->sizes());
+  }
+  if (bias.has_value()) {
+    check_same_dtype(values, "values", *bias, "bias");
+    check_same_device(values, "values", *bias, "bias");
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == p.n, "bias: expected shape (", p.n,
+                      ",) (the output's last dimension), got ", bias->sizes());
+  }
+  return p;
+}
+
+void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out) {
+  check_same_dtype(values, "values", out, "out");
+  check_same_device(values, "values", out, "out");
+  const auto out_shape = p.out_shape();
+  TORCH_CHECK_VALUE(out.sizes().vec() == out_shape, "out: expected shape ", at::IntArrayRef(out_shape),
+                    ", got ", out.sizes());
+}
+
+}  // namespace sparsetorch

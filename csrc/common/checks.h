@@ -1,0 +1,53 @@
+// O(1) argument checks shared by every backend. Messages name the argument, what it is and
+// what was expected; shape problems raise ValueError, dtype problems TypeError.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace sparsetorch {
+
+// True for the floating dtypes the ops compute in: float16, bfloat16, float32, float64.
+bool is_supported_float(at::ScalarType t);
+void check_float_dtype(const at::Tensor& t, const char* name);
+void check_index_dtype(const at::Tensor& t, const char* name);
+void check_same_device(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name);
+void check_same_dtype(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name);
+
+// The shape of one SpMM call, out = act(alpha * A @ dense + beta * accumulate + bias).
+//   crow_indices: (m+1,) or (b, m+1)      col_indices: (L,) or (b, L), batched iff crow is
+//   values:       (L,) or (b, L)          (a 1-D pattern with 2-D values: shared pattern)
+//   dense:        (k, n) or (b, k, n)
+// Batch i of A holds entries crow[i, 0] .. crow[i, m] of row i of col/values (padding after
+// crow[i, m] is ignored). The output is (m, n) when nothing is batched, else (b, m, n).
+struct SpmmProblem {
+  int64_t batch = 1;
+  bool batched = false;  // output has a batch dimension
+  int64_t m = 0, k = 0, n = 0;
+  int64_t nnz_stride = 0;  // L: entries per batch slot of col/values
+  bool pattern_batched = false, values_batched = false, dense_batched = false;
+
+  std::vector<int64_t> out_shape() const {
+    return batched ? std::vector<int64_t>{batch, m, n} : std::vector<int64_t>{m, n};
+  }
+};
+
+SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                            const at::Tensor& dense, const std::optional<at::Tensor>& accumulate,
+                            const std::optional<at::Tensor>& bias);
+
+// Checks an `out` tensor for a problem: right shape, dtype and device.
+void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out);
+
+// CSR components of one (possibly batched) matrix, used by csr_scale and csr_check.
+struct CsrShape {
+  int64_t batch = 1;
+  bool batched = false;
+  int64_t m = 0;
+  int64_t nnz_stride = 0;
+};
+CsrShape check_csr_components(const at::Tensor& crow, const at::Tensor& col, const at::Tensor* values);
+
+}  // namespace sparsetorch

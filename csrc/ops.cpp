@@ -1,0 +1,82 @@
+// Every sparsetorch operator schema, defined once. Backends register implementations in
+// cpu/*.cpp (CPU) and cuda/*.cu (CUDA); Python adds fake (meta) kernels and autograd.
+//
+// Ops take plain component tensors (crow_indices, col_indices, values, ...) instead of sparse
+// tensors, so dispatch, fake tensors, opcheck and autograd on `values` work unchanged.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <sstream>
+#include <string>
+
+#ifdef SPARSETORCH_WITH_CUDA
+namespace sparsetorch {
+std::string cuda_build_info();  // cuda/build_info_cuda.cpp
+}
+#endif
+
+TORCH_LIBRARY(sparsetorch, m) {
+  // out = act(alpha * (A @ dense) + beta * accumulate + bias), A in CSR; see common/checks.h for
+  // the batched and broadcast layouts. beta == 0 ignores `accumulate` (NaN in it does not leak).
+  m.def(
+      "spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, float alpha=1., "
+      "Tensor? accumulate=None, float beta=0., Tensor? bias=None, str activation=\"none\", "
+      "float negative_slope=0.01) -> Tensor");
+  // The same product written into `out`, which also serves as the accumulate operand:
+  // out = act(alpha * (A @ dense) + beta * out + bias).
+  m.def(
+      "spmm_out(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, Tensor(a!) out, "
+      "float alpha=1., float beta=0., Tensor? bias=None, str activation=\"none\", "
+      "float negative_slope=0.01) -> ()");
+  // Elementwise on dense tensors (or CSR values of one pattern). op: add (x + alpha*y),
+  // sub (x - alpha*y), mul (x*y), div (x/y). x and y have the same shape and dtype.
+  m.def("binary(Tensor x, Tensor y, str op, float alpha=1.) -> Tensor");
+  // op: add (x + s), sub (x - s), rsub (s - x), mul (x*s), div (x/s).
+  m.def("binary_scalar(Tensor x, float other, str op) -> Tensor");
+  m.def("activation(Tensor x, str activation, float negative_slope=0.01) -> Tensor");
+  // y = act(x * scale + bias) with scale and bias of shape (x.size(-1),), both optional.
+  m.def(
+      "bias_act(Tensor x, Tensor? scale, Tensor? bias, str activation=\"none\", "
+      "float negative_slope=0.01) -> Tensor");
+  // values'[j] = values[j] * row_scale[row(j)] * col_scale[col[j]] (GCN's D^-1/2 A D^-1/2).
+  m.def(
+      "csr_scale(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor? row_scale, "
+      "Tensor? col_scale) -> Tensor");
+  // O(nnz) structural check. Returns int64 [code, batch, position, value] on the indices' device;
+  // code 0 = valid (sparsetorch/_validate.py turns codes into messages).
+  m.def("csr_check(Tensor crow_indices, Tensor col_indices, int ncols) -> Tensor");
+}
+
+namespace {
+
+std::string build_info_string() {
+  std::ostringstream s;
+  s << "cpu=1\n";
+#ifdef _OPENMP
+  s << "openmp=" << _OPENMP << "\n";
+#else
+  s << "openmp=0\n";
+#endif
+#ifdef SPARSETORCH_WITH_CUDA
+  s << "cuda=1\n" << sparsetorch::cuda_build_info();
+#else
+  s << "cuda=0\n";
+#endif
+  return s.str();
+}
+
+PyObject* py_build_info(PyObject*, PyObject*) {
+  return PyUnicode_FromString(build_info_string().c_str());
+}
+
+PyMethodDef methods[] = {
+    {"build_info", py_build_info, METH_NOARGS, "key=value lines: what this build compiled in"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "sparsetorch native operators", -1, methods};
+
+}  // namespace
+
+// Importing sparsetorch._C runs the TORCH_LIBRARY registrations above.
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module_def); }

@@ -1,0 +1,48 @@
+"""sparsetorch: sparse (CSR) and dense linear algebra for PyTorch, on NVIDIA GPUs and CPUs.
+
+    import sparsetorch as st
+    C = st.spmm(A, B)          # A: torch sparse CSR, scipy.sparse, st.CSR, ... ; B dense
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from sparsetorch import _ops  # noqa: F401  (loads the native ops and their fake kernels)
+from sparsetorch._build_info import build_info
+from sparsetorch.csr import (
+    CSR,
+    as_csr,
+    from_dense,
+    from_list,
+    from_scipy,
+    from_torch,
+    to_dense,
+    to_scipy,
+    to_torch,
+)
+from sparsetorch.functional import (
+    ACTIVATIONS,
+    activation,
+    add,
+    bias_act,
+    div,
+    gelu,
+    leaky_relu,
+    mul,
+    relu,
+    scale,
+    scale_cols,
+    scale_rows,
+    sigmoid,
+    silu,
+    spmm,
+    sub,
+    tanh,
+    validate_csr,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACTIVATIONS", "CSR", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
+    "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
+    "scale_rows", "sigmoid", "silu", "spmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "validate_csr",
+]

@@ -1,0 +1,60 @@
+"""Fake (meta) kernels for every sparsetorch op, so torch.compile and opcheck can trace them.
+
+The native kernels live in csrc/; importing sparsetorch._C registers them.
+"""
+import torch
+
+from sparsetorch import _C  # noqa: F401  (defines torch.ops.sparsetorch.*)
+
+ops = torch.ops.sparsetorch
+
+
+def _spmm_out_shape(crow, values, dense):
+    m, n = crow.shape[-1] - 1, dense.shape[-1]
+    for t, batched_dim in ((crow, 2), (values, 2), (dense, 3)):
+        if t.dim() == batched_dim:
+            return (t.shape[0], m, n)
+    return (m, n)
+
+
+@torch.library.register_fake("sparsetorch::spmm")
+def _spmm_fake(crow_indices, col_indices, values, dense, alpha=1.0, accumulate=None, beta=0.0, bias=None,
+               activation="none", negative_slope=0.01):
+    torch._check(values.dtype == dense.dtype, lambda: "values and dense must have the same dtype")
+    return values.new_empty(_spmm_out_shape(crow_indices, values, dense))
+
+
+@torch.library.register_fake("sparsetorch::spmm_out")
+def _spmm_out_fake(crow_indices, col_indices, values, dense, out, alpha=1.0, beta=0.0, bias=None,
+                   activation="none", negative_slope=0.01):
+    return None
+
+
+@torch.library.register_fake("sparsetorch::binary")
+def _binary_fake(x, y, op, alpha=1.0):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("sparsetorch::binary_scalar")
+def _binary_scalar_fake(x, other, op):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("sparsetorch::activation")
+def _activation_fake(x, activation, negative_slope=0.01):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("sparsetorch::bias_act")
+def _bias_act_fake(x, scale, bias, activation="none", negative_slope=0.01):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("sparsetorch::csr_scale")
+def _csr_scale_fake(crow_indices, col_indices, values, row_scale, col_scale):
+    return values.new_empty(values.shape)
+
+
+@torch.library.register_fake("sparsetorch::csr_check")
+def _csr_check_fake(crow_indices, col_indices, ncols):
+    return crow_indices.new_empty((4,), dtype=torch.int64)

@@ -1,0 +1,364 @@
+"""CSR matrices as sparsetorch's ops see them, and conversions from what users hold.
+
+A :class:`CSR` is four things: ``crow_indices``, ``col_indices``, ``values`` and ``shape``.
+
+* Unbatched, shape ``(m, k)``: ``crow_indices (m+1,)``, ``col_indices (nnz,)``, ``values (nnz,)``,
+  with ``crow_indices[-1] == nnz``.
+* Batched, shape ``(b, m, k)``, one sparsity pattern per batch: ``crow_indices (b, m+1)``,
+  ``col_indices (b, L)``, ``values (b, L)``. Batch ``i`` holds the entries
+  ``0 .. crow_indices[i, -1]`` of row ``i``; anything after that is padding and is ignored, so
+  batches may have different nnz (``crow_indices[i, -1] <= L``). A 3-D torch CSR tensor is the
+  special case where every batch has exactly ``L`` entries.
+* Batched with one shared pattern: 1-D ``crow_indices``/``col_indices`` and 2-D ``values (b, nnz)``.
+
+Indices are int32 or int64 (both the same dtype). Column indices may be unsorted and may repeat
+within a row; repeated entries are summed, as in SciPy. Every conversion here is O(1) in the
+number of entries except where it says otherwise (scipy conversion, packing a list).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CSR",
+    "as_csr",
+    "from_torch",
+    "from_scipy",
+    "from_dense",
+    "from_list",
+    "to_torch",
+    "to_scipy",
+    "to_dense",
+]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class CSR:
+    """A (possibly batched) CSR matrix held as component tensors. See the module docstring."""
+
+    crow_indices: torch.Tensor
+    col_indices: torch.Tensor
+    values: torch.Tensor
+    shape: Tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        _check_components(self.crow_indices, self.col_indices, self.values, self.shape)
+
+    # --- properties -----------------------------------------------------------------------
+    @property
+    def batched(self) -> bool:
+        return len(self.shape) == 3
+
+    @property
+    def batch_size(self) -> int:
+        return self.shape[0] if self.batched else 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        return self.crow_indices.dtype
+
+    @property
+    def nnz(self) -> Union[int, torch.Tensor]:
+        """Stored entries: an int when unbatched, a (b,) tensor of per-batch counts when batched."""
+        if self.crow_indices.dim() == 1:
+            return int(self.col_indices.numel())
+        return self.crow_indices[:, -1].clone()
+
+    # --- derived matrices -------------------------------------------------------------------
+    def with_values(self, values: torch.Tensor) -> "CSR":
+        """The same pattern with other values (same shape as ``self.values``)."""
+        if values.shape != self.values.shape:
+            raise ValueError(f"values: expected shape {tuple(self.values.shape)}, got {tuple(values.shape)}")
+        return CSR(self.crow_indices, self.col_indices, values, self.shape)
+
+    def to(self, device=None, dtype: Optional[torch.dtype] = None, index_dtype: Optional[torch.dtype] = None,
+           non_blocking: bool = False) -> "CSR":
+        crow, col, values = self.crow_indices, self.col_indices, self.values
+        if index_dtype is not None:
+            if index_dtype not in _INDEX_DTYPES:
+                raise TypeError(f"index_dtype: expected torch.int32 or torch.int64, got {index_dtype}")
+            crow, col = crow.to(index_dtype), col.to(index_dtype)
+        if dtype is not None:
+            values = values.to(dtype)
+        if device is not None:
+            crow = crow.to(device, non_blocking=non_blocking)
+            col = col.to(device, non_blocking=non_blocking)
+            values = values.to(device, non_blocking=non_blocking)
+        return CSR(crow, col, values, self.shape)
+
+    def to_dense(self) -> torch.Tensor:
+        return to_dense(self)
+
+    def to_torch(self) -> torch.Tensor:
+        return to_torch(self)
+
+    def to_scipy(self):
+        return to_scipy(self)
+
+    def __repr__(self) -> str:
+        return (f"CSR(shape={self.shape}, nnz_stride={self.col_indices.shape[-1]}, dtype={self.dtype}, "
+                f"index_dtype={self.index_dtype}, device={self.device})")
+
+
+def _check_components(crow, col, values, shape) -> None:
+    """O(1) checks of a CSR's components against its shape, with messages naming the argument."""
+    for name, t in (("crow_indices", crow), ("col_indices", col), ("values", values)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if crow.dtype not in _INDEX_DTYPES or col.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"crow_indices/col_indices: expected int32 or int64 indices, got {crow.dtype} and {col.dtype}")
+    if crow.dtype != col.dtype:
+        raise TypeError(f"crow_indices and col_indices must have the same dtype, got {crow.dtype} and {col.dtype}")
+    if values.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"values: expected float16, bfloat16, float32 or float64, got {values.dtype}")
+    if not (crow.device == col.device == values.device):
+        raise ValueError(f"crow_indices, col_indices and values must be on one device, got "
+                         f"{crow.device}, {col.device} and {values.device}")
+    if len(shape) not in (2, 3) or any(s < 0 for s in shape):
+        raise ValueError(f"shape: expected (m, k) or (batch, m, k) with non-negative sizes, got {shape}")
+    m = shape[-2]
+    if crow.shape[-1:] != (m + 1,):
+        raise ValueError(f"crow_indices: expected last dimension m + 1 = {m + 1} for shape {shape}, "
+                         f"got shape {tuple(crow.shape)}")
+    if col.dim() != crow.dim():
+        raise ValueError(f"col_indices: expected {crow.dim()}-D like crow_indices, got shape {tuple(col.shape)}")
+    if values.shape[-1:] != col.shape[-1:] or values.dim() not in (1, 2):
+        raise ValueError(f"values: expected shape (nnz,) or (batch, nnz) matching col_indices "
+                         f"{tuple(col.shape)}, got {tuple(values.shape)}")
+    if len(shape) == 2:
+        if crow.dim() != 1 or values.dim() != 1:
+            raise ValueError(f"an unbatched CSR of shape {shape} needs 1-D crow_indices and values, got "
+                             f"{tuple(crow.shape)} and {tuple(values.shape)}")
+    else:
+        b = shape[0]
+        if crow.dim() == 2 and (crow.shape[0] != b or col.shape[0] != b):
+            raise ValueError(f"crow_indices/col_indices: expected batch size {b} for shape {shape}, got "
+                             f"{tuple(crow.shape)} and {tuple(col.shape)}")
+        if values.dim() != 2 or values.shape[0] != b:
+            raise ValueError(f"values: expected shape ({b}, nnz) for a batched CSR of shape {shape}, "
+                             f"got {tuple(values.shape)}")
+
+
+# --- conversions into CSR --------------------------------------------------------------------
+
+def _is_scipy_sparse(obj: Any) -> bool:
+    try:
+        import scipy.sparse as sp
+    except ImportError:  # pragma: no cover - scipy is a dependency
+        return False
+    return sp.issparse(obj)
+
+
+def from_torch(t: torch.Tensor) -> CSR:
+    """Wrap a torch sparse CSR tensor, 2-D ``(m, k)`` or 3-D batched ``(b, m, k)``, without copying."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch sparse CSR tensor, got {type(t).__name__}")
+    if t.layout != torch.sparse_csr:
+        hint = " (convert with .to_sparse_csr())" if t.layout in (torch.strided, torch.sparse_coo) else ""
+        raise TypeError(f"expected a tensor with layout torch.sparse_csr, got {t.layout}{hint}")
+    if t.dim() not in (2, 3):
+        raise ValueError(f"expected a 2-D or 3-D (batched) sparse CSR tensor, got {t.dim()}-D with shape "
+                         f"{tuple(t.shape)}")
+    crow, col, values = t.crow_indices(), t.col_indices(), t.values()
+    if values.dim() != crow.dim():
+        raise ValueError(f"hybrid CSR tensors (dense dimensions in values, shape {tuple(values.shape)}) are "
+                         "not supported")
+    return CSR(crow, col, values, tuple(t.shape))
+
+
+def from_scipy(matrix, device=None, dtype: Optional[torch.dtype] = None,
+               index_dtype: Optional[torch.dtype] = None) -> CSR:
+    """Copy a ``scipy.sparse`` matrix or array (any format; converted to CSR) into a :class:`CSR`.
+
+    Index dtype: SciPy's (int32 or int64) unless ``index_dtype`` is given. Values keep their
+    float dtype unless ``dtype`` is given; integer and bool matrices become float32.
+    """
+    if not _is_scipy_sparse(matrix):
+        raise TypeError(f"expected a scipy.sparse matrix or array, got {type(matrix).__name__}")
+    if matrix.ndim != 2:
+        raise ValueError(f"expected a 2-D scipy.sparse matrix, got ndim={matrix.ndim}")
+    m = matrix.tocsr()
+    crow = torch.from_numpy(np.ascontiguousarray(m.indptr))
+    col = torch.from_numpy(np.ascontiguousarray(m.indices))
+    data = np.ascontiguousarray(m.data)
+    if np.iscomplexobj(data):
+        raise TypeError("complex scipy matrices are not supported")
+    if data.dtype not in (np.float16, np.float32, np.float64):
+        data = data.astype(np.float32)
+    values = torch.from_numpy(data)
+    if index_dtype is None:
+        index_dtype = torch.int64 if (crow.dtype == torch.int64 or col.dtype == torch.int64) else torch.int32
+    csr = CSR(crow.to(index_dtype), col.to(index_dtype), values, m.shape)
+    return csr.to(device=device, dtype=dtype)
+
+
+def from_dense(t: torch.Tensor, index_dtype: torch.dtype = torch.int64) -> CSR:
+    """The nonzeros of a dense 2-D or 3-D tensor as a CSR (3-D: one pattern per batch, padded)."""
+    if t.layout != torch.strided:
+        raise TypeError(f"expected a dense (strided) tensor, got layout {t.layout}")
+    if t.dim() == 2:
+        return from_torch(t.to_sparse_csr()).to(index_dtype=index_dtype)
+    if t.dim() == 3:
+        return from_list([from_torch(x.to_sparse_csr()) for x in t.unbind(0)], shape=tuple(t.shape[1:]),
+                         index_dtype=index_dtype, device=t.device, dtype=t.dtype)
+    raise ValueError(f"expected a 2-D or 3-D tensor, got shape {tuple(t.shape)}")
+
+
+def from_list(matrices: Sequence[Any], shape: Optional[Tuple[int, int]] = None, index_dtype=None,
+              device=None, dtype=None) -> CSR:
+    """Pack 2-D CSR matrices of one shape (and any nnz) into one batched :class:`CSR`.
+
+    Each item may be anything :func:`as_csr` takes. Batch i's entries are copied to the front of
+    row i of ``(b, max_nnz)`` component tensors; the rest is zero padding. O(total nnz).
+    ``shape`` gives (m, k) when the list may be empty.
+    """
+    items = [as_csr(x) for x in matrices]
+    if not items:
+        if shape is None:
+            raise ValueError("from_list: an empty list needs shape=(m, k)")
+        m, k = shape
+        device = torch.device("cpu") if device is None else device
+        idx = torch.int64 if index_dtype is None else index_dtype
+        return CSR(torch.zeros(0, m + 1, dtype=idx, device=device), torch.zeros(0, 0, dtype=idx, device=device),
+                   torch.zeros(0, 0, dtype=dtype or torch.float32, device=device), (0, m, k))
+    for i, a in enumerate(items):
+        if a.batched:
+            raise ValueError(f"from_list: item {i} is batched (shape {a.shape}); expected 2-D matrices")
+        if shape is not None and a.shape != tuple(shape):
+            raise ValueError(f"from_list: item {i} has shape {a.shape}, expected {tuple(shape)}")
+        if a.shape != items[0].shape:
+            raise ValueError(f"from_list: item {i} has shape {a.shape} but item 0 has {items[0].shape}; "
+                             "every matrix in a batch needs the same (m, k)")
+    device = items[0].device if device is None else torch.device(device)
+    dtype = dtype or items[0].dtype
+    if index_dtype is None:
+        index_dtype = torch.int64 if any(a.index_dtype == torch.int64 for a in items) else torch.int32
+    nnz = [a.col_indices.numel() for a in items]
+    width = max(nnz)
+    b, (m, k) = len(items), items[0].shape
+    crow = torch.stack([a.crow_indices.to(device=device, dtype=index_dtype) for a in items])
+    col = torch.zeros(b, width, dtype=index_dtype, device=device)
+    values = torch.zeros(b, width, dtype=dtype, device=device)
+    for i, a in enumerate(items):
+        col[i, : nnz[i]] = a.col_indices.to(device=device, dtype=index_dtype)
+        values[i, : nnz[i]] = a.values.to(device=device, dtype=dtype)
+    return CSR(crow, col, values, (b, m, k))
+
+
+def as_csr(obj: Any, device=None) -> CSR:
+    """Turn what users hold into a :class:`CSR`.
+
+    Accepts a :class:`CSR`; a torch sparse CSR tensor (2-D or 3-D); a ``scipy.sparse`` matrix
+    (copied to ``device``, default CPU); a tuple ``(crow_indices, col_indices, values, shape)``;
+    or a list of 2-D matrices (packed into a batch, see :func:`from_list`). Torch tensors are
+    never moved between devices implicitly.
+    """
+    if isinstance(obj, CSR):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return from_torch(obj)
+    if _is_scipy_sparse(obj):
+        return from_scipy(obj, device=device)
+    if isinstance(obj, tuple) and len(obj) == 4:
+        crow, col, values, shape = obj
+        return CSR(crow, col, values, tuple(shape))
+    if isinstance(obj, (list, tuple)):
+        return from_list(obj, device=device)
+    raise TypeError(
+        "expected a sparse matrix: a torch sparse CSR tensor, a scipy.sparse matrix, a sparsetorch.CSR, "
+        f"a (crow_indices, col_indices, values, shape) tuple or a list of 2-D matrices; got {type(obj).__name__}")
+
+
+# --- conversions out of CSR ------------------------------------------------------------------
+
+def _batch_entries(a: CSR):
+    """(batch index, row index, column, value) of every stored, non-padding entry. O(nnz)."""
+    crow = a.crow_indices.long()
+    if crow.dim() == 1:
+        crow = crow.unsqueeze(0)
+    col = a.col_indices.long()
+    if col.dim() == 1:
+        col = col.unsqueeze(0)
+    values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)
+    b = values.shape[0]
+    m, width = a.shape[-2], values.shape[-1]
+    counts = crow[:, 1:] - crow[:, :-1]  # (pattern batches, m)
+    rows = torch.repeat_interleave(torch.arange(m, device=crow.device).repeat(crow.shape[0]), counts.reshape(-1))
+    pattern_batch = torch.repeat_interleave(torch.arange(crow.shape[0], device=crow.device), crow[:, -1])
+    pos = torch.arange(rows.numel(), device=crow.device) - torch.repeat_interleave(
+        torch.cumsum(crow[:, -1], 0) - crow[:, -1], crow[:, -1])
+    flat = pattern_batch * width + pos
+    cols = col.reshape(-1)[flat]
+    if crow.shape[0] == b:
+        return pattern_batch, rows, cols, values.reshape(-1)[flat]
+    # One pattern shared by b batches of values.
+    bidx = torch.arange(b, device=crow.device).repeat_interleave(rows.numel())
+    return bidx, rows.repeat(b), cols.repeat(b), values[:, pos].reshape(-1)
+
+
+def to_dense(a: Any) -> torch.Tensor:
+    """Dense tensor of shape ``a.shape``; repeated entries are summed. O(nnz + m*k)."""
+    a = as_csr(a)
+    out = torch.zeros(a.shape if a.batched else (1,) + a.shape, dtype=a.dtype, device=a.device)
+    b, r, c, v = _batch_entries(a)
+    out.index_put_((b, r, c), v, accumulate=True)
+    return out if a.batched else out[0]
+
+
+def to_torch(a: Any) -> torch.Tensor:
+    """A torch sparse CSR tensor. Batches of different nnz are padded with explicit zeros at
+    column 0 of each batch's last row (torch needs one nnz for every batch); a shared pattern is
+    repeated per batch. Torch assumes sorted, unique columns per row, which is not checked here."""
+    a = as_csr(a)
+    if not a.batched:
+        return torch.sparse_csr_tensor(a.crow_indices, a.col_indices, a.values, a.shape, check_invariants=False)
+    crow, col, values = a.crow_indices, a.col_indices, a.values
+    b = a.shape[0]
+    if crow.dim() == 1:
+        crow = crow.unsqueeze(0).expand(b, -1).contiguous()
+        col = col.unsqueeze(0).expand(b, -1).contiguous()
+    width = col.shape[-1]
+    last = crow[:, -1]
+    if b > 0 and a.shape[-2] > 0 and bool((last != width).any()):
+        pad = torch.arange(width, device=crow.device).unsqueeze(0) >= last.unsqueeze(1)
+        col = col.masked_fill(pad, 0)
+        values = values.masked_fill(pad, 0)
+        crow = crow.clone()
+        crow[:, -1] = width
+    return torch.sparse_csr_tensor(crow, col, values, a.shape, check_invariants=False)
+
+
+def to_scipy(a: Any):
+    """``scipy.sparse.csr_matrix`` (a list of them when batched), on the CPU. float16/bfloat16
+    values become float32 (NumPy has no bfloat16)."""
+    import scipy.sparse as sp
+
+    a = as_csr(a).to(device="cpu")
+    values = a.values if a.dtype in (torch.float32, torch.float64) else a.values.float()
+
+    def one(crow, col, vals):
+        nnz = int(crow[-1])
+        return sp.csr_matrix((vals[:nnz].numpy(), col[:nnz].numpy(), crow.numpy()), shape=a.shape[-2:])
+
+    if not a.batched:
+        return one(a.crow_indices, a.col_indices, values)
+    crow, col = a.crow_indices, a.col_indices
+    if crow.dim() == 1:
+        return [one(crow, col, values[i]) for i in range(a.shape[0])]
+    return [one(crow[i], col[i], values[i]) for i in range(a.shape[0])]

@@ -1,0 +1,254 @@
+"""The public operations: sparse x dense products, elementwise ops and the fused bias + activation.
+
+Sparse arguments may be anything :func:`sparsetorch.as_csr` takes (torch sparse CSR tensors,
+scipy.sparse matrices, :class:`sparsetorch.CSR`, component tuples, lists of 2-D matrices).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional, Union
+
+import torch
+
+from sparsetorch._ops import ops
+from sparsetorch._validate import validate_csr
+from sparsetorch.csr import CSR, _is_scipy_sparse, as_csr
+
+__all__ = [
+    "ACTIVATIONS",
+    "spmm",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "activation",
+    "relu",
+    "leaky_relu",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "bias_act",
+    "scale",
+    "scale_rows",
+    "scale_cols",
+    "validate_csr",
+]
+
+ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+def _activation_name(act: Optional[str]) -> str:
+    name = "none" if act is None else act
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation: unknown activation {act!r}; expected one of {', '.join(ACTIVATIONS)}")
+    return name
+
+
+def _is_sparse(obj: Any) -> bool:
+    if isinstance(obj, CSR) or _is_scipy_sparse(obj):
+        return True
+    if isinstance(obj, torch.Tensor):
+        return obj.layout == torch.sparse_csr
+    return isinstance(obj, (list, tuple))
+
+
+def _like(original: Any, result: CSR):
+    """Return ``result`` in the kind the caller passed: a torch CSR tensor stays one."""
+    if isinstance(original, torch.Tensor):
+        return result.to_torch()
+    return result
+
+
+# --- SpMM ------------------------------------------------------------------------------------
+
+def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: Optional[torch.Tensor] = None,
+         bias: Optional[torch.Tensor] = None, activation: Optional[str] = None, negative_slope: float = 0.01,
+         out: Optional[torch.Tensor] = None, validate: bool = False) -> torch.Tensor:
+    """``act(alpha * (A @ B) + beta * c + bias)`` for sparse (CSR) ``A`` and dense ``B``.
+
+    Shapes (``A`` may be batched with a different sparsity pattern per batch):
+
+    ====================  ==================  ==============
+    A                     B                   result
+    ====================  ==================  ==============
+    (m, k)                (k, n)              (m, n)
+    (m, k)                (b, k, n)           (b, m, n)      one A for every batch
+    (b, m, k)             (k, n)              (b, m, n)      one B for every batch
+    (b, m, k)             (b, k, n)           (b, m, n)
+    ====================  ==================  ==============
+
+    ``c`` (the output's shape) is read, never written; ``beta == 0`` ignores it entirely. With
+    ``out=`` the result is written into ``out``, which is also the accumulate operand
+    (``out = act(alpha*A@B + beta*out + bias)``). ``bias`` has shape ``(n,)``. ``activation`` is
+    one of :data:`ACTIVATIONS`. ``B`` may have any strides (a non-row-major ``B`` is copied on the
+    CPU). ``validate=True`` checks A's structure first (O(nnz), one device sync) and raises
+    ValueError on a malformed matrix; without it, the CPU kernel still bounds-checks every index.
+    """
+    if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
+        raise TypeError(f"B: expected a dense torch.Tensor, got "
+                        f"{type(B).__name__ if not isinstance(B, torch.Tensor) else B.layout}")
+    a = as_csr(A, device=B.device)
+    if B.dim() not in (2, 3):
+        raise ValueError(f"B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape {tuple(B.shape)}")
+    if a.shape[-1] != B.shape[-2]:
+        raise ValueError(f"shape mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)} "
+                         f"(A's columns {a.shape[-1]} != B's rows {B.shape[-2]})")
+    if a.batched and B.dim() == 3 and a.shape[0] != B.shape[0]:
+        raise ValueError(f"batch size mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)}")
+    if validate:
+        validate_csr(a)
+    act = _activation_name(activation)
+    if out is not None:
+        if c is not None:
+            raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
+        ops.spmm_out(a.crow_indices, a.col_indices, a.values, B, out, float(alpha), float(beta), bias, act,
+                     float(negative_slope))
+        return out
+    return ops.spmm(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
+                    float(negative_slope))
+
+
+# --- elementwise -----------------------------------------------------------------------------
+
+def _same_pattern(a: CSR, b: CSR) -> None:
+    if a.shape != b.shape or a.values.shape != b.values.shape:
+        raise ValueError(f"sparse operands need the same shape and pattern, got {a.shape} with "
+                         f"{tuple(a.values.shape)} values and {b.shape} with {tuple(b.values.shape)} values")
+    same = (a.crow_indices is b.crow_indices or torch.equal(a.crow_indices, b.crow_indices)) and (
+        a.col_indices is b.col_indices or torch.equal(a.col_indices, b.col_indices))
+    if not same:
+        raise ValueError("sparse operands must share one sparsity pattern (equal crow_indices and col_indices)")
+
+
+def _binary(x: Any, y: Any, op: str, alpha: float = 1.0):
+    """Dispatches dense/sparse x tensor/scalar/sparse for add, sub, mul, div."""
+    if _is_sparse(x):
+        a = as_csr(x)
+        if isinstance(y, numbers.Number):
+            values = _binary_dense(a.values, y, op, alpha)
+        elif _is_sparse(y):
+            b = as_csr(y)
+            _same_pattern(a, b)
+            values = _binary_dense(a.values, b.values, op, alpha)
+        else:
+            raise TypeError(f"y: a sparse x takes a scalar or a sparse y of the same pattern, got "
+                            f"{type(y).__name__}")
+        return _like(x, a.with_values(values))
+    if _is_sparse(y):
+        raise TypeError("x: a sparse y needs a sparse x of the same pattern (dense op sparse is not supported)")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a tensor or a sparse matrix, got {type(x).__name__}")
+    return _binary_dense(x, y, op, alpha)
+
+
+def _binary_dense(x: torch.Tensor, y: Any, op: str, alpha: float) -> torch.Tensor:
+    if isinstance(y, numbers.Number):
+        if op in ("add", "sub"):
+            y = alpha * y
+        return ops.binary_scalar(x, float(y), op)
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y: expected a tensor or a number, got {type(y).__name__}")
+    if y.shape != x.shape:
+        try:
+            y = y.expand(x.shape)  # broadcasting y onto x; the kernel reads a contiguous copy
+        except RuntimeError:
+            raise ValueError(f"y: shape {tuple(y.shape)} does not broadcast to x's shape {tuple(x.shape)}") from None
+    return ops.binary(x, y, op, float(alpha))
+
+
+def add(x, y, *, alpha: float = 1.0):
+    """``x + alpha * y``. x dense (y: same-shape/broadcastable tensor or number) or sparse (y: number or
+    a sparse matrix of the same pattern); on a sparse x only the stored values change."""
+    return _binary(x, y, "add", alpha)
+
+
+def sub(x, y, *, alpha: float = 1.0):
+    """``x - alpha * y``; operands as in :func:`add`."""
+    return _binary(x, y, "sub", alpha)
+
+
+def mul(x, y):
+    """``x * y``; operands as in :func:`add`."""
+    return _binary(x, y, "mul")
+
+
+def div(x, y):
+    """``x / y``; operands as in :func:`add`."""
+    return _binary(x, y, "div")
+
+
+def activation(x, name: Optional[str], negative_slope: float = 0.01):
+    """Apply an activation (one of :data:`ACTIVATIONS`) elementwise. On a sparse x it acts on the
+    stored values only (structural zeros stay zero even where act(0) != 0)."""
+    act = _activation_name(name)
+    if _is_sparse(x):
+        a = as_csr(x)
+        return _like(x, a.with_values(ops.activation(a.values, act, float(negative_slope))))
+    return ops.activation(x, act, float(negative_slope))
+
+
+def relu(x):
+    return activation(x, "relu")
+
+
+def leaky_relu(x, negative_slope: float = 0.01):
+    return activation(x, "leaky_relu", negative_slope)
+
+
+def gelu(x, approximate: str = "none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    return activation(x, "gelu" if approximate == "none" else "gelu_tanh")
+
+
+def silu(x):
+    return activation(x, "silu")
+
+
+def sigmoid(x):
+    return activation(x, "sigmoid")
+
+
+def tanh(x):
+    return activation(x, "tanh")
+
+
+def bias_act(x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+             scale: Union[None, float, torch.Tensor] = None, activation: Optional[str] = None,
+             negative_slope: float = 0.01) -> torch.Tensor:
+    """Fused ``act(x * scale + bias)`` over the last dimension of ``x``, in one pass.
+
+    ``bias`` and ``scale`` have shape ``(x.shape[-1],)``; ``scale`` may also be a number.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if isinstance(scale, numbers.Number):
+        if x.dim() == 0:
+            raise ValueError("x: expected at least 1 dimension (features last), got a 0-D tensor")
+        scale = torch.full((x.shape[-1],), float(scale), dtype=x.dtype, device=x.device)
+    return ops.bias_act(x, scale, bias, _activation_name(activation), float(negative_slope))
+
+
+# --- CSR scaling -----------------------------------------------------------------------------
+
+def scale(A: Any, row: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None):
+    """``diag(row) @ A @ diag(col)``: each stored value times its row's and its column's factor, in one
+    pass (GCN's ``D^-1/2 A D^-1/2`` is ``scale(A, d, d)`` with ``d = deg ** -0.5``). ``row`` has
+    shape (m,) and ``col`` (k,); with a batched A either may also be (b, m) / (b, k)."""
+    a = as_csr(A)
+    if col is not None and col.shape[-1] != a.shape[-1]:
+        raise ValueError(f"col: expected {a.shape[-1]} entries (A's columns, shape {a.shape}), got shape "
+                         f"{tuple(col.shape)}")
+    values = ops.csr_scale(a.crow_indices, a.col_indices, a.values, row, col)
+    return _like(A, a.with_values(values))
+
+
+def scale_rows(A: Any, row: torch.Tensor):
+    """``diag(row) @ A``; see :func:`scale`."""
+    return scale(A, row=row)
+
+
+def scale_cols(A: Any, col: torch.Tensor):
+    """``A @ diag(col)``; see :func:`scale`."""
+    return scale(A, col=col)

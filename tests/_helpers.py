@@ -1,0 +1,77 @@
+"""Random inputs and float64 reference checks shared by the tests."""
+import os
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+import sparsetorch as st
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+DATA_DIR = os.environ.get("SPARSETORCH_DATA", DATA_DIR)
+
+# Relative Frobenius error allowed against a float64 reference computed from the same (rounded)
+# inputs; half types round every output to 8 or 11 bits.
+REL_TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Elementwise tolerance, relative to the largest reference magnitude.
+ABS_TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def random_csr(rng, m, k, density, *, unsorted=False, duplicates=False, empty_rows=0.0):
+    """A float64 scipy CSR with about density*m*k entries; optionally unsorted columns, repeated
+    columns within rows, and a fraction of rows forced empty."""
+    indptr = [0]
+    indices, data = [], []
+    for _ in range(m):
+        cnt = rng.binomial(k, density) if k > 0 else 0
+        if empty_rows and rng.random() < empty_rows:
+            cnt = 0
+        cols = rng.choice(k, size=cnt, replace=False) if cnt else np.zeros(0, dtype=np.int64)
+        if duplicates and cnt:
+            cols = np.concatenate([cols, rng.choice(cols, size=max(1, cnt // 3))])
+        if unsorted:
+            rng.shuffle(cols)
+        else:
+            cols = np.sort(cols)
+        indices.append(cols)
+        data.append(rng.standard_normal(cols.size))
+        indptr.append(indptr[-1] + cols.size)
+    indices = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+    data = np.concatenate(data) if data else np.zeros(0)
+    return sp.csr_matrix((data, indices.astype(np.int64), np.asarray(indptr, dtype=np.int64)), shape=(m, k))
+
+
+def rounded(a, dtype):
+    """The scipy matrix with its values rounded through `dtype` (so references see what the kernel sees)."""
+    a = a.copy()
+    a.data = torch.from_numpy(a.data).to(dtype).double().numpy()
+    return a
+
+
+def to_st(a, dtype, index_dtype, device):
+    return st.from_scipy(a, device=device, dtype=dtype, index_dtype=index_dtype)
+
+
+def randn(rng, *shape, dtype=torch.float32, device="cpu"):
+    return torch.from_numpy(rng.standard_normal(shape)).to(dtype=dtype, device=device)
+
+
+def assert_matches(out, ref, dtype):
+    """out (any device, `dtype`) against a float64 reference (torch or numpy)."""
+    ref = torch.as_tensor(np.asarray(ref) if not isinstance(ref, torch.Tensor) else ref).double().cpu()
+    assert out.dtype == dtype, f"dtype {out.dtype}, expected {dtype}"
+    got = out.detach().double().cpu()
+    assert got.shape == ref.shape, f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    if ref.numel() == 0:
+        return
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), "NaN pattern differs from the reference"
+    finite = torch.isfinite(ref)
+    g, r = got[finite], ref[finite]
+    scale = r.abs().max().item() if r.numel() else 0.0
+    if scale == 0.0:
+        assert g.abs().max().item() <= ABS_TOL[dtype], "expected all zeros"
+        return
+    rel = ((g - r).norm() / r.norm()).item() if r.norm() > 0 else 0.0
+    assert rel <= REL_TOL[dtype], f"relative error {rel:.3g} > {REL_TOL[dtype]:.1g} for {dtype}"
+    worst = (g - r).abs().max().item() / scale
+    assert worst <= ABS_TOL[dtype], f"max elementwise error {worst:.3g} (of max |ref|) > {ABS_TOL[dtype]:.1g}"

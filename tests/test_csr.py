@@ -1,0 +1,119 @@
+"""Conversions between what users hold and sparsetorch.CSR, both ways."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import sparsetorch as st
+from _helpers import random_csr
+from conftest import INDEX_DTYPES
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "csr_array", "lil"])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES + [None])
+def test_scipy_round_trip(device, rng, fmt, index_dtype):
+    a = random_csr(rng, 23, 17, 0.25)
+    src = sp.csr_array(a) if fmt == "csr_array" else a.asformat(fmt)
+    A = st.from_scipy(src, device=device, index_dtype=index_dtype)
+    assert A.shape == (23, 17) and A.device.type == device
+    if index_dtype is not None:
+        assert A.index_dtype == index_dtype
+    back = st.to_scipy(A)
+    assert isinstance(back, sp.csr_matrix)
+    np.testing.assert_array_equal(back.toarray(), a.toarray())
+    np.testing.assert_array_equal(A.to_dense().cpu().numpy(), a.toarray())
+
+
+def test_scipy_dtypes(rng):
+    a = random_csr(rng, 5, 4, 0.5)
+    assert st.from_scipy(a.astype(np.float32)).dtype == torch.float32
+    assert st.from_scipy(a.astype(np.int64)).dtype == torch.float32  # integers become float32
+    assert st.from_scipy(a, dtype=torch.bfloat16).dtype == torch.bfloat16
+    back = st.to_scipy(st.from_scipy(a, dtype=torch.bfloat16))
+    assert back.dtype == np.float32
+
+
+def test_torch_round_trip(device, rng):
+    a = random_csr(rng, 12, 10, 0.3)
+    t = torch.from_numpy(a.toarray()).to(device).to_sparse_csr()
+    A = st.from_torch(t)
+    assert A.crow_indices.data_ptr() == t.crow_indices().data_ptr(), "wrapping must not copy"
+    assert torch.equal(st.to_torch(A).to_dense(), t.to_dense())
+
+
+def test_batched_torch_round_trip_with_ragged_nnz(device, rng):
+    mats = [random_csr(rng, 6, 5, d) for d in (0.0, 0.3, 1.0)]
+    A = st.from_list(mats, device=device)
+    assert A.col_indices.shape == (3, 30)
+    assert A.nnz.tolist() == [m.nnz for m in mats]
+    t = st.to_torch(A)
+    assert t.layout == torch.sparse_csr and t.shape == (3, 6, 5)
+    expected = torch.stack([torch.from_numpy(m.toarray()) for m in mats]).to(device)
+    assert torch.equal(t.to_dense(), expected)
+    assert torch.equal(A.to_dense(), expected)
+    assert [x.nnz for x in st.to_scipy(A)] == [m.nnz for m in mats]
+
+
+def test_from_dense(device, rng):
+    d = torch.from_numpy(random_csr(rng, 9, 7, 0.3).toarray()).to(device)
+    assert torch.equal(st.from_dense(d).to_dense(), d)
+    d3 = torch.stack([d, torch.zeros_like(d), d * 2])
+    A3 = st.from_dense(d3)
+    assert A3.batched and torch.equal(A3.to_dense(), d3)
+
+
+def test_shared_pattern_to_dense_and_torch(device, rng):
+    a = random_csr(rng, 5, 4, 0.5)
+    values = torch.randn(3, a.nnz, dtype=torch.float64, device=device)
+    A = st.CSR(torch.from_numpy(a.indptr).to(device), torch.from_numpy(a.indices).to(device), values, (3, 5, 4))
+    dense = A.to_dense()
+    for i in range(3):
+        x = a.copy()
+        x.data = values[i].cpu().numpy()
+        np.testing.assert_allclose(dense[i].cpu().numpy(), x.toarray())
+    assert torch.equal(st.to_torch(A).to_dense(), dense)
+
+
+def test_to_changes_dtype_device_index(device, rng):
+    A = st.from_scipy(random_csr(rng, 4, 4, 0.5))
+    B = A.to(device=device, dtype=torch.float16, index_dtype=torch.int32)
+    assert B.device.type == device and B.dtype == torch.float16 and B.index_dtype == torch.int32
+
+
+def test_as_csr_rejects_other_things():
+    with pytest.raises(TypeError, match="expected a sparse matrix"):
+        st.as_csr("not a matrix")
+    with pytest.raises(TypeError, match="to_sparse_csr"):
+        st.as_csr(torch.eye(3).to_sparse())
+    with pytest.raises(TypeError, match="to_sparse_csr"):
+        st.from_torch(torch.eye(3))
+    with pytest.raises(TypeError, match="sparse_csr"):
+        st.from_torch(torch.eye(3).to_sparse_csc())
+
+
+@pytest.mark.parametrize(
+    "crow,col,values,shape,exc,match",
+    [
+        ([0, 1, 2], [0, 1], [1.0, 2.0], (3, 2), ValueError, "last dimension m \\+ 1 = 4"),
+        ([0, 1, 2], [0, 1, 1], [1.0, 2.0], (2, 2), ValueError, "values: expected shape"),
+        ([0, 1, 2], [0, 1], [1, 2], (2, 2), TypeError, "values: expected float16"),
+        ([0.0, 1.0, 2.0], [0, 1], [1.0, 2.0], (2, 2), TypeError, "int32 or int64"),
+        ([0, 1, 2], [0, 1], [1.0, 2.0], (2, 2, 2), ValueError, "values: expected shape \\(2, nnz\\)"),
+        ([0, 1, 2], [0, 1], [1.0, 2.0], (-2, 2), ValueError, "non-negative"),
+    ],
+)
+def test_csr_component_checks(crow, col, values, shape, exc, match):
+    with pytest.raises(exc, match=match):
+        st.CSR(torch.tensor(crow), torch.tensor(col), torch.tensor(values), shape)
+
+
+def test_csr_index_dtype_mismatch():
+    with pytest.raises(TypeError, match="same dtype"):
+        st.CSR(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0]), torch.tensor([1.0]), (1, 1))
+
+
+def test_from_list_errors(rng):
+    with pytest.raises(ValueError, match="same \\(m, k\\)"):
+        st.from_list([random_csr(rng, 3, 3, 0.5), random_csr(rng, 3, 4, 0.5)])
+    with pytest.raises(ValueError, match="needs shape"):
+        st.from_list([])
