@@ -41,7 +41,8 @@ def get_extension():
     sources = rel(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))
     sources += rel(glob.glob(os.path.join(ROOT, "csrc", "common", "*.cpp")))
     sources += rel(glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
-    cxx_flags = ["-O3", "-std=c++17", "-fopenmp", "-fdiagnostics-color=always"]
+    # No -std flag: torch.utils.cpp_extension adds the standard its headers need (C++17 or C++20).
+    cxx_flags = ["-O3", "-fopenmp", "-fdiagnostics-color=always"]
     define_macros = []
     extra_link_args = ["-fopenmp"]
     if not use_cuda:
@@ -57,7 +58,6 @@ def get_extension():
     define_macros.append(("SPARSETORCH_WITH_CUDA", None))
     nvcc_flags = [
         "-O3",
-        "-std=c++17",
         "-lineinfo",
         "--expt-relaxed-constexpr",
         "-Xcompiler=-fopenmp",

@@ -18,16 +18,17 @@ std::string cuda_build_info();  // cuda/build_info_cuda.cpp
 TORCH_LIBRARY(sparsetorch, m) {
   // out = act(alpha * (A @ dense) + beta * accumulate + bias), A in CSR; see common/checks.h for
   // the batched and broadcast layouts. beta == 0 ignores `accumulate` (NaN in it does not leak).
+  // backend: "auto", "cusparse" or "native" chooses the CUDA route; the CPU has one kernel.
   m.def(
       "spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, float alpha=1., "
       "Tensor? accumulate=None, float beta=0., Tensor? bias=None, str activation=\"none\", "
-      "float negative_slope=0.01) -> Tensor");
+      "float negative_slope=0.01, str backend=\"auto\") -> Tensor");
   // The same product written into `out`, which also serves as the accumulate operand:
   // out = act(alpha * (A @ dense) + beta * out + bias).
   m.def(
       "spmm_out(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, Tensor(a!) out, "
       "float alpha=1., float beta=0., Tensor? bias=None, str activation=\"none\", "
-      "float negative_slope=0.01) -> ()");
+      "float negative_slope=0.01, str backend=\"auto\") -> ()");
   // Elementwise on dense tensors (or CSR values of one pattern). op: add (x + alpha*y),
   // sub (x - alpha*y), mul (x*y), div (x/y). x and y have the same shape and dtype.
   m.def("binary(Tensor x, Tensor y, str op, float alpha=1.) -> Tensor");

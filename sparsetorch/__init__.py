@@ -18,6 +18,7 @@ from sparsetorch.csr import (
     to_scipy,
     to_torch,
 )
+from sparsetorch.plan import SpmmPlan
 from sparsetorch.functional import (
     ACTIVATIONS,
     activation,
@@ -42,7 +43,7 @@ from sparsetorch.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "CSR", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
+    "ACTIVATIONS", "CSR", "SpmmPlan", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
     "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
     "scale_rows", "sigmoid", "silu", "spmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "validate_csr",
 ]

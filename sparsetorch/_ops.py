@@ -19,14 +19,14 @@ def _spmm_out_shape(crow, values, dense):
 
 @torch.library.register_fake("sparsetorch::spmm")
 def _spmm_fake(crow_indices, col_indices, values, dense, alpha=1.0, accumulate=None, beta=0.0, bias=None,
-               activation="none", negative_slope=0.01):
+               activation="none", negative_slope=0.01, backend="auto"):
     torch._check(values.dtype == dense.dtype, lambda: "values and dense must have the same dtype")
     return values.new_empty(_spmm_out_shape(crow_indices, values, dense))
 
 
 @torch.library.register_fake("sparsetorch::spmm_out")
 def _spmm_out_fake(crow_indices, col_indices, values, dense, out, alpha=1.0, beta=0.0, bias=None,
-                   activation="none", negative_slope=0.01):
+                   activation="none", negative_slope=0.01, backend="auto"):
     return None
 
 

@@ -64,7 +64,7 @@ def _like(original: Any, result: CSR):
 
 def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: Optional[torch.Tensor] = None,
          bias: Optional[torch.Tensor] = None, activation: Optional[str] = None, negative_slope: float = 0.01,
-         out: Optional[torch.Tensor] = None, validate: bool = False) -> torch.Tensor:
+         out: Optional[torch.Tensor] = None, validate: bool = False, backend: str = "auto") -> torch.Tensor:
     """``act(alpha * (A @ B) + beta * c + bias)`` for sparse (CSR) ``A`` and dense ``B``.
 
     Shapes (``A`` may be batched with a different sparsity pattern per batch):
@@ -83,7 +83,12 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     (``out = act(alpha*A@B + beta*out + bias)``). ``bias`` has shape ``(n,)``. ``activation`` is
     one of :data:`ACTIVATIONS`. ``B`` may have any strides (a non-row-major ``B`` is copied on the
     CPU). ``validate=True`` checks A's structure first (O(nnz), one device sync) and raises
-    ValueError on a malformed matrix; without it, the CPU kernel still bounds-checks every index.
+    ValueError on a malformed matrix; without it, the CPU kernel still bounds-checks every index and
+    the native CUDA kernel skips out-of-range entries (cuSPARSE's behaviour there is undefined).
+
+    ``backend`` picks the CUDA route: ``"cusparse"`` (cusparseSpMM; batches as strided batch for one
+    shared pattern, else one block-diagonal product), ``"native"`` (sparsetorch's own kernel, epilogue
+    fused) or ``"auto"``. The CPU has a single OpenMP kernel and accepts any of the three.
     """
     if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
         raise TypeError(f"B: expected a dense torch.Tensor, got "
@@ -103,10 +108,10 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         if c is not None:
             raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
         ops.spmm_out(a.crow_indices, a.col_indices, a.values, B, out, float(alpha), float(beta), bias, act,
-                     float(negative_slope))
+                     float(negative_slope), backend)
         return out
     return ops.spmm(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
-                    float(negative_slope))
+                    float(negative_slope), backend)
 
 
 # --- elementwise -----------------------------------------------------------------------------

@@ -135,12 +135,63 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
   return p;
 }
 
+SpmmBackend parse_spmm_backend(const std::string& name) {
+  if (name == "auto") return SpmmBackend::Auto;
+  if (name == "cusparse") return SpmmBackend::Cusparse;
+  if (name == "native") return SpmmBackend::Native;
+  TORCH_CHECK_VALUE(false, "backend: unknown SpMM backend '", name, "'; expected one of auto, cusparse, native");
+}
+
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out) {
   check_same_dtype(values, "values", out, "out");
   check_same_device(values, "values", out, "out");
   const auto out_shape = p.out_shape();
   TORCH_CHECK_VALUE(out.sizes().vec() == out_shape, "out: expected shape ", at::IntArrayRef(out_shape),
                     ", got ", out.sizes());
+}
+
+void check_binary_args(const at::Tensor& x, const at::Tensor& y) {
+  check_float_dtype(x, "x");
+  check_same_dtype(x, "x", y, "y");
+  check_same_device(x, "x", y, "y");
+  TORCH_CHECK_VALUE(x.sizes() == y.sizes(), "y: expected the shape of x ", x.sizes(), ", got ", y.sizes());
+}
+
+namespace {
+void check_channel_vector(const at::Tensor& x, const std::optional<at::Tensor>& v, const char* name) {
+  if (!v.has_value()) return;
+  check_same_dtype(x, "x", *v, name);
+  check_same_device(x, "x", *v, name);
+  TORCH_CHECK_VALUE(v->dim() == 1 && v->size(0) == x.size(-1), name, ": expected shape (", x.size(-1),
+                    ",) (the last dimension of x), got ", v->sizes());
+}
+}  // namespace
+
+void check_bias_act_args(const at::Tensor& x, const std::optional<at::Tensor>& scale,
+                         const std::optional<at::Tensor>& bias) {
+  check_float_dtype(x, "x");
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension (features last), got a 0-D tensor");
+  check_channel_vector(x, scale, "scale");
+  check_channel_vector(x, bias, "bias");
+}
+
+ScaleVector check_scale_vector(const std::optional<at::Tensor>& s, const at::Tensor& values, int64_t batch,
+                               bool batched, const char* name, int64_t expected_len) {
+  ScaleVector out;
+  if (!s.has_value()) return out;
+  check_same_dtype(values, "values", *s, name);
+  check_same_device(values, "values", *s, name);
+  TORCH_CHECK_VALUE(s->dim() == 1 || (s->dim() == 2 && batched && s->size(0) == batch), name,
+                    ": expected a 1-D tensor", batched ? " or a 2-D (batch, len) tensor with batch " : "",
+                    batched ? std::to_string(batch) : std::string(), ", got shape ", s->sizes());
+  out.len = s->size(-1);
+  if (expected_len >= 0) {
+    TORCH_CHECK_VALUE(out.len == expected_len, name, ": expected ", expected_len, " entries (one per row), got shape ",
+                      s->sizes());
+  }
+  out.t = s->contiguous();
+  out.batch_stride = s->dim() == 2 ? out.len : 0;
+  return out;
 }
 
 }  // namespace sparsetorch

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace sparsetorch {
 
@@ -38,6 +39,10 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
                             const at::Tensor& dense, const std::optional<at::Tensor>& accumulate,
                             const std::optional<at::Tensor>& bias);
 
+enum class SpmmBackend { Auto, Cusparse, Native };
+// "auto", "cusparse" or "native"; ValueError otherwise.
+SpmmBackend parse_spmm_backend(const std::string& name);
+
 // Checks an `out` tensor for a problem: right shape, dtype and device.
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out);
 
@@ -49,5 +54,21 @@ struct CsrShape {
   int64_t nnz_stride = 0;
 };
 CsrShape check_csr_components(const at::Tensor& crow, const at::Tensor& col, const at::Tensor* values);
+
+// Elementwise ops: x and y of one float dtype, device and shape.
+void check_binary_args(const at::Tensor& x, const at::Tensor& y);
+// bias_act: x at least 1-D; scale and bias (optional) of shape (x.size(-1),), x's dtype and device.
+void check_bias_act_args(const at::Tensor& x, const std::optional<at::Tensor>& scale,
+                         const std::optional<at::Tensor>& bias);
+
+// csr_scale's row or column factors: (len,) shared by all batches, or (batch, len).
+struct ScaleVector {
+  at::Tensor t;  // contiguous, or undefined when absent
+  int64_t batch_stride = 0;
+  int64_t len = 0;
+};
+// expected_len < 0: any length (columns are bounds-checked against it instead).
+ScaleVector check_scale_vector(const std::optional<at::Tensor>& s, const at::Tensor& values, int64_t batch,
+                               bool batched, const char* name, int64_t expected_len);
 
 }  // namespace sparsetorch

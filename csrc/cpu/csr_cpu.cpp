@@ -11,32 +11,6 @@
 namespace sparsetorch {
 namespace {
 
-// A per-row or per-column scale vector: (len,) shared by all batches or (batch, len).
-struct ScaleVector {
-  at::Tensor t;
-  int64_t batch_stride = 0;
-  int64_t len = 0;
-};
-
-ScaleVector check_scale(const std::optional<at::Tensor>& s, const at::Tensor& values, int64_t batch,
-                        bool batched, const char* name, int64_t expected_len) {
-  ScaleVector out;
-  if (!s.has_value()) return out;
-  check_same_dtype(values, "values", *s, name);
-  check_same_device(values, "values", *s, name);
-  TORCH_CHECK_VALUE(s->dim() == 1 || (s->dim() == 2 && batched && s->size(0) == batch), name,
-                    ": expected a 1-D tensor", batched ? " or a 2-D (batch, len) tensor with batch " : "",
-                    batched ? std::to_string(batch) : std::string(), ", got shape ", s->sizes());
-  out.len = s->size(-1);
-  if (expected_len >= 0) {
-    TORCH_CHECK_VALUE(out.len == expected_len, name, ": expected ", expected_len, " entries (one per row), got shape ",
-                      s->sizes());
-  }
-  out.t = s->contiguous();
-  out.batch_stride = s->dim() == 2 ? out.len : 0;
-  return out;
-}
-
 at::Tensor csr_scale_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
                          const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_scale) {
   const CsrShape s = check_csr_components(crow_in, col_in, &values_in);
@@ -44,8 +18,8 @@ at::Tensor csr_scale_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, co
   // With a 1-D pattern, 2-D values are a batch sharing the pattern.
   const bool values_batched = values_in.dim() == 2;
   const int64_t batch = values_batched ? values_in.size(0) : 1;
-  const ScaleVector rs = check_scale(row_scale, values_in, batch, values_batched, "row_scale", s.m);
-  const ScaleVector cs = check_scale(col_scale, values_in, batch, values_batched, "col_scale", -1);
+  const ScaleVector rs = check_scale_vector(row_scale, values_in, batch, values_batched, "row_scale", s.m);
+  const ScaleVector cs = check_scale_vector(col_scale, values_in, batch, values_batched, "col_scale", -1);
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   at::Tensor out = values_in.contiguous().clone();
   if (out.numel() == 0 || s.m == 0 || (!rs.t.defined() && !cs.t.defined())) return out;

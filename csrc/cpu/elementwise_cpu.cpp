@@ -21,11 +21,7 @@ constexpr int64_t kGrain = 32768;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
 
 at::Tensor binary_cpu(const at::Tensor& x_in, const at::Tensor& y_in, c10::string_view op_name, double alpha) {
-  check_float_dtype(x_in, "x");
-  check_same_dtype(x_in, "x", y_in, "y");
-  check_same_device(x_in, "x", y_in, "y");
-  TORCH_CHECK_VALUE(x_in.sizes() == y_in.sizes(), "y: expected the shape of x ", x_in.sizes(), ", got ",
-                    y_in.sizes());
+  check_binary_args(x_in, y_in);
   const BinaryOp op = parse_binary_op(std::string(op_name), /*allow_rsub=*/false);
   const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();
   at::Tensor out = at::empty_like(x);
@@ -83,21 +79,10 @@ at::Tensor activation_cpu(const at::Tensor& x_in, c10::string_view activation, d
   return out;
 }
 
-void check_channel_vector(const at::Tensor& x, const std::optional<at::Tensor>& v, const char* name) {
-  if (!v.has_value()) return;
-  check_same_dtype(x, "x", *v, name);
-  check_same_device(x, "x", *v, name);
-  TORCH_CHECK_VALUE(v->dim() == 1 && v->size(0) == x.size(-1), name, ": expected shape (", x.size(-1),
-                    ",) (the last dimension of x), got ", v->sizes());
-}
-
 at::Tensor bias_act_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& scale_in,
                         const std::optional<at::Tensor>& bias_in, c10::string_view activation,
                         double negative_slope) {
-  check_float_dtype(x_in, "x");
-  TORCH_CHECK_VALUE(x_in.dim() >= 1, "x: expected at least 1 dimension (features last), got a 0-D tensor");
-  check_channel_vector(x_in, scale_in, "scale");
-  check_channel_vector(x_in, bias_in, "bias");
+  check_bias_act_args(x_in, scale_in, bias_in);
   const Activation act = parse_activation(std::string(activation));
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty_like(x);

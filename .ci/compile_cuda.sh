@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Compile every CUDA source (nvcc -c, sm_90) against the installed torch's headers, so a .cu file
+# that does not compile fails CI even on a machine without a GPU or a CUDA build of torch.
+#
+# The CPU torch wheel ships the ATen/c10 CUDA headers except the generated
+# c10/cuda/impl/cuda_cmake_macros.h (a one-line stand-in is written below); cusparse.h, cublas_v2.h,
+# cublasLt.h and cusolverDn.h come from the NVIDIA wheels, of which only the headers are unpacked.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-nvcc}
+if ! command -v "$NVCC" >/dev/null 2>&1; then
+  if [ -n "${CI:-}" ]; then echo "compile_cuda: nvcc not found" >&2; exit 1; fi
+  echo "compile_cuda: nvcc not found; skipping the CUDA compile check (it is required in CI)"; exit 0
+fi
+
+CACHE=.ci/cache
+HDR=$CACHE/cuda-headers
+if [ ! -f "$HDR/nvidia/cu13/include/cusparse.h" ] || [ ! -f "$HDR/nvidia/cu13/include/cusolverDn.h" ] \
+   || [ ! -f "$HDR/nvidia/cu13/include/cublasLt.h" ]; then
+  mkdir -p "$CACHE/wheels" "$HDR"
+  python -m pip download -q --no-deps --only-binary=:all: -d "$CACHE/wheels" \
+    nvidia-cusparse==12.6.3.3 nvidia-cublas==13.1.1.3 nvidia-cusolver==12.0.4.66
+  for whl in "$CACHE"/wheels/nvidia_cusparse-*.whl "$CACHE"/wheels/nvidia_cublas-*.whl \
+             "$CACHE"/wheels/nvidia_cusolver-*.whl; do
+    python - "$whl" "$HDR" <<'PY'
+import sys, zipfile
+whl, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        if "/include/" in name and name.endswith(".h"):
+            z.extract(name, dest)
+PY
+  done
+  rm -rf "$CACHE/wheels"
+fi
+mkdir -p "$HDR/stub/c10/cuda/impl"
+echo '#define C10_CUDA_BUILD_SHARED_LIBS' > "$HDR/stub/c10/cuda/impl/cuda_cmake_macros.h"
+
+TORCH_INC=$(python -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I'+p for p in include_paths()))")
+PY_INC=$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+# nvcc's own include directory (nvcc may be a wrapper script, so ask it rather than its path).
+CUDA_INC=$("$NVCC" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/.*INCLUDES="-I\([^"]*\)".*/\1/p' | head -n1)
+# The C++ standard torch.utils.cpp_extension builds extensions with (C++20 for torch >= 2.10).
+STD=$(python -c "import inspect, torch.utils.cpp_extension as c; print('c++20' if \"'c++20'\" in inspect.getsource(c) else 'c++17')")
+INCLUDES="-Icsrc $TORCH_INC -I$PY_INC -I$HDR/nvidia/cu13/include -I$HDR/stub -I$CUDA_INC"
+DEFINES="-DSPARSETORCH_WITH_CUDA -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C"
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+export NVCC INCLUDES DEFINES OUT STD
+compile_one() {
+  src=$1
+  case "$src" in
+    *.cu) "$NVCC" -c "$src" -o "$OUT/$(basename "$src").o" -std=$STD --expt-relaxed-constexpr -O1 \
+            -gencode=arch=compute_90,code=sm_90 $DEFINES $INCLUDES ;;
+    *.cpp) ${CXX:-g++} -fsyntax-only -std=$STD "$src" $DEFINES $INCLUDES ;;
+  esac && echo "compile_cuda: ok   $src" || { echo "compile_cuda: FAIL $src" >&2; return 1; }
+}
+export -f compile_one
+ls csrc/cuda/*.cu csrc/cuda/*.cpp 2>/dev/null | xargs -P "${COMPILE_JOBS:-2}" -I{} bash -c 'compile_one {}'
+echo "compile_cuda: all CUDA sources compile"

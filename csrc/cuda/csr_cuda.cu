@@ -1,0 +1,200 @@
+// CSR structure ops on CUDA: row/column scaling of the values, and the O(nnz) validation.
+//
+// csr_check never uses a device-side assert (it would kill the CUDA context for the process):
+// every violation becomes a 64-bit key (batch, phase, position) and the smallest key wins through
+// atomicMin, so the report is the first defect in the same order the CPU check scans in
+// (per batch: crow[0], crow monotone, crow[-1], then columns). A one-thread kernel decodes it into
+// [code, batch, position, value], the same result the CPU op returns.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "common/csr_check_codes.h"
+#include "cuda/cuda_utils.h"
+
+namespace sparsetorch {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int64_t blocks_for(int64_t work) {
+  const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return std::max<int64_t>(1, std::min(ceil_div(work, kThreads), max_blocks));
+}
+
+// --- csr_scale ---------------------------------------------------------------------------------
+
+// One warp per (batch, row): lanes stride over the row's entries.
+template <typename scalar_t, typename index_t>
+__global__ void csr_scale_kernel(const index_t* crow, const index_t* col, scalar_t* values, const scalar_t* rs,
+                                 int64_t rs_bstride, const scalar_t* cs, int64_t cs_bstride, int64_t cs_len,
+                                 int64_t rows, int64_t m, int64_t L, int64_t pattern_bstride, int64_t col_bstride,
+                                 int* bad_column) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
+    const int64_t b = row / m, r = row - b * m;
+    const index_t* crow_b = crow + b * pattern_bstride;
+    const index_t* col_b = col + b * col_bstride;
+    scalar_t* v_b = values + b * L;
+    const int64_t start = min(max(static_cast<int64_t>(crow_b[r]), int64_t(0)), L);
+    const int64_t stop = min(max(static_cast<int64_t>(crow_b[r + 1]), start), L);
+    const acc_t row_factor = rs ? static_cast<acc_t>(rs[b * rs_bstride + r]) : acc_t(1);
+    for (int64_t j = start + lane; j < stop; j += 32) {
+      acc_t f = row_factor;
+      if (cs) {
+        const int64_t c = col_b[j];
+        if (c < 0 || c >= cs_len) {
+          atomicExch(bad_column, 1);
+          continue;
+        }
+        f *= static_cast<acc_t>(cs[b * cs_bstride + c]);
+      }
+      v_b[j] = static_cast<scalar_t>(static_cast<acc_t>(v_b[j]) * f);
+    }
+  }
+}
+
+at::Tensor csr_scale_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
+                          const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_scale) {
+  const CsrShape s = check_csr_components(crow_in, col_in, &values_in);
+  check_float_dtype(values_in, "values");
+  const bool values_batched = values_in.dim() == 2;
+  const int64_t batch = values_batched ? values_in.size(0) : 1;
+  const ScaleVector rs = check_scale_vector(row_scale, values_in, batch, values_batched, "row_scale", s.m);
+  const ScaleVector cs = check_scale_vector(col_scale, values_in, batch, values_batched, "col_scale", -1);
+  const c10::cuda::CUDAGuard guard(values_in.device());
+  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
+  at::Tensor out = values_in.contiguous().clone();
+  if (out.numel() == 0 || s.m == 0 || (!rs.t.defined() && !cs.t.defined())) return out;
+  at::Tensor bad = at::zeros({1}, crow.options().dtype(at::kInt));
+  const int64_t rows = batch * s.m;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "csr_scale_cuda", [&] {
+    AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_scale_cuda", [&] {
+      csr_scale_kernel<scalar_t, index_t><<<blocks_for(rows * 32), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          crow.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<scalar_t>(),
+          rs.t.defined() ? rs.t.data_ptr<scalar_t>() : nullptr, rs.batch_stride,
+          cs.t.defined() ? cs.t.data_ptr<scalar_t>() : nullptr, cs.batch_stride, cs.len, rows, s.m, s.nnz_stride,
+          s.batched ? s.m + 1 : 0, s.batched ? s.nnz_stride : 0, bad.data_ptr<int>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  // Column factors gather by column index: an out-of-range column is an error, not a silent skip.
+  // Reading the flag costs one synchronisation, only when col_scale is given.
+  if (cs.t.defined()) {
+    TORCH_CHECK_INDEX(bad.item<int>() == 0, "col_indices: a stored column is out of range for col_scale of length ",
+                      cs.len, " (run sparsetorch.validate_csr for its position)");
+  }
+  return out;
+}
+
+// --- csr_check ---------------------------------------------------------------------------------
+
+constexpr int kPosBits = 42;    // positions below 2^42
+constexpr int kPhaseBits = 2;   // 0: crow[0] / monotone, 1: crow[-1], 2: columns
+constexpr unsigned long long kNoError = ~0ull;
+
+__device__ inline void report(unsigned long long* key, int64_t b, int phase, int64_t pos) {
+  const unsigned long long k = (static_cast<unsigned long long>(b) << (kPosBits + kPhaseBits)) |
+                               (static_cast<unsigned long long>(phase) << kPosBits) |
+                               static_cast<unsigned long long>(pos);
+  atomicMin(key, k);
+}
+
+template <typename index_t>
+__global__ void check_crow_kernel(const index_t* crow, int64_t batch, int64_t m, int64_t L, bool exact_nnz,
+                                  unsigned long long* key) {
+  const int64_t total = batch * (m + 1);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (m + 1), r = i - b * (m + 1);
+    const index_t* c = crow + b * (m + 1);
+    if (r == 0) {
+      if (c[0] != 0) report(key, b, 0, 0);
+    } else if (c[r] < c[r - 1]) {
+      report(key, b, 0, r);
+    }
+    if (r == m && (exact_nnz ? c[m] != L : c[m] > L)) report(key, b, 1, m);
+  }
+}
+
+template <typename index_t>
+__global__ void check_col_kernel(const index_t* crow, const index_t* col, int64_t batch, int64_t m, int64_t L,
+                                 int64_t ncols, unsigned long long* key) {
+  const int64_t total = batch * L;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / L, j = i - b * L;
+    const int64_t stored = min(max(static_cast<int64_t>(crow[b * (m + 1) + m]), int64_t(0)), L);
+    if (j < stored && (col[i] < 0 || col[i] >= ncols)) report(key, b, 2, j);
+  }
+}
+
+template <typename index_t>
+__global__ void decode_kernel(const unsigned long long* key, const index_t* crow, const index_t* col, int64_t m,
+                              int64_t L, int64_t* result) {
+  const unsigned long long k = *key;
+  if (k == kNoError) return;  // result stays [0, 0, 0, 0]
+  const int64_t b = static_cast<int64_t>(k >> (kPosBits + kPhaseBits));
+  const int phase = static_cast<int>((k >> kPosBits) & ((1ull << kPhaseBits) - 1));
+  const int64_t pos = static_cast<int64_t>(k & ((1ull << kPosBits) - 1));
+  int64_t code, value;
+  if (phase == 2) {
+    code = kColOutOfRange;
+    value = col[b * L + pos];
+  } else {
+    code = phase == 1 ? kCrowLastMismatch : (pos == 0 ? kCrowFirstNotZero : kCrowDecreasing);
+    value = crow[b * (m + 1) + pos];
+  }
+  result[0] = code;
+  result[1] = b;
+  result[2] = pos;
+  result[3] = value;
+}
+
+at::Tensor csr_check_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, int64_t ncols) {
+  const CsrShape s = check_csr_components(crow_in, col_in, nullptr);
+  TORCH_CHECK_VALUE(ncols >= 0, "ncols: expected a non-negative number of columns, got ", ncols);
+  TORCH_CHECK_VALUE(s.nnz_stride < (int64_t(1) << kPosBits) && s.m < (int64_t(1) << kPosBits) &&
+                        s.batch < (int64_t(1) << (64 - kPosBits - kPhaseBits)),
+                    "csr_check: the matrix is too large to validate on CUDA (batch ", s.batch, ", nnz ",
+                    s.nnz_stride, ")");
+  const c10::cuda::CUDAGuard guard(crow_in.device());
+  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
+  at::Tensor result = at::zeros({4}, crow.options().dtype(at::kLong));
+  at::Tensor key = at::full({1}, -1, crow.options().dtype(at::kLong));  // all bits set: kNoError
+  auto* key_ptr = reinterpret_cast<unsigned long long*>(key.data_ptr<int64_t>());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_check_cuda", [&] {
+    const int64_t crow_work = s.batch * (s.m + 1);
+    check_crow_kernel<index_t><<<blocks_for(crow_work), kThreads, 0, stream>>>(
+        crow.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, !s.batched, key_ptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (s.batch * s.nnz_stride > 0) {
+      check_col_kernel<index_t><<<blocks_for(s.batch * s.nnz_stride), kThreads, 0, stream>>>(
+          crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, ncols, key_ptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    decode_kernel<index_t><<<1, 1, 0, stream>>>(key_ptr, crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.m,
+                                                s.nnz_stride, result.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return result;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
+  m.impl("csr_scale", &csr_scale_cuda);
+  m.impl("csr_check", &csr_check_cuda);
+}
+
+}  // namespace cuda
+}  // namespace sparsetorch

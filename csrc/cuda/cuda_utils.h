@@ -1,0 +1,106 @@
+// Shared CUDA helpers: status checks that name the failing call, dtype mapping for cuSPARSE,
+// RAII holders for cuSPARSE descriptors, and aligned vector types for 16-byte accesses.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cusparse.h>
+
+#include <cstdint>
+
+#define SPARSETORCH_CUSPARSE_CHECK(call)                                                              \
+  do {                                                                                               \
+    const cusparseStatus_t status_ = (call);                                                         \
+    TORCH_CHECK(status_ == CUSPARSE_STATUS_SUCCESS, "cuSPARSE call ", #call, " failed: ",            \
+                cusparseGetErrorString(status_), " (status ", static_cast<int>(status_), ")");        \
+  } while (0)
+
+namespace sparsetorch {
+namespace cuda {
+
+inline cudaDataType cuda_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return CUDA_R_32F;
+    case at::kDouble:
+      return CUDA_R_64F;
+    case at::kHalf:
+      return CUDA_R_16F;
+    case at::kBFloat16:
+      return CUDA_R_16BF;
+    default:
+      TORCH_CHECK_TYPE(false, "no CUDA data type for ", t);
+  }
+}
+
+// Half types accumulate in float32; float32 and float64 in themselves.
+inline cudaDataType compute_dtype(at::ScalarType t) { return t == at::kDouble ? CUDA_R_64F : CUDA_R_32F; }
+
+inline cusparseIndexType_t cusparse_index(at::ScalarType t) {
+  return t == at::kInt ? CUSPARSE_INDEX_32I : CUSPARSE_INDEX_64I;
+}
+
+// alpha/beta in the compute type, passed to cuSPARSE by host pointer.
+struct Scalar {
+  double d = 0;
+  float f = 0;
+  Scalar(double v, at::ScalarType t) : d(v), f(static_cast<float>(v)), is_double(t == at::kDouble) {}
+  const void* ptr() const { return is_double ? static_cast<const void*>(&d) : static_cast<const void*>(&f); }
+  bool is_double;
+};
+
+class SpMatDescriptor {
+ public:
+  SpMatDescriptor() = default;
+  SpMatDescriptor(const SpMatDescriptor&) = delete;
+  SpMatDescriptor& operator=(const SpMatDescriptor&) = delete;
+  SpMatDescriptor(SpMatDescriptor&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+  ~SpMatDescriptor() {
+    if (d_) cusparseDestroySpMat(d_);
+  }
+  // CSR of rows x cols with nnz entries; pointers must stay valid while the descriptor is used.
+  void create_csr(int64_t rows, int64_t cols, int64_t nnz, const at::Tensor& crow, const at::Tensor& col,
+                  const at::Tensor& values) {
+    TORCH_INTERNAL_ASSERT(d_ == nullptr);
+    SPARSETORCH_CUSPARSE_CHECK(cusparseCreateCsr(&d_, rows, cols, nnz, crow.data_ptr(), col.data_ptr(),
+                                                 values.data_ptr(), cusparse_index(crow.scalar_type()),
+                                                 cusparse_index(col.scalar_type()), CUSPARSE_INDEX_BASE_ZERO,
+                                                 cuda_dtype(values.scalar_type())));
+  }
+  cusparseSpMatDescr_t get() const { return d_; }
+
+ private:
+  cusparseSpMatDescr_t d_ = nullptr;
+};
+
+class DnMatDescriptor {
+ public:
+  DnMatDescriptor() = default;
+  DnMatDescriptor(const DnMatDescriptor&) = delete;
+  DnMatDescriptor& operator=(const DnMatDescriptor&) = delete;
+  ~DnMatDescriptor() {
+    if (d_) cusparseDestroyDnMat(d_);
+  }
+  void create(int64_t rows, int64_t cols, int64_t ld, void* ptr, at::ScalarType dtype, cusparseOrder_t order) {
+    TORCH_INTERNAL_ASSERT(d_ == nullptr);
+    SPARSETORCH_CUSPARSE_CHECK(cusparseCreateDnMat(&d_, rows, cols, ld, ptr, cuda_dtype(dtype), order));
+  }
+  cusparseDnMatDescr_t get() const { return d_; }
+
+ private:
+  cusparseDnMatDescr_t d_ = nullptr;
+};
+
+// VEC elements of T moved as one aligned access (16 bytes when VEC * sizeof(T) == 16).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace cuda
+}  // namespace sparsetorch

@@ -1,0 +1,84 @@
+// CUDA entry points of spmm / spmm_out: checks, device guard, and the choice of route.
+//
+// "auto" route (to be refined from measurements in benchmarks/): cuSPARSE for one float32/float64
+// matrix; the native kernel for batches (no block-diagonal copy, no host sync) and for half types.
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "common/activation.h"
+#include "common/checks.h"
+#include "cuda/spmm_cuda.h"
+
+namespace sparsetorch {
+namespace cuda {
+namespace {
+
+bool use_native(const SpmmProblem& p, at::ScalarType dtype, SpmmBackend backend) {
+  if (backend == SpmmBackend::Native) return true;
+  if (backend == SpmmBackend::Cusparse) return false;
+  if (p.batched) return true;
+  return dtype == at::kHalf || dtype == at::kBFloat16;
+}
+
+void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+         const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend backend) {
+  if (use_native(p, values.scalar_type(), backend)) {
+    spmm_native(p, crow, col, values, dense, out, epi);
+  } else {
+    spmm_cusparse(p, crow, col, values, dense, out, epi);
+  }
+}
+
+SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumulate,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation,
+                           double negative_slope) {
+  SpmmEpilogue epi;
+  epi.alpha = alpha;
+  epi.beta = beta;
+  if (beta != 0.0) epi.accumulate = accumulate;  // beta == 0: never read (NaN in it does not leak)
+  if (bias.has_value()) epi.bias = bias->contiguous();
+  epi.act = parse_activation(std::string(activation));
+  epi.negative_slope = negative_slope;
+  return epi;
+}
+
+at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
+                     double alpha, const std::optional<at::Tensor>& accumulate, double beta,
+                     const std::optional<at::Tensor>& bias, c10::string_view activation, double negative_slope,
+                     c10::string_view backend) {
+  const SpmmBackend route = parse_spmm_backend(std::string(backend));
+  const SpmmProblem p = check_spmm_args(crow, col, values, dense, accumulate, bias);
+  const c10::cuda::CUDAGuard guard(values.device());
+  at::Tensor out = at::empty(p.out_shape(), values.options());
+  const at::Tensor acc = accumulate.has_value() ? accumulate->contiguous() : at::Tensor();
+  run(p, crow, col, values, dense, out, make_epilogue(alpha, beta, acc, bias, activation, negative_slope), route);
+  return out;
+}
+
+void spmm_out_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
+                   const at::Tensor& out, double alpha, double beta, const std::optional<at::Tensor>& bias,
+                   c10::string_view activation, double negative_slope, c10::string_view backend) {
+  const SpmmBackend route = parse_spmm_backend(std::string(backend));
+  const SpmmProblem p = check_spmm_args(crow, col, values, dense, std::nullopt, bias);
+  check_spmm_out(p, values, out);
+  for (const at::Tensor* input : {&crow, &col, &values, &dense}) at::assert_no_overlap(out, *input);
+  if (bias.has_value()) at::assert_no_overlap(out, *bias);
+  const c10::cuda::CUDAGuard guard(values.device());
+  const bool direct = out.is_contiguous();
+  at::Tensor target = direct ? out : out.contiguous();
+  run(p, crow, col, values, dense, target, make_epilogue(alpha, beta, target, bias, activation, negative_slope),
+      route);
+  if (!direct) out.copy_(target);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
+  m.impl("spmm", &spmm_cuda);
+  m.impl("spmm_out", &spmm_out_cuda);
+}
+
+}  // namespace cuda
+}  // namespace sparsetorch

@@ -1,0 +1,38 @@
+// The CUDA SpMM routes. All take a checked SpmmProblem and write `out` (contiguous, output shape).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "common/activation.h"
+#include "common/checks.h"
+
+namespace sparsetorch {
+namespace cuda {
+
+struct SpmmEpilogue {
+  double alpha = 1.0;
+  double beta = 0.0;               // applied to `accumulate` when it is defined
+  at::Tensor accumulate;           // undefined, or contiguous with the output's shape (may be `out`)
+  at::Tensor bias;                 // undefined, or contiguous (n,)
+  Activation act = Activation::None;
+  double negative_slope = 0.01;
+};
+
+// Own kernel: a group of 8-32 lanes per output row, 16-byte loads of B rows, fp32 accumulation for
+// half types, the epilogue fused. Takes every batch layout directly (per-batch patterns, shared
+// pattern, broadcasts) without copies. Entries with a column outside [0, k) and row spans outside
+// [0, L] are skipped, so a malformed matrix can never fault (validate=True reports it instead).
+void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                 const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
+
+// cuSPARSE generic API: cusparseSpMM for one matrix; for a batch, strided batch when the pattern is
+// shared (its only correct case) and one block-diagonal product when patterns differ. Bias and
+// activation run as a second pass over `out`.
+void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                   const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
+
+// In place: out = act(out + bias) (elementwise_cuda.cu).
+void bias_act_inplace_cuda(const at::Tensor& out, const at::Tensor& bias, Activation act, double negative_slope);
+
+}  // namespace cuda
+}  // namespace sparsetorch

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
+# Logs and results go under $OUT (the device tool brings that folder back).
+#   bash scripts/device_run.sh [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/sparsetorch-out}
+mkdir -p "$OUT"
+what=${1:-all}
+export SPARSETORCH_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 SPARSETORCH_CUDA_ARCH=${SPARSETORCH_CUDA_ARCH:-90}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
+
+start=$(date +%s)
+if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  tail -20 "$OUT/build.log"
+  exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s"
+python3 -c "import sparsetorch as st; print(st.build_info())" | tee -a "$OUT/device.txt"
+
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" tests > "$OUT/tests.log" 2>&1 || rc=1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
+  tail -3 "$OUT/tests.log"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 benchmarks/spmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1
+fi
+exit $rc
