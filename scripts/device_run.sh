@@ -18,7 +18,10 @@ if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s"
-python3 -c "import sparsetorch as st; print(st.build_info())" | tee -a "$OUT/device.txt"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONFAULTHANDLER=1
+if ! python3 -c "import sparsetorch as st; print(st.build_info())" 2>&1 | tee -a "$OUT/device.txt"; then
+  echo "import failed"; ldd sparsetorch/_C*.so | grep -E "cusparse|cublas|cudart|torch|gomp|not found"
+fi
 
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
