@@ -21,6 +21,8 @@ echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONFAULTHANDLER=1
 if ! python3 -c "import sparsetorch as st; print(st.build_info())" 2>&1 | tee -a "$OUT/device.txt"; then
   echo "import failed"; ldd sparsetorch/_C*.so | grep -E "cusparse|cublas|cudart|torch|gomp|not found"
+  cuda-gdb -batch -ex run -ex bt --args python3 -c "import sparsetorch as st; print(st.build_info())" 2>&1 | tail -25
+  exit 1
 fi
 
 rc=0
