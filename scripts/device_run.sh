@@ -7,11 +7,16 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
 mkdir -p "$OUT"
 what=${1:-all}
+# The device image sets CXX=/opt/gcc/bin/g++, a wrapper that links libstdc++ statically into the
+# module; its iostreams then crash against the process's libstdc++ (seen: segfault in
+# ostream::_M_insert<long> on the first formatted message). Build with the system compiler.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 export SPARSETORCH_CUDA=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1 SPARSETORCH_CUDA_ARCH=${SPARSETORCH_CUDA_ARCH:-90}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
 
 start=$(date +%s)
+rm -rf build sparsetorch/_C*.so
 if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -40
   tail -20 "$OUT/build.log"
