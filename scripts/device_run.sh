@@ -30,6 +30,8 @@ if ! python3 -c "import sparsetorch as st; print(st.build_info())" 2>&1 | tee -a
   exit 1
 fi
 
+# The real matrices: ../shared/data does not travel to the GPU machine; carry a copy in .devdata.
+if [ -d .devdata/matrices ]; then export SPARSETORCH_DATA=$PWD/.devdata; fi
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" tests > "$OUT/tests.log" 2>&1 || rc=1
@@ -38,5 +40,6 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/spmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1
+  python3 -m sparsetorch.bench --out "$OUT/main_job.json" 2>&1 | tee "$OUT/main_job.log" || rc=1
 fi
 exit $rc

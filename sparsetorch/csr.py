@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -321,13 +323,19 @@ def to_dense(a: Any) -> torch.Tensor:
     return out if a.batched else out[0]
 
 
+def _sparse_csr_tensor(crow, col, values, shape):
+    with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
 def to_torch(a: Any) -> torch.Tensor:
     """A torch sparse CSR tensor. Batches of different nnz are padded with explicit zeros at
     column 0 of each batch's last row (torch needs one nnz for every batch); a shared pattern is
     repeated per batch. Torch assumes sorted, unique columns per row, which is not checked here."""
     a = as_csr(a)
     if not a.batched:
-        return torch.sparse_csr_tensor(a.crow_indices, a.col_indices, a.values, a.shape, check_invariants=False)
+        return _sparse_csr_tensor(a.crow_indices, a.col_indices, a.values, a.shape)
     crow, col, values = a.crow_indices, a.col_indices, a.values
     b = a.shape[0]
     if crow.dim() == 1:
@@ -341,7 +349,7 @@ def to_torch(a: Any) -> torch.Tensor:
         values = values.masked_fill(pad, 0)
         crow = crow.clone()
         crow[:, -1] = width
-    return torch.sparse_csr_tensor(crow, col, values, a.shape, check_invariants=False)
+    return _sparse_csr_tensor(crow, col, values, a.shape)
 
 
 def to_scipy(a: Any):
