@@ -324,8 +324,9 @@ def to_dense(a: Any) -> torch.Tensor:
 
 
 def _sparse_csr_tensor(crow, col, values, shape):
-    with warnings.catch_warnings():  # torch's one-time "sparse CSR support is in beta" notice
+    with warnings.catch_warnings():  # torch's one-time notices about its beta sparse CSR support
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
         return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 

@@ -1,8 +1,11 @@
 """SpmmPlan: repeated products with one sparsity pattern (GNN layers, pruned weights).
 
 Everything that depends only on A is done once: conversion to components, the O(nnz) validation,
-the argument checks of the Python layer, and the choice of route. Each call is then a single op
-call, so the per-call host overhead is the op dispatch plus the kernel launch.
+the argument checks of the Python layer, and the choice of route. With ``backend="cusparse"`` and a
+different pattern per batch, the block-diagonal matrix that route multiplies is built here once
+instead of on every call. Each call is then a single op call; on the cuSPARSE route the op also
+reuses its cached descriptors and buffer size (csrc/cuda/spmm_cusparse.cu), so the per-call host
+overhead is the op dispatch plus the library call.
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ class SpmmPlan:
         self.activation = _activation_name(activation)
         self.negative_slope = float(negative_slope)
         self.backend = backend
+        self._block_diagonal = None
+        if backend == "cusparse" and a.crow_indices.dim() == 2 and a.crow_indices.is_cuda:
+            self._block_diagonal = _BlockDiagonal(a)
 
     def __call__(self, B: torch.Tensor, *, beta: float = 0.0, c: Optional[torch.Tensor] = None,
                  out: Optional[torch.Tensor] = None, values: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -49,6 +55,8 @@ class SpmmPlan:
                              f"{tuple(values.shape)}")
         if B.shape[-2] != self.shape[-1]:
             raise ValueError(f"shape mismatch: the plan's A has shape {self.shape} but B has shape {tuple(B.shape)}")
+        if self._block_diagonal is not None and (out is None or out.is_contiguous()):
+            return self._block_diagonal(self, B, vals if values is not None else None, beta, c, out)
         if out is not None:
             ops.spmm_out(a.crow_indices, a.col_indices, vals, B, out, self.alpha, float(beta), self.bias,
                          self.activation, self.negative_slope, self.backend)
@@ -58,3 +66,47 @@ class SpmmPlan:
 
     def __repr__(self) -> str:
         return f"SpmmPlan({self.csr!r}, activation={self.activation!r}, backend={self.backend!r})"
+
+
+class _BlockDiagonal:
+    """A batch with one pattern per batch as one block-diagonal CSR, built once: rows b*m, columns b*k
+    (batch i's columns shifted by i*k) for a batched B, or k for one shared B. Padding after
+    crow[i, -1] is dropped, so a NaN in B under a structural zero cannot leak in."""
+
+    def __init__(self, a):
+        b, m, k = a.shape
+        crow = a.crow_indices.long()
+        nnz = crow[:, -1]
+        first = torch.cumsum(nnz, 0) - nnz
+        total = int(nnz.sum())
+        self.keep = torch.arange(a.col_indices.shape[-1], device=crow.device).unsqueeze(0) < nnz.unsqueeze(1)
+        fits32 = max(b * m, b * k, total) < 2**31 - 1
+        idx = torch.int32 if fits32 else torch.int64
+        self.crow = torch.cat([(crow[:, :-1] + first.unsqueeze(1)).reshape(-1),
+                               torch.tensor([total], device=crow.device)]).to(idx)
+        cols = a.col_indices.long()
+        self.col_shared_b = cols.masked_select(self.keep).to(idx)
+        self.col_batched_b = (cols + (torch.arange(b, device=crow.device) * k).unsqueeze(1)).masked_select(
+            self.keep).to(idx)
+        self.values = a.values.masked_select(self.keep)
+        self.shape = (b, m, k)
+
+    def __call__(self, plan, B, new_values, beta, c, out):
+        b, m, k = self.shape
+        n = B.shape[-1]
+        values = self.values if new_values is None else new_values.masked_select(self.keep)
+        if B.dim() == 3:
+            if B.shape[0] != b:
+                raise ValueError(f"batch size mismatch: the plan's A has shape {self.shape} but B has shape "
+                                 f"{tuple(B.shape)}")
+            col, dense = self.col_batched_b, B.reshape(b * k, n)
+        else:
+            col, dense = self.col_shared_b, B
+        c2 = None if c is None else c.reshape(b * m, n)
+        if out is not None:
+            ops.spmm_out(self.crow, col, values, dense, out.view(b * m, n), plan.alpha, float(beta), plan.bias,
+                         plan.activation, plan.negative_slope, "cusparse")
+            return out
+        res = ops.spmm(self.crow, col, values, dense, plan.alpha, c2, float(beta), plan.bias, plan.activation,
+                       plan.negative_slope, "cusparse")
+        return res.view(b, m, n)

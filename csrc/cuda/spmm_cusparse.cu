@@ -9,7 +9,9 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <limits>
+#include <list>
 
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
@@ -18,32 +20,82 @@ namespace sparsetorch {
 namespace cuda {
 namespace {
 
-// One cusparseSpMM call: C (row-major, ldc = n) = alpha * A @ B + beta * C, B row- or column-major.
-void cusparse_spmm_call(const SpMatDescriptor& A, const at::Tensor& dense, int64_t k, int64_t n, int64_t batch,
-                        int64_t dense_bstride, const at::Tensor& out, int64_t m, int64_t out_bstride,
-                        double alpha, double beta) {
-  const at::ScalarType dtype = out.scalar_type();
-  cusparseHandle_t handle = at::cuda::getCurrentCUDASparseHandle();
-  SPARSETORCH_CUSPARSE_CHECK(cusparseSetStream(handle, at::cuda::getCurrentCUDAStream()));
-  // B as cuSPARSE sees it: row-major (k x n, ld = stride(-2)) or column-major (ld = stride(-1)).
-  const bool row_major = dense.stride(-1) == 1;
-  DnMatDescriptor B, C;
-  B.create(k, n, row_major ? dense.stride(-2) : dense.stride(-1), dense.data_ptr(), dtype,
-           row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL);
-  C.create(m, n, n, out.data_ptr(), dtype, CUSPARSE_ORDER_ROW);
-  if (batch > 1) {
-    SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(B.get(), static_cast<int>(batch), dense_bstride));
-    SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(C.get(), static_cast<int>(batch), out_bstride));
+// What one cusparseSpMM call is set up for. Descriptors hold only pointers, sizes and types (no
+// data), so a call whose key matches a cached entry can reuse its descriptors and buffer size,
+// swapping in the new B and C pointers. The key includes A's pointers, so new values for A (a
+// new tensor) make a new entry; the cache never runs cusparseSpMM_preprocess, whose analysis
+// would depend on the data.
+struct CallKey {
+  int device;
+  const void *crow, *col, *values;
+  int64_t rows, cols, nnz, batch, colval_stride;
+  int index_type, dtype;
+  int64_t n, ldb, b_stride;
+  bool b_row_major;
+  bool operator==(const CallKey& o) const {
+    return device == o.device && crow == o.crow && col == o.col && values == o.values && rows == o.rows &&
+           cols == o.cols && nnz == o.nnz && batch == o.batch && colval_stride == o.colval_stride &&
+           index_type == o.index_type && dtype == o.dtype && n == o.n && ldb == o.ldb && b_stride == o.b_stride &&
+           b_row_major == o.b_row_major;
   }
+};
+
+struct CallSetup {
+  CallKey key;
+  SpMatDescriptor A;
+  DnMatDescriptor B, C;
+  size_t buffer_bytes = 0;
+};
+
+// Per thread (descriptors are host objects; no locking needed), most recent first.
+constexpr size_t kCacheEntries = 16;
+thread_local std::list<CallSetup> call_cache;
+
+// C (row-major, ldc = n, batch stride m*n) = alpha * A @ B + beta * C.
+// A: CSR rows x cols with nnz entries (strided batch when batch > 1); B row- or column-major.
+void cusparse_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, int64_t rows,
+                   int64_t cols, int64_t nnz, int64_t batch, int64_t colval_stride, const at::Tensor& dense,
+                   int64_t n, int64_t dense_bstride, const at::Tensor& out, double alpha, double beta) {
+  const at::ScalarType dtype = out.scalar_type();
+  const bool row_major = dense.stride(-1) == 1;
+  const CallKey key{out.get_device(), crow.data_ptr(), col.data_ptr(), values.data_ptr(), rows, cols, nnz, batch,
+                    colval_stride, static_cast<int>(crow.scalar_type()), static_cast<int>(dtype), n,
+                    row_major ? dense.stride(-2) : dense.stride(-1), dense_bstride, row_major};
+  auto it = std::find_if(call_cache.begin(), call_cache.end(), [&](const CallSetup& c) { return c.key == key; });
   const Scalar a(alpha, dtype), b(beta, dtype);
   const cudaDataType compute = compute_dtype(dtype);
   const auto op = CUSPARSE_OPERATION_NON_TRANSPOSE;
-  size_t bytes = 0;
-  SPARSETORCH_CUSPARSE_CHECK(cusparseSpMM_bufferSize(handle, op, op, a.ptr(), A.get(), B.get(), b.ptr(), C.get(),
-                                                     compute, CUSPARSE_SPMM_ALG_DEFAULT, &bytes));
-  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, out.options().dtype(at::kByte));
-  SPARSETORCH_CUSPARSE_CHECK(cusparseSpMM(handle, op, op, a.ptr(), A.get(), B.get(), b.ptr(), C.get(), compute,
-                                          CUSPARSE_SPMM_ALG_DEFAULT, workspace.data_ptr()));
+  cusparseHandle_t handle = at::cuda::getCurrentCUDASparseHandle();
+  SPARSETORCH_CUSPARSE_CHECK(cusparseSetStream(handle, at::cuda::getCurrentCUDAStream()));
+  if (it != call_cache.end()) {
+    call_cache.splice(call_cache.begin(), call_cache, it);  // most recent first
+    SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetValues(call_cache.front().B.get(), dense.data_ptr()));
+    SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetValues(call_cache.front().C.get(), out.data_ptr()));
+  } else {
+    call_cache.emplace_front();
+    CallSetup& setup = call_cache.front();
+    setup.key = key;
+    setup.A.create_csr(rows, cols, nnz, crow, col, values);
+    if (batch > 1) {
+      SPARSETORCH_CUSPARSE_CHECK(
+          cusparseCsrSetStridedBatch(setup.A.get(), static_cast<int>(batch), 0, colval_stride));
+    }
+    setup.B.create(cols, n, key.ldb, dense.data_ptr(), dtype, row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL);
+    setup.C.create(rows, n, n, out.data_ptr(), dtype, CUSPARSE_ORDER_ROW);
+    if (batch > 1) {
+      SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(setup.B.get(), static_cast<int>(batch), dense_bstride));
+      SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(setup.C.get(), static_cast<int>(batch), rows * n));
+    }
+    SPARSETORCH_CUSPARSE_CHECK(cusparseSpMM_bufferSize(handle, op, op, a.ptr(), setup.A.get(), setup.B.get(), b.ptr(),
+                                                       setup.C.get(), compute, CUSPARSE_SPMM_ALG_DEFAULT,
+                                                       &setup.buffer_bytes));
+    if (call_cache.size() > kCacheEntries) call_cache.pop_back();
+  }
+  CallSetup& setup = call_cache.front();
+  // The workspace comes from the caching allocator on every call (stream-ordered reuse is safe).
+  at::Tensor workspace = at::empty({static_cast<int64_t>(setup.buffer_bytes)}, out.options().dtype(at::kByte));
+  SPARSETORCH_CUSPARSE_CHECK(cusparseSpMM(handle, op, op, a.ptr(), setup.A.get(), setup.B.get(), b.ptr(),
+                                          setup.C.get(), compute, CUSPARSE_SPMM_ALG_DEFAULT, workspace.data_ptr()));
 }
 
 // cuSPARSE takes B row-major or column-major; anything else (e.g. a sliced B) is copied.
@@ -77,9 +129,7 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
   at::Tensor dense = dense_for_cusparse(dense_in);
 
   if (!p.batched) {
-    SpMatDescriptor A;
-    A.create_csr(p.m, p.k, p.nnz_stride, crow, col, values);
-    cusparse_spmm_call(A, dense, p.k, p.n, 1, 0, out, p.m, 0, epi.alpha, beta);
+    cusparse_spmm(crow, col, values, p.m, p.k, p.nnz_stride, 1, 0, dense, p.n, 0, out, epi.alpha, beta);
   } else if (!p.pattern_batched) {
     // One pattern for every batch: the strided batch's precondition holds. cuSPARSE takes one
     // batch stride for columns and values, so per-batch values need the columns repeated.
@@ -91,10 +141,8 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
     }
     if (!p.dense_batched) dense = dense.unsqueeze(0).expand({p.batch, p.k, p.n});
     if (dense.stride(0) == 0 && p.batch > 1) dense = dense.contiguous();
-    SpMatDescriptor A;
-    A.create_csr(p.m, p.k, p.nnz_stride, crow, col_b, values);
-    SPARSETORCH_CUSPARSE_CHECK(cusparseCsrSetStridedBatch(A.get(), static_cast<int>(p.batch), 0, colval_stride));
-    cusparse_spmm_call(A, dense, p.k, p.n, p.batch, dense.stride(0), out, p.m, p.m * p.n, epi.alpha, beta);
+    cusparse_spmm(crow, col_b, values, p.m, p.k, p.nnz_stride, p.batch, colval_stride, dense, p.n, dense.stride(0),
+                  out, epi.alpha, beta);
   } else {
     // Different pattern per batch: one block-diagonal CSR. Padding after crow[i, -1] is dropped.
     const at::Tensor crow64 = crow.to(at::kLong);
@@ -122,9 +170,7 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
     if (p.dense_batched && dense.stride(0) != p.k * dense.stride(1)) dense = dense.contiguous();
     if (p.dense_batched && dense.stride(-1) != 1) dense = dense.contiguous();
     const at::Tensor stacked = p.dense_batched ? dense.view({p.batch * p.k, p.n}) : dense;
-    SpMatDescriptor A;
-    A.create_csr(rows, cols, total, big_crow, big_col, big_values);
-    cusparse_spmm_call(A, stacked, cols, p.n, 1, 0, out, rows, 0, epi.alpha, beta);
+    cusparse_spmm(big_crow, big_col, big_values, rows, cols, total, 1, 0, stacked, p.n, 0, out, epi.alpha, beta);
   }
   if (epi.bias.defined() || epi.act != Activation::None) {
     bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);

@@ -1,0 +1,93 @@
+"""SpmmPlan and the cuSPARSE descriptor cache: reuse must never return stale results."""
+import pytest
+import torch
+
+import sparsetorch as st
+from _helpers import assert_matches, randn, random_csr
+from conftest import CUDA_READY
+
+TARGETS = [("cpu", "auto")] + ([("cuda", "cusparse"), ("cuda", "native")] if CUDA_READY else [])
+
+
+@pytest.fixture(params=TARGETS, ids=lambda t: f"{t[0]}-{t[1]}")
+def target(request):
+    return request.param
+
+
+def test_plan_matches_spmm(target, rng):
+    device, backend = target
+    a = random_csr(rng, 40, 30, 0.2)
+    A = st.from_scipy(a, device=device, dtype=torch.float32)
+    bias = randn(rng, 8, device=device)
+    plan = st.SpmmPlan(A, alpha=0.5, bias=bias, activation="tanh", backend=backend)
+    for _ in range(3):  # fresh B each call
+        b = randn(rng, 30, 8, device=device)
+        c = randn(rng, 40, 8, device=device)
+        ref = torch.tanh(0.5 * torch.from_numpy(a @ b.double().cpu().numpy()) + 2.0 * c.double().cpu()
+                         + bias.double().cpu())
+        assert_matches(plan(b, beta=2.0, c=c), ref, torch.float32)
+
+
+def test_plan_new_values(target, rng):
+    device, backend = target
+    a = random_csr(rng, 25, 20, 0.3)
+    A = st.from_scipy(a, device=device)
+    plan = st.SpmmPlan(A, backend=backend)
+    b = randn(rng, 20, 6, dtype=torch.float64, device=device)
+    for _ in range(3):
+        values = randn(rng, a.nnz, dtype=torch.float64, device=device)
+        x = a.copy()
+        x.data = values.cpu().numpy()
+        assert_matches(plan(b, values=values), x @ b.cpu().numpy(), torch.float64)
+    with pytest.raises(ValueError, match="the plan's pattern"):
+        plan(b, values=values[:-1])
+
+
+@pytest.mark.parametrize("shared_b", [False, True])
+def test_plan_batched_per_batch_patterns(target, rng, shared_b):
+    device, backend = target
+    mats = [random_csr(rng, 12, 9, d) for d in (0.0, 0.2, 0.9, 0.05)]
+    A = st.from_list(mats, device=device, dtype=torch.float64)
+    plan = st.SpmmPlan(A, backend=backend, activation="relu")
+    b = randn(rng, 9, 5, dtype=torch.float64, device=device) if shared_b else \
+        randn(rng, 4, 9, 5, dtype=torch.float64, device=device)
+    ref = torch.stack([torch.from_numpy(m @ (b if shared_b else b[i]).cpu().numpy()) for i, m in enumerate(mats)])
+    assert_matches(plan(b), torch.relu(ref), torch.float64)
+    out = torch.full((4, 12, 5), float("nan"), dtype=torch.float64, device=device)
+    assert plan(b, out=out) is out
+    assert_matches(out, torch.relu(ref), torch.float64)
+    new_values = A.values * 2
+    assert_matches(plan(b, values=new_values), torch.relu(2 * ref), torch.float64)
+
+
+def test_plan_validates_once(rng):
+    crow = torch.tensor([0, 2, 1])
+    with pytest.raises(ValueError, match="not non-decreasing"):
+        st.SpmmPlan((crow, torch.tensor([0, 1]), torch.ones(2), (2, 2)))
+    with pytest.raises(ValueError, match="unknown SpMM backend"):
+        st.SpmmPlan(st.from_scipy(random_csr(rng, 3, 3, 0.5)), backend="fast")
+
+
+@pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+def test_descriptor_cache_never_stale(rng):
+    """Same shapes, new tensors (often at recycled addresses), new data: every result is fresh."""
+    m, k, n = 64, 48, 16
+    for i in range(20):
+        a = random_csr(rng, m, k, 0.1 + 0.02 * (i % 5))
+        A = st.from_scipy(a, device="cuda", dtype=torch.float32)
+        b = randn(rng, k, n, device="cuda")
+        out = st.spmm(A, b, backend="cusparse")
+        assert_matches(out, a @ b.double().cpu().numpy(), torch.float32)
+        del A, b, out
+    # Shared pattern, strided batch route, values replaced between calls.
+    a = random_csr(rng, m, k, 0.2)
+    crow = torch.from_numpy(a.indptr).cuda()
+    col = torch.from_numpy(a.indices).cuda()
+    for _ in range(5):
+        values = randn(rng, 3, a.nnz, device="cuda")
+        b = randn(rng, 3, k, n, device="cuda")
+        out = st.spmm((crow, col, values, (3, m, k)), b, backend="cusparse")
+        for j in range(3):
+            x = a.copy()
+            x.data = values[j].double().cpu().numpy()
+            assert_matches(out[j], x @ b[j].double().cpu().numpy(), torch.float32)
