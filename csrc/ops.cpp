@@ -39,6 +39,19 @@ TORCH_LIBRARY(sparsetorch, m) {
   m.def(
       "bias_act(Tensor x, Tensor? scale, Tensor? bias, str activation=\"none\", "
       "float negative_slope=0.01) -> Tensor");
+  // Gradients of bias_act in one pass: z = x * scale + bias, d = grad * act'(z);
+  // returns (grad_x = d * scale, grad_scale = sum over rows of d * x, grad_bias = sum over rows of d).
+  // output_mask says which of the three are wanted; the others come back as empty tensors.
+  m.def(
+      "bias_act_backward(Tensor grad, Tensor x, Tensor? scale, Tensor? bias, str activation, "
+      "float negative_slope, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // Dense path. y = act(x @ weight^T + bias), x (..., in), weight (out, in): cuBLASLt with its bias /
+  // ReLU / GELU(tanh) epilogues on CUDA (other activations as a second pass), ATen matmul on the CPU.
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", "
+        "float negative_slope=0.01) -> Tensor");
+  // a @ b for a (b, m, k) or (m, k) and b (b, k, n) or (k, n), at least one batched: strided-batched
+  // GEMM on cuBLAS (an unbatched operand is broadcast with batch stride 0).
+  m.def("dense_bmm(Tensor a, Tensor b) -> Tensor");
   // values'[j] = values[j] * row_scale[row(j)] * col_scale[col[j]] (GCN's D^-1/2 A D^-1/2).
   m.def(
       "csr_scale(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor? row_scale, "

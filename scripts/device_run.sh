@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests|bench|all]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all]   (bench: SpMM, dense: elementwise/linear/crossover)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
 mkdir -p "$OUT"
-what=${1:-all}
+what=" ${*:-all} "
+want() { [[ "$what" == *" $1 "* || "$what" == *" all "* ]]; }
 # The device image sets CXX=/opt/gcc/bin/g++, a wrapper that links libstdc++ statically into the
 # module; its iostreams then crash against the process's libstdc++ (seen: segfault in
 # ostream::_M_insert<long> on the first formatted message). Build with the system compiler.
@@ -33,12 +34,15 @@ fi
 # The real matrices: ../shared/data does not travel to the GPU machine; carry a copy in .devdata.
 if [ -d .devdata/matrices ]; then export SPARSETORCH_DATA=$PWD/.devdata; fi
 rc=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if want tests; then
   python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" tests > "$OUT/tests.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
   tail -3 "$OUT/tests.log"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if want dense; then
+  python3 benchmarks/elementwise_dense_cuda.py --out "$OUT" 2>&1 | tee "$OUT/dense.log" | tail -60 || rc=1
+fi
+if want bench; then
   python3 benchmarks/spmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1
   python3 -m sparsetorch.bench --out "$OUT/main_job.json" 2>&1 | tee "$OUT/main_job.log" || rc=1
 fi

@@ -21,6 +21,9 @@ from sparsetorch.csr import (
 from sparsetorch.plan import SpmmPlan
 from sparsetorch.functional import (
     ACTIVATIONS,
+    DENSE_CROSSOVER,
+    dense_bmm,
+    linear,
     activation,
     add,
     bias_act,
@@ -43,7 +46,7 @@ from sparsetorch.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "CSR", "SpmmPlan", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
+    "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "SpmmPlan", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
     "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
     "scale_rows", "sigmoid", "silu", "spmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "validate_csr",
 ]

@@ -58,3 +58,61 @@ def _csr_scale_fake(crow_indices, col_indices, values, row_scale, col_scale):
 @torch.library.register_fake("sparsetorch::csr_check")
 def _csr_check_fake(crow_indices, col_indices, ncols):
     return crow_indices.new_empty((4,), dtype=torch.int64)
+
+
+@torch.library.register_fake("sparsetorch::bias_act_backward")
+def _bias_act_backward_fake(grad, x, scale, bias, activation, negative_slope, output_mask):
+    n = x.shape[-1]
+    return (x.new_empty(x.shape) if output_mask[0] else x.new_empty((0,)),
+            x.new_empty((n,)) if output_mask[1] else x.new_empty((0,)),
+            x.new_empty((n,)) if output_mask[2] else x.new_empty((0,)))
+
+
+@torch.library.register_fake("sparsetorch::linear")
+def _linear_fake(x, weight, bias=None, activation="none", negative_slope=0.01):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("sparsetorch::dense_bmm")
+def _dense_bmm_fake(a, b):
+    batch = a.shape[0] if a.dim() == 3 else b.shape[0]
+    return a.new_empty((batch, a.shape[-2], b.shape[-1]))
+
+
+# --- autograd ------------------------------------------------------------------------------------
+# bias_act and activation differentiate through the fused backward kernel (bias_act_backward):
+# one pass for grad_x, the bias gradient and the scale gradient, each computed only when needed.
+
+def _bias_act_setup(ctx, inputs, output):
+    x, scale, bias, activation, negative_slope = inputs
+    ctx.save_for_backward(x, scale, bias)
+    ctx.activation, ctx.negative_slope = activation, negative_slope
+
+
+def _bias_act_backward(ctx, grad):
+    x, scale, bias = ctx.saved_tensors
+    mask = [ctx.needs_input_grad[0], scale is not None and ctx.needs_input_grad[1],
+            bias is not None and ctx.needs_input_grad[2]]
+    gx, gs, gb = ops.bias_act_backward(grad, x, scale, bias, ctx.activation, ctx.negative_slope, mask)
+    return gx if mask[0] else None, gs if mask[1] else None, gb if mask[2] else None, None, None
+
+
+torch.library.register_autograd("sparsetorch::bias_act", _bias_act_backward, setup_context=_bias_act_setup)
+
+
+def _activation_setup(ctx, inputs, output):
+    x, activation, negative_slope = inputs
+    ctx.save_for_backward(x)
+    ctx.activation, ctx.negative_slope = activation, negative_slope
+
+
+def _activation_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    shape = x.shape
+    x1 = x.reshape(1) if x.dim() == 0 else x
+    gx, _, _ = ops.bias_act_backward(grad.reshape(x1.shape), x1, None, None, ctx.activation, ctx.negative_slope,
+                                     [True, False, False])
+    return gx.reshape(shape), None, None
+
+
+torch.library.register_autograd("sparsetorch::activation", _activation_backward, setup_context=_activation_setup)

@@ -33,7 +33,19 @@ __all__ = [
     "scale_rows",
     "scale_cols",
     "validate_csr",
+    "linear",
+    "dense_bmm",
+    "DENSE_CROSSOVER",
 ]
+
+# Density above which multiplying A as a dense matrix beats the sparse kernels (policy="auto"),
+# per device type and dtype. Measured with benchmarks/elementwise_dense_cuda.py (CUDA: H100,
+# A 8192 x 8192 @ 8192 x 1024) and python -m sparsetorch.bench (CPU: 2 cores, 2048 x 2048 @ 2048 x 256);
+# see benchmarks/results/. "float32_tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
+DENSE_CROSSOVER = {
+    "cuda": {"float32": 0.078, "float32_tf32": 0.078, "float64": 0.078, "float16": 0.078, "bfloat16": 0.078},
+    "cpu": {"float32": 0.09, "float64": 0.09, "float16": 0.09, "bfloat16": 0.09},
+}
 
 ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
@@ -64,7 +76,8 @@ def _like(original: Any, result: CSR):
 
 def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: Optional[torch.Tensor] = None,
          bias: Optional[torch.Tensor] = None, activation: Optional[str] = None, negative_slope: float = 0.01,
-         out: Optional[torch.Tensor] = None, validate: bool = False, backend: str = "auto") -> torch.Tensor:
+         out: Optional[torch.Tensor] = None, validate: bool = False, backend: str = "auto",
+         policy: str = "sparse") -> torch.Tensor:
     """``act(alpha * (A @ B) + beta * c + bias)`` for sparse (CSR) ``A`` and dense ``B``.
 
     Shapes (``A`` may be batched with a different sparsity pattern per batch):
@@ -89,6 +102,13 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     ``backend`` picks the CUDA route: ``"cusparse"`` (cusparseSpMM; batches as strided batch for one
     shared pattern, else one block-diagonal product), ``"native"`` (sparsetorch's own kernel, epilogue
     fused) or ``"auto"``. The CPU has a single OpenMP kernel and accepts any of the three.
+
+    ``policy``: ``"sparse"`` (default) always runs a sparse kernel; ``"dense"`` expands A to a dense
+    matrix and runs a dense GEMM (cuBLAS on CUDA), for matrices too dense to gain from sparsity;
+    ``"auto"`` picks dense when A's stored density exceeds :data:`DENSE_CROSSOVER` for the device and
+    dtype. The dense route has dense-product semantics: a NaN/Inf in B reaches every output row, also
+    through A's structural zeros (the sparse route follows SciPy and skips them), which is why it is
+    opt-in.
     """
     if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
         raise TypeError(f"B: expected a dense torch.Tensor, got "
@@ -104,6 +124,10 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     if validate:
         validate_csr(a)
     act = _activation_name(activation)
+    if policy not in ("auto", "sparse", "dense"):
+        raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
+    if policy == "dense" or (policy == "auto" and _prefers_dense(a)):
+        return _spmm_dense(a, B, alpha, beta, c, bias, act, negative_slope, out)
     if out is not None:
         if c is not None:
             raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
@@ -112,6 +136,58 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         return out
     return ops.spmm(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
                     float(negative_slope), backend)
+
+
+def _density(a: CSR) -> float:
+    m, k = a.shape[-2:]
+    stored = a.col_indices.shape[-1] * (a.shape[0] if a.batched else 1)  # O(1): counts padding as stored
+    return stored / max(1, m * k * (a.shape[0] if a.batched else 1))
+
+
+def _crossover(device: torch.device, dtype: torch.dtype) -> float:
+    table = DENSE_CROSSOVER["cuda" if device.type == "cuda" else "cpu"]
+    key = str(dtype).replace("torch.", "")
+    if key == "float32" and device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        key = "float32_tf32"
+    return table.get(key, 1.0)
+
+
+def _prefers_dense(a: CSR) -> bool:
+    return _density(a) > _crossover(a.device, a.dtype)
+
+
+def _spmm_dense(a: CSR, B, alpha, beta, c, bias, act, negative_slope, out, dense_a=None):
+    """The dense policy: A expanded (O(m*k) memory; `dense_a` if already expanded) and multiplied by
+    cuBLAS / the CPU BLAS, then the same epilogue as the sparse route."""
+    A = a.to_dense() if dense_a is None else dense_a
+    if A.dim() == 2 and B.dim() == 2:
+        y = A @ B
+    else:
+        y = ops.dense_bmm(A, B)
+    if alpha != 1.0:
+        y = y * alpha
+    acc = out if out is not None else c
+    if acc is not None and beta != 0.0:
+        y = y + beta * acc.to(y.dtype)
+    if bias is not None or act != "none":
+        y = ops.bias_act(y, None, bias, act, float(negative_slope))
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None, negative_slope: float = 0.01) -> torch.Tensor:
+    """``act(x @ weight.T + bias)`` for dense tensors: cuBLASLt with its bias/ReLU/GELU(tanh) epilogues on
+    CUDA (other activations as one extra elementwise pass), ATen's matmul on the CPU."""
+    return ops.linear(x, weight, bias, _activation_name(activation), float(negative_slope))
+
+
+def dense_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` with a (batch, m, k) or (m, k) and b (batch, k, n) or (k, n), at least one batched:
+    one strided-batched GEMM on cuBLAS (an unbatched operand is broadcast with batch stride 0)."""
+    return ops.dense_bmm(a, b)
 
 
 # --- elementwise -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 from sparsetorch._ops import ops
 from sparsetorch._validate import validate_csr
 from sparsetorch.csr import as_csr
-from sparsetorch.functional import _activation_name
+from sparsetorch.functional import _activation_name, _prefers_dense
 
 
 class SpmmPlan:
@@ -29,7 +29,7 @@ class SpmmPlan:
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
                  activation: Optional[str] = None, negative_slope: float = 0.01, backend: str = "auto",
-                 validate: bool = True, device=None):
+                 validate: bool = True, device=None, policy: str = "sparse"):
         a = as_csr(A, device=device)
         if validate:
             validate_csr(a)
@@ -42,6 +42,10 @@ class SpmmPlan:
         self.activation = _activation_name(activation)
         self.negative_slope = float(negative_slope)
         self.backend = backend
+        if policy not in ("auto", "sparse", "dense"):
+            raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
+        # Dense policy (see st.spmm): A is expanded once here; each call is one GEMM.
+        self._dense = a.to_dense() if policy == "dense" or (policy == "auto" and _prefers_dense(a)) else None
         self._block_diagonal = None
         if backend == "cusparse" and a.crow_indices.dim() == 2 and a.crow_indices.is_cuda:
             self._block_diagonal = _BlockDiagonal(a)
@@ -55,6 +59,8 @@ class SpmmPlan:
                              f"{tuple(values.shape)}")
         if B.shape[-2] != self.shape[-1]:
             raise ValueError(f"shape mismatch: the plan's A has shape {self.shape} but B has shape {tuple(B.shape)}")
+        if self._dense is not None:
+            return self._call_dense(B, beta, c, out, values)
         if self._block_diagonal is not None and (out is None or out.is_contiguous()):
             return self._block_diagonal(self, B, vals if values is not None else None, beta, c, out)
         if out is not None:
@@ -64,8 +70,16 @@ class SpmmPlan:
         return ops.spmm(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
                         self.activation, self.negative_slope, self.backend)
 
+    def _call_dense(self, B, beta, c, out, values):
+        from sparsetorch.functional import _spmm_dense
+
+        a = self.csr if values is None else self.csr.with_values(values)
+        return _spmm_dense(a, B, self.alpha, beta, c, self.bias, self.activation, self.negative_slope, out,
+                           dense_a=self._dense if values is None else None)
+
     def __repr__(self) -> str:
-        return f"SpmmPlan({self.csr!r}, activation={self.activation!r}, backend={self.backend!r})"
+        route = "dense" if self._dense is not None else self.backend
+        return f"SpmmPlan({self.csr!r}, activation={self.activation!r}, route={route!r})"
 
 
 class _BlockDiagonal:

@@ -39,6 +39,20 @@ def samples(rng, device):
     yield ops.csr_scale, (crow, col, values, torch.rand(9, device=device), torch.rand(7, device=device)), {}
     yield ops.csr_scale, (bcrow, bcol, bvalues, torch.rand(3, 9, device=device), None), {}
     yield ops.csr_check, (crow, col, 7), {}
+    xg = torch.randn(4, 5, device=device, dtype=torch.float64, requires_grad=True)
+    sg = torch.randn(5, device=device, dtype=torch.float64, requires_grad=True)
+    bg = torch.randn(5, device=device, dtype=torch.float64, requires_grad=True)
+    yield ops.bias_act, (xg, sg, bg, "gelu"), {}
+    yield ops.activation, (xg, "sigmoid"), {}
+    yield ops.bias_act_backward, (torch.randn(4, 5, device=device), x, torch.randn(5, device=device),
+                                  torch.randn(5, device=device), "silu", 0.01, [True, True, True]), {}
+    yield ops.bias_act_backward, (torch.randn(4, 5, device=device), x, None, None, "relu", 0.01,
+                                  [True, False, False]), {}
+    yield ops.linear, (torch.randn(2, 3, 8, device=device), torch.randn(6, 8, device=device),
+                       torch.randn(6, device=device)), dict(activation="relu")
+    yield ops.linear, (torch.randn(3, 8, device=device), torch.randn(6, 8, device=device)), dict(activation="silu")
+    yield ops.dense_bmm, (torch.randn(3, 4, 5, device=device), torch.randn(5, 2, device=device)), {}
+    yield ops.dense_bmm, (torch.randn(4, 5, device=device), torch.randn(3, 5, 2, device=device)), {}
 
 
 def test_opcheck_all_ops(device, rng):

@@ -194,4 +194,34 @@ ScaleVector check_scale_vector(const std::optional<at::Tensor>& s, const at::Ten
   return out;
 }
 
+void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  check_float_dtype(x, "x");
+  check_same_dtype(x, "x", weight, "weight");
+  check_same_device(x, "x", weight, "weight");
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension (features last), got a 0-D tensor");
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) == x.size(-1), "weight: expected shape (out, ", x.size(-1),
+                    ") to match x's last dimension, got ", weight.sizes());
+  if (bias.has_value()) {
+    check_same_dtype(x, "x", *bias, "bias");
+    check_same_device(x, "x", *bias, "bias");
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "bias: expected shape (",
+                      weight.size(0), ",) (weight's rows), got ", bias->sizes());
+  }
+}
+
+int64_t check_dense_bmm_args(const at::Tensor& a, const at::Tensor& b) {
+  check_float_dtype(a, "a");
+  check_same_dtype(a, "a", b, "b");
+  check_same_device(a, "a", b, "b");
+  TORCH_CHECK_VALUE((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3) && (a.dim() == 3 || b.dim() == 3),
+                    "dense_bmm: expected a (batch, m, k) or (m, k) and b (batch, k, n) or (k, n), at least one "
+                    "batched; got ", a.sizes(), " and ", b.sizes());
+  TORCH_CHECK_VALUE(a.size(-1) == b.size(-2), "dense_bmm: a has ", a.size(-1), " columns but b has ", b.size(-2),
+                    " rows (shapes ", a.sizes(), " and ", b.sizes(), ")");
+  if (a.dim() == 3 && b.dim() == 3) {
+    TORCH_CHECK_VALUE(a.size(0) == b.size(0), "dense_bmm: batch sizes disagree: ", a.size(0), " and ", b.size(0));
+  }
+  return a.dim() == 3 ? a.size(0) : b.size(0);
+}
+
 }  // namespace sparsetorch

@@ -61,6 +61,11 @@ void check_binary_args(const at::Tensor& x, const at::Tensor& y);
 void check_bias_act_args(const at::Tensor& x, const std::optional<at::Tensor>& scale,
                          const std::optional<at::Tensor>& bias);
 
+// linear: x (..., in), weight (out, in), bias (out,); one float dtype and device.
+void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// dense_bmm: a (b, m, k) or (m, k), b (b, k, n) or (k, n), at least one batched. Returns the batch.
+int64_t check_dense_bmm_args(const at::Tensor& a, const at::Tensor& b);
+
 // csr_scale's row or column factors: (len,) shared by all batches, or (batch, len).
 struct ScaleVector {
   at::Tensor t;  // contiguous, or undefined when absent

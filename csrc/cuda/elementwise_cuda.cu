@@ -4,6 +4,7 @@
 // copy (never by assuming contiguity). Math in float for half types.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <algorithm>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -191,6 +192,144 @@ at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   return out;
 }
 
+// Backward of bias_act, one pass: a block of (32, 8) threads covers 32*VEC columns and one chunk of
+// rows; each thread walks rows y, y+8, ... of the chunk writing grad_x and keeping per-column sums
+// of d and d*x in registers, then the 8 rows of partial sums are added in shared memory and one
+// row per chunk goes to `partial` (chunks x n); a final sum over chunks gives the column gradients.
+constexpr int kBwdRows = 8;
+
+template <typename scalar_t, int VEC>
+__global__ void __launch_bounds__(32 * kBwdRows)
+    bias_act_backward_kernel(const scalar_t* grad, const scalar_t* x, const scalar_t* scale, const scalar_t* bias,
+                             scalar_t* grad_x, at::opmath_type<scalar_t>* partial_scale,
+                             at::opmath_type<scalar_t>* partial_bias, int64_t rows, int64_t n,
+                             int64_t rows_per_chunk, Activation act, double negative_slope) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using VecT = Vec<scalar_t, VEC>;
+  __shared__ acc_t sum_bias[kBwdRows][32 * VEC];
+  __shared__ acc_t sum_scale[kBwdRows][32 * VEC];
+  const acc_t slope = static_cast<acc_t>(negative_slope);
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * VEC;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r_end = min(rows, r_begin + rows_per_chunk);
+  acc_t sb[VEC], ss[VEC], s[VEC], b[VEC];
+#pragma unroll
+  for (int q = 0; q < VEC; ++q) {
+    sb[q] = ss[q] = acc_t(0);
+    const bool in = c0 + q < n;
+    s[q] = (scale && in) ? static_cast<acc_t>(scale[c0 + q]) : acc_t(1);
+    b[q] = (bias && in) ? static_cast<acc_t>(bias[c0 + q]) : acc_t(0);
+  }
+  if (c0 < n) {
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kBwdRows) {
+      const int64_t i = r * n + c0;
+      VecT gv, xv, out;
+      if (VEC > 1) {
+        gv = *reinterpret_cast<const VecT*>(grad + i);
+        xv = *reinterpret_cast<const VecT*>(x + i);
+      } else {
+        gv.v[0] = grad[i];
+        xv.v[0] = x[i];
+      }
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) {
+        const acc_t xq = static_cast<acc_t>(xv.v[q]);
+        const acc_t d = static_cast<acc_t>(gv.v[q]) * activation_derivative<acc_t>(act, xq * s[q] + b[q], slope);
+        sb[q] += d;
+        ss[q] += d * xq;
+        out.v[q] = static_cast<scalar_t>(d * s[q]);
+      }
+      if (grad_x) {
+        if (VEC > 1) {
+          *reinterpret_cast<VecT*>(grad_x + i) = out;
+        } else {
+          grad_x[i] = out.v[0];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < VEC; ++q) {
+    sum_bias[threadIdx.y][threadIdx.x * VEC + q] = sb[q];
+    sum_scale[threadIdx.y][threadIdx.x * VEC + q] = ss[q];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && c0 < n) {
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) {
+      acc_t tb = 0, ts = 0;
+      for (int y = 0; y < kBwdRows; ++y) {
+        tb += sum_bias[y][threadIdx.x * VEC + q];
+        ts += sum_scale[y][threadIdx.x * VEC + q];
+      }
+      if (c0 + q < n) {
+        if (partial_bias) partial_bias[blockIdx.y * n + c0 + q] = tb;
+        if (partial_scale) partial_scale[blockIdx.y * n + c0 + q] = ts;
+      }
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
+    const at::Tensor& grad_in, const at::Tensor& x_in, const std::optional<at::Tensor>& scale_in,
+    const std::optional<at::Tensor>& bias_in, c10::string_view activation, double negative_slope,
+    std::array<bool, 3> output_mask) {
+  check_bias_act_args(x_in, scale_in, bias_in);
+  check_binary_args(x_in, grad_in);
+  const Activation act = parse_activation(std::string(activation));
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
+  const at::Tensor scale = scale_in.has_value() ? scale_in->contiguous() : at::Tensor();
+  const at::Tensor bias = bias_in.has_value() ? bias_in->contiguous() : at::Tensor();
+  const int64_t n = x.size(-1);
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  at::Tensor grad_x = output_mask[0] ? at::empty_like(x) : at::empty({0}, x.options());
+  at::Tensor grad_scale = at::empty({0}, x.options()), grad_bias = at::empty({0}, x.options());
+  const bool want_scale = output_mask[1], want_bias = output_mask[2];
+  if (rows == 0) {
+    if (want_scale) grad_scale = at::zeros({n}, x.options());
+    if (want_bias) grad_bias = at::zeros({n}, x.options());
+    return {grad_x, grad_scale, grad_bias};
+  }
+  SPARSETORCH_DISPATCH_FLOATS(x.scalar_type(), "bias_act_backward_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const bool vec_ok = n % kVec == 0 && is_aligned(x.data_ptr(), 16) && is_aligned(grad.data_ptr(), 16) &&
+                        (!output_mask[0] || is_aligned(grad_x.data_ptr(), 16));
+    const int vec = vec_ok ? kVec : 1;
+    const int64_t col_blocks = ceil_div(n, 32 * vec);
+    // Enough (column block, row chunk) blocks to fill the GPU several times over.
+    const int64_t target = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 8;
+    const int64_t chunks = std::max<int64_t>(
+        1, std::min<int64_t>({ceil_div(target, col_blocks), ceil_div(rows, kBwdRows), 65535}));
+    const int64_t rows_per_chunk = ceil_div(rows, chunks);
+    const auto acc_opts = x.options().dtype(at::toOpMathType(x.scalar_type()));
+    at::Tensor partial_scale = want_scale ? at::empty({chunks, n}, acc_opts) : at::Tensor();
+    at::Tensor partial_bias = want_bias ? at::empty({chunks, n}, acc_opts) : at::Tensor();
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+    const dim3 block(32, kBwdRows);
+    auto* gx = output_mask[0] ? grad_x.data_ptr<scalar_t>() : nullptr;
+    auto* ps = want_scale ? partial_scale.data_ptr<acc_t>() : nullptr;
+    auto* pb = want_bias ? partial_bias.data_ptr<acc_t>() : nullptr;
+    const scalar_t* sp = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* bp = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    if (vec_ok) {
+      bias_act_backward_kernel<scalar_t, kVec><<<grid, block, 0, stream>>>(
+          grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk, act,
+          negative_slope);
+    } else {
+      bias_act_backward_kernel<scalar_t, 1><<<grid, block, 0, stream>>>(
+          grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk, act,
+          negative_slope);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (want_scale) grad_scale = partial_scale.sum(0).to(x.scalar_type());
+    if (want_bias) grad_bias = partial_bias.sum(0).to(x.scalar_type());
+  });
+  return {grad_x, grad_scale, grad_bias};
+}
+
 }  // namespace
 
 void bias_act_inplace_cuda(const at::Tensor& out, const at::Tensor& bias, Activation act, double negative_slope) {
@@ -203,6 +342,7 @@ TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
   m.impl("binary_scalar", &binary_scalar_cuda);
   m.impl("activation", &activation_cuda);
   m.impl("bias_act", &bias_act_cuda);
+  m.impl("bias_act_backward", &bias_act_backward_cuda);
 }
 
 }  // namespace cuda
