@@ -39,12 +39,16 @@ __all__ = [
 ]
 
 # Density above which multiplying A as a dense matrix beats the sparse kernels (policy="auto"),
-# per device type and dtype. Measured with benchmarks/elementwise_dense_cuda.py (CUDA: H100,
-# A 8192 x 8192 @ 8192 x 1024) and python -m sparsetorch.bench (CPU: 2 cores, 2048 x 2048 @ 2048 x 256);
-# see benchmarks/results/. "float32_tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
+# per device type and dtype, where sparse time = dense GEMM time (linear interpolation between
+# measured densities).
+# CUDA: H100, A 8192 x 8192 (uniform random pattern) @ B 8192 x 1024, sparse = SpmmPlan(auto) vs
+#   dense torch.mm, benchmarks/elementwise_dense_cuda.py, results/h100/elementwise_dense_cuda.json.
+# CPU: 2 cores, A 2048 x 2048 @ 2048 x 256 float32 (python -m sparsetorch.bench: 5% sparse 5.7 ms vs
+#   dense 10.8 ms, 10% 11.7 vs 10.5); float64 and the half types were not measured on the CPU and
+#   reuse the float32 value.
 DENSE_CROSSOVER = {
-    "cuda": {"float32": 0.078, "float32_tf32": 0.078, "float64": 0.078, "float16": 0.078, "bfloat16": 0.078},
-    "cpu": {"float32": 0.09, "float64": 0.09, "float16": 0.09, "bfloat16": 0.09},
+    "cuda": {"float32": 0.0744, "float32_tf32": 0.0082, "float64": 0.0329, "float16": 0.0063, "bfloat16": 0.0056},
+    "cpu": {"float32": 0.090, "float64": 0.090, "float16": 0.090, "bfloat16": 0.090},
 }
 
 ACTIVATIONS = ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")

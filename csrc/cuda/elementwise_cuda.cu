@@ -44,79 +44,116 @@ struct ActivationFn {
   __device__ acc_t operator()(acc_t x) const { return apply_activation<acc_t>(act, x, slope); }
 };
 
-// y = act(x * scale[c] + bias[c]), c the position in the last dimension (length n).
-template <typename acc_t, typename scalar_t>
-struct BiasActFn {
-  const scalar_t* scale;
-  const scalar_t* bias;
-  int64_t n;
-  Activation act;
-  acc_t slope;
-  __device__ acc_t operator()(acc_t x, int64_t i) const {
-    const int64_t c = i % n;
-    if (scale) x *= static_cast<acc_t>(scale[c]);
-    if (bias) x += static_cast<acc_t>(bias[c]);
-    return apply_activation<acc_t>(act, x, slope);
-  }
-};
-
 int64_t grid_for(int64_t work) {
   const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
   return std::max<int64_t>(1, std::min(ceil_div(work, kThreads), max_blocks));
 }
 
-// out[i] = f(x[i]) (UNARY) or f(x[i], y[i]) or f(x[i], i) (INDEXED), VEC per access.
-enum class Arity { Unary, Binary, Indexed };
+// out[i] = f(x[i]) or f(x[i], y[i]). Each thread moves kUnroll vectors of VEC elements per step,
+// all loads issued before any math, so several 16-byte loads per thread are in flight.
+constexpr int kUnroll = 4;
+enum class Arity { Unary, Binary };
 
 template <typename scalar_t, int VEC, Arity ARITY, typename F>
 __global__ void __launch_bounds__(kThreads)
-    map_kernel(const scalar_t* x, const scalar_t* y, scalar_t* out,  // out may alias x (in place)
-               int64_t numel, F f) {
+    map_kernel(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t numel, F f) {
   using acc_t = at::opmath_type<scalar_t>;
   using VecT = Vec<scalar_t, VEC>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t vec_count = numel / VEC;
-  for (int64_t v = first; v < vec_count; v += stride) {
-    const VecT xv = reinterpret_cast<const VecT*>(x)[v];
-    VecT yv;
-    if (ARITY == Arity::Binary) yv = reinterpret_cast<const VecT*>(y)[v];
-    VecT ov;
+  const VecT* xv = reinterpret_cast<const VecT*>(x);
+  const VecT* yv = reinterpret_cast<const VecT*>(y);
+  VecT* ov = reinterpret_cast<VecT*>(out);
+  for (int64_t v0 = first; v0 < vec_count; v0 += stride * kUnroll) {
+    VecT xs[kUnroll], ys[kUnroll];
 #pragma unroll
-    for (int q = 0; q < VEC; ++q) {
-      const acc_t a = static_cast<acc_t>(xv.v[q]);
-      acc_t r;
-      if constexpr (ARITY == Arity::Unary) r = f(a);
-      else if constexpr (ARITY == Arity::Binary) r = f(a, static_cast<acc_t>(yv.v[q]));
-      else r = f(a, v * VEC + q);
-      ov.v[q] = static_cast<scalar_t>(r);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * stride;
+      if (v < vec_count) {
+        xs[u] = xv[v];
+        if constexpr (ARITY == Arity::Binary) ys[u] = yv[v];
+      }
     }
-    reinterpret_cast<VecT*>(out)[v] = ov;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * stride;
+      if (v >= vec_count) break;
+      VecT o;
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) {
+        const acc_t a = static_cast<acc_t>(xs[u].v[q]);
+        if constexpr (ARITY == Arity::Unary) {
+          o.v[q] = static_cast<scalar_t>(f(a));
+        } else {
+          o.v[q] = static_cast<scalar_t>(f(a, static_cast<acc_t>(ys[u].v[q])));
+        }
+      }
+      ov[v] = o;
+    }
   }
   for (int64_t i = vec_count * VEC + first; i < numel; i += stride) {  // tail (VEC > 1 only)
     const acc_t a = static_cast<acc_t>(x[i]);
-    acc_t r;
-    if constexpr (ARITY == Arity::Unary) r = f(a);
-    else if constexpr (ARITY == Arity::Binary) r = f(a, static_cast<acc_t>(y[i]));
-    else r = f(a, i);
-    out[i] = static_cast<scalar_t>(r);
+    if constexpr (ARITY == Arity::Unary) {
+      out[i] = static_cast<scalar_t>(f(a));
+    } else {
+      out[i] = static_cast<scalar_t>(f(a, static_cast<acc_t>(y[i])));
+    }
   }
 }
 
-// Launches map_kernel with 16-byte accesses when all pointers allow it. `vec_ok_extra` lets the
-// caller veto vectorisation (bias_act needs n % VEC == 0 so a vector stays within one row).
+// Launches map_kernel with 16-byte accesses when every pointer is 16-byte aligned.
 template <typename scalar_t, Arity ARITY, typename F>
-void launch_map(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t numel, F f, bool vec_ok_extra = true) {
+void launch_map(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t numel, F f) {
   if (numel == 0) return;
   constexpr int kVec = 16 / sizeof(scalar_t);
-  const bool vec_ok = vec_ok_extra && is_aligned(x, 16) && is_aligned(out, 16) && (y == nullptr || is_aligned(y, 16));
+  const bool vec_ok = is_aligned(x, 16) && is_aligned(out, 16) && (y == nullptr || is_aligned(y, 16));
   const auto stream = at::cuda::getCurrentCUDAStream();
   if (vec_ok) {
-    map_kernel<scalar_t, kVec, ARITY, F><<<grid_for(ceil_div(numel, kVec)), kThreads, 0, stream>>>(x, y, out, numel, f);
+    map_kernel<scalar_t, kVec, ARITY, F>
+        <<<grid_for(ceil_div(numel, kVec * kUnroll)), kThreads, 0, stream>>>(x, y, out, numel, f);
   } else {
-    map_kernel<scalar_t, 1, ARITY, F><<<grid_for(numel), kThreads, 0, stream>>>(x, y, out, numel, f);
+    map_kernel<scalar_t, 1, ARITY, F><<<grid_for(ceil_div(numel, kUnroll)), kThreads, 0, stream>>>(x, y, out, numel, f);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// y = act(x * scale[c] + bias[c]) over rows of length n. With n % VEC == 0 a vector never crosses a
+// row, so the column (one 64-bit modulo) and the scale/bias vectors are fetched once per 16 bytes.
+template <typename scalar_t, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    bias_act_kernel(const scalar_t* x, const scalar_t* scale, const scalar_t* bias, scalar_t* out, int64_t numel,
+                    int64_t n, Activation act, double negative_slope) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using VecT = Vec<scalar_t, VEC>;
+  const acc_t slope = static_cast<acc_t>(negative_slope);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t vec_count = numel / VEC;  // numel is a multiple of VEC here (n % VEC == 0)
+  for (int64_t v0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < vec_count;
+       v0 += stride * kUnroll) {
+    VecT xs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (v0 + u * stride < vec_count) xs[u] = reinterpret_cast<const VecT*>(x)[v0 + u * stride];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * stride;
+      if (v >= vec_count) break;
+      const int64_t c0 = (v * VEC) % n;
+      VecT sv, bv, o;
+      if (scale) sv = *reinterpret_cast<const VecT*>(scale + c0);
+      if (bias) bv = *reinterpret_cast<const VecT*>(bias + c0);
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) {
+        acc_t z = static_cast<acc_t>(xs[u].v[q]);
+        if (scale) z *= static_cast<acc_t>(sv.v[q]);
+        if (bias) z += static_cast<acc_t>(bv.v[q]);
+        o.v[q] = static_cast<scalar_t>(apply_activation<acc_t>(act, z, slope));
+      }
+      reinterpret_cast<VecT*>(out)[v] = o;
+    }
+  }
 }
 
 #define SPARSETORCH_DISPATCH_FLOATS(TYPE, NAME, ...) \
@@ -168,15 +205,23 @@ at::Tensor activation_cuda(const at::Tensor& x_in, c10::string_view activation, 
 void bias_act_into(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& bias, Activation act,
                    double negative_slope, const at::Tensor& out) {
   const int64_t n = x.size(-1);
-  if (x.numel() == 0) return;
+  const int64_t numel = x.numel();
+  if (numel == 0) return;
   SPARSETORCH_DISPATCH_FLOATS(x.scalar_type(), "bias_act_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
     constexpr int kVec = 16 / sizeof(scalar_t);
-    BiasActFn<acc_t, scalar_t> f{scale.defined() ? scale.data_ptr<scalar_t>() : nullptr,
-                                 bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, n, act,
-                                 static_cast<acc_t>(negative_slope)};
-    launch_map<scalar_t, Arity::Indexed>(x.data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(), x.numel(), f,
-                                         /*vec_ok_extra=*/n % kVec == 0);
+    const scalar_t* sp = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* bp = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+    const bool vec_ok = n % kVec == 0 && is_aligned(x.data_ptr(), 16) && is_aligned(out.data_ptr(), 16) &&
+                        (sp == nullptr || is_aligned(sp, 16)) && (bp == nullptr || is_aligned(bp, 16));
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    if (vec_ok) {
+      bias_act_kernel<scalar_t, kVec><<<grid_for(ceil_div(numel, kVec * kUnroll)), kThreads, 0, stream>>>(
+          x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, act, negative_slope);
+    } else {
+      bias_act_kernel<scalar_t, 1><<<grid_for(ceil_div(numel, kUnroll)), kThreads, 0, stream>>>(
+          x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, act, negative_slope);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
