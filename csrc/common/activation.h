@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 namespace sparsetorch {
 
@@ -105,6 +106,31 @@ C10_HOST_DEVICE inline T activation_derivative(Activation act, T x, T negative_s
     }
   }
   return T(1);
+}
+
+// Calls f(std::integral_constant<Activation, A>{}) for the runtime value `act`, so kernels can take
+// the activation as a template parameter: the per-element switch then folds away at compile time.
+template <typename F>
+decltype(auto) dispatch_activation(Activation act, F&& f) {
+  switch (act) {
+    case Activation::Relu:
+      return f(std::integral_constant<Activation, Activation::Relu>{});
+    case Activation::LeakyRelu:
+      return f(std::integral_constant<Activation, Activation::LeakyRelu>{});
+    case Activation::Gelu:
+      return f(std::integral_constant<Activation, Activation::Gelu>{});
+    case Activation::GeluTanh:
+      return f(std::integral_constant<Activation, Activation::GeluTanh>{});
+    case Activation::Silu:
+      return f(std::integral_constant<Activation, Activation::Silu>{});
+    case Activation::Sigmoid:
+      return f(std::integral_constant<Activation, Activation::Sigmoid>{});
+    case Activation::Tanh:
+      return f(std::integral_constant<Activation, Activation::Tanh>{});
+    case Activation::None:
+    default:
+      return f(std::integral_constant<Activation, Activation::None>{});
+  }
 }
 
 }  // namespace sparsetorch

@@ -37,11 +37,10 @@ struct ScalarFn {
   __device__ acc_t operator()(acc_t x) const { return apply_binary<acc_t>(op, x, other, acc_t(1)); }
 };
 
-template <typename acc_t>
+template <typename acc_t, Activation ACT>
 struct ActivationFn {
-  Activation act;
   acc_t slope;
-  __device__ acc_t operator()(acc_t x) const { return apply_activation<acc_t>(act, x, slope); }
+  __device__ acc_t operator()(acc_t x) const { return apply_activation<acc_t>(ACT, x, slope); }
 };
 
 int64_t grid_for(int64_t work) {
@@ -120,10 +119,10 @@ void launch_map(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t num
 
 // y = act(x * scale[c] + bias[c]) over rows of length n. With n % VEC == 0 a vector never crosses a
 // row, so the column (one 64-bit modulo) and the scale/bias vectors are fetched once per 16 bytes.
-template <typename scalar_t, int VEC>
+template <typename scalar_t, int VEC, Activation ACT>
 __global__ void __launch_bounds__(kThreads)
     bias_act_kernel(const scalar_t* x, const scalar_t* scale, const scalar_t* bias, scalar_t* out, int64_t numel,
-                    int64_t n, Activation act, double negative_slope) {
+                    int64_t n, double negative_slope) {
   using acc_t = at::opmath_type<scalar_t>;
   using VecT = Vec<scalar_t, VEC>;
   const acc_t slope = static_cast<acc_t>(negative_slope);
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
         acc_t z = static_cast<acc_t>(xs[u].v[q]);
         if (scale) z *= static_cast<acc_t>(sv.v[q]);
         if (bias) z += static_cast<acc_t>(bv.v[q]);
-        o.v[q] = static_cast<scalar_t>(apply_activation<acc_t>(act, z, slope));
+        o.v[q] = static_cast<scalar_t>(apply_activation<acc_t>(ACT, z, slope));
       }
       reinterpret_cast<VecT*>(out)[v] = o;
     }
@@ -195,8 +194,11 @@ at::Tensor activation_cuda(const at::Tensor& x_in, c10::string_view activation, 
   at::Tensor out = at::empty_like(x);
   SPARSETORCH_DISPATCH_FLOATS(x.scalar_type(), "activation_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    launch_map<scalar_t, Arity::Unary>(x.data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(), x.numel(),
-                                       ActivationFn<acc_t>{act, static_cast<acc_t>(negative_slope)});
+    dispatch_activation(act, [&](auto tag) {
+      constexpr Activation ACT = decltype(tag)::value;
+      launch_map<scalar_t, Arity::Unary>(x.data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(), x.numel(),
+                                         ActivationFn<acc_t, ACT>{static_cast<acc_t>(negative_slope)});
+    });
   });
   return out;
 }
@@ -214,14 +216,17 @@ void bias_act_into(const at::Tensor& x, const at::Tensor& scale, const at::Tenso
     const bool vec_ok = n % kVec == 0 && is_aligned(x.data_ptr(), 16) && is_aligned(out.data_ptr(), 16) &&
                         (sp == nullptr || is_aligned(sp, 16)) && (bp == nullptr || is_aligned(bp, 16));
     const auto stream = at::cuda::getCurrentCUDAStream();
-    if (vec_ok) {
-      bias_act_kernel<scalar_t, kVec><<<grid_for(ceil_div(numel, kVec * kUnroll)), kThreads, 0, stream>>>(
-          x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, act, negative_slope);
-    } else {
-      bias_act_kernel<scalar_t, 1><<<grid_for(ceil_div(numel, kUnroll)), kThreads, 0, stream>>>(
-          x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, act, negative_slope);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dispatch_activation(act, [&](auto tag) {
+      constexpr Activation ACT = decltype(tag)::value;
+      if (vec_ok) {
+        bias_act_kernel<scalar_t, kVec, ACT><<<grid_for(ceil_div(numel, kVec * kUnroll)), kThreads, 0, stream>>>(
+            x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, negative_slope);
+      } else {
+        bias_act_kernel<scalar_t, 1, ACT><<<grid_for(ceil_div(numel, kUnroll)), kThreads, 0, stream>>>(
+            x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, negative_slope);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -243,12 +248,12 @@ at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
 // row per chunk goes to `partial` (chunks x n); a final sum over chunks gives the column gradients.
 constexpr int kBwdRows = 8;
 
-template <typename scalar_t, int VEC>
+template <typename scalar_t, int VEC, Activation ACT>
 __global__ void __launch_bounds__(32 * kBwdRows)
     bias_act_backward_kernel(const scalar_t* grad, const scalar_t* x, const scalar_t* scale, const scalar_t* bias,
                              scalar_t* grad_x, at::opmath_type<scalar_t>* partial_scale,
                              at::opmath_type<scalar_t>* partial_bias, int64_t rows, int64_t n,
-                             int64_t rows_per_chunk, Activation act, double negative_slope) {
+                             int64_t rows_per_chunk, double negative_slope) {
   using acc_t = at::opmath_type<scalar_t>;
   using VecT = Vec<scalar_t, VEC>;
   __shared__ acc_t sum_bias[kBwdRows][32 * VEC];
@@ -279,7 +284,7 @@ __global__ void __launch_bounds__(32 * kBwdRows)
 #pragma unroll
       for (int q = 0; q < VEC; ++q) {
         const acc_t xq = static_cast<acc_t>(xv.v[q]);
-        const acc_t d = static_cast<acc_t>(gv.v[q]) * activation_derivative<acc_t>(act, xq * s[q] + b[q], slope);
+        const acc_t d = static_cast<acc_t>(gv.v[q]) * activation_derivative<acc_t>(ACT, xq * s[q] + b[q], slope);
         sb[q] += d;
         ss[q] += d * xq;
         out.v[q] = static_cast<scalar_t>(d * s[q]);
@@ -359,16 +364,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
     const scalar_t* sp = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
     const scalar_t* bp = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
     const auto stream = at::cuda::getCurrentCUDAStream();
-    if (vec_ok) {
-      bias_act_backward_kernel<scalar_t, kVec><<<grid, block, 0, stream>>>(
-          grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk, act,
-          negative_slope);
-    } else {
-      bias_act_backward_kernel<scalar_t, 1><<<grid, block, 0, stream>>>(
-          grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk, act,
-          negative_slope);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dispatch_activation(act, [&](auto tag) {
+      constexpr Activation ACT = decltype(tag)::value;
+      if (vec_ok) {
+        bias_act_backward_kernel<scalar_t, kVec, ACT><<<grid, block, 0, stream>>>(
+            grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk,
+            negative_slope);
+      } else {
+        bias_act_backward_kernel<scalar_t, 1, ACT><<<grid, block, 0, stream>>>(
+            grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk,
+            negative_slope);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
     if (want_scale) grad_scale = partial_scale.sum(0).to(x.scalar_type());
     if (want_bias) grad_bias = partial_bias.sum(0).to(x.scalar_type());
   });
