@@ -151,3 +151,21 @@ def test_elementwise_odd_sizes_and_offsets(device, rng, size, offset, dtype):
     bias = randn(rng, n, dtype=dtype, device=device)
     assert_matches(st.bias_act(rows, bias=bias, activation="relu"), F.relu(rows.double().cpu() + bias.double().cpu()),
                    dtype)
+
+
+@pytest.mark.parametrize("n", [2048, 4104])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_act_wide_rows(device, rng, n, dtype):
+    """Rows wider than one block's column tile (several tiles per row), forward and backward."""
+    x = randn(rng, 37, n, dtype=dtype, device=device).requires_grad_()
+    scale = randn(rng, n, dtype=dtype, device=device).requires_grad_()
+    bias = randn(rng, n, dtype=dtype, device=device).requires_grad_()
+    g = randn(rng, 37, n, dtype=dtype, device=device)
+    y = st.bias_act(x, bias=bias, scale=scale, activation="silu")
+    x64, s64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, scale, bias))
+    y64 = F.silu(x64 * s64 + b64)
+    assert_matches(y, y64, dtype)
+    y.backward(g)
+    y64.backward(g.double().cpu())
+    for got, ref in ((x.grad, x64.grad), (scale.grad, s64.grad), (bias.grad, b64.grad)):
+        assert_matches(got, ref, dtype)

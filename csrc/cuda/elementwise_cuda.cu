@@ -117,40 +117,50 @@ void launch_map(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t num
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// y = act(x * scale[c] + bias[c]) over rows of length n. With n % VEC == 0 a vector never crosses a
-// row, so the column (one 64-bit modulo) and the scale/bias vectors are fetched once per 16 bytes.
+// y = act(x * scale[c] + bias[c]) over rows of length n. Each thread owns one vector of VEC
+// columns (n % VEC == 0, so a vector never crosses a row) and walks rows, keeping its scale and bias
+// in registers: no per-element index arithmetic and no re-reads of scale/bias. A block covers
+// `rows_per_block` whole rows of one column tile (`tile` vectors wide), so its accesses are
+// contiguous; kUnroll rows are loaded before any math.
 template <typename scalar_t, int VEC, Activation ACT>
 __global__ void __launch_bounds__(kThreads)
-    bias_act_kernel(const scalar_t* x, const scalar_t* scale, const scalar_t* bias, scalar_t* out, int64_t numel,
-                    int64_t n, double negative_slope) {
+    bias_act_kernel(const scalar_t* x, const scalar_t* scale, const scalar_t* bias, scalar_t* out, int64_t rows,
+                    int64_t n, int tile, int rows_per_block, double negative_slope) {
   using acc_t = at::opmath_type<scalar_t>;
   using VecT = Vec<scalar_t, VEC>;
+  const int r_off = threadIdx.x / tile;
+  const int64_t col_vec = static_cast<int64_t>(blockIdx.y) * tile + threadIdx.x % tile;
+  if (r_off >= rows_per_block || col_vec * VEC >= n) return;
+  const int64_t c0 = col_vec * VEC;
   const acc_t slope = static_cast<acc_t>(negative_slope);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t vec_count = numel / VEC;  // numel is a multiple of VEC here (n % VEC == 0)
-  for (int64_t v0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < vec_count;
-       v0 += stride * kUnroll) {
+  acc_t s[VEC], b[VEC];
+#pragma unroll
+  for (int q = 0; q < VEC; ++q) {
+    s[q] = scale ? static_cast<acc_t>(scale[c0 + q]) : acc_t(1);
+    b[q] = bias ? static_cast<acc_t>(bias[c0 + q]) : acc_t(0);
+  }
+  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * rows_per_block;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block + r_off; r0 < rows;
+       r0 += row_stride * kUnroll) {
     VecT xs[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (v0 + u * stride < vec_count) xs[u] = reinterpret_cast<const VecT*>(x)[v0 + u * stride];
+      const int64_t r = r0 + u * row_stride;
+      if (r < rows) xs[u] = *reinterpret_cast<const VecT*>(x + r * n + c0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + u * stride;
-      if (v >= vec_count) break;
-      const int64_t c0 = (v * VEC) % n;
-      VecT sv, bv, o;
-      if (scale) sv = *reinterpret_cast<const VecT*>(scale + c0);
-      if (bias) bv = *reinterpret_cast<const VecT*>(bias + c0);
+      const int64_t r = r0 + u * row_stride;
+      if (r >= rows) break;
+      VecT o;
 #pragma unroll
       for (int q = 0; q < VEC; ++q) {
         acc_t z = static_cast<acc_t>(xs[u].v[q]);
-        if (scale) z *= static_cast<acc_t>(sv.v[q]);
-        if (bias) z += static_cast<acc_t>(bv.v[q]);
+        if (scale) z *= s[q];
+        if (bias) z += b[q];
         o.v[q] = static_cast<scalar_t>(apply_activation<acc_t>(ACT, z, slope));
       }
-      reinterpret_cast<VecT*>(out)[v] = o;
+      *reinterpret_cast<VecT*>(out + r * n + c0) = o;
     }
   }
 }
@@ -207,23 +217,34 @@ at::Tensor activation_cuda(const at::Tensor& x_in, c10::string_view activation, 
 void bias_act_into(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& bias, Activation act,
                    double negative_slope, const at::Tensor& out) {
   const int64_t n = x.size(-1);
-  const int64_t numel = x.numel();
-  if (numel == 0) return;
+  if (x.numel() == 0) return;
+  const int64_t rows = x.numel() / n;
   SPARSETORCH_DISPATCH_FLOATS(x.scalar_type(), "bias_act_cuda", [&] {
     constexpr int kVec = 16 / sizeof(scalar_t);
     const scalar_t* sp = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
     const scalar_t* bp = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
-    const bool vec_ok = n % kVec == 0 && is_aligned(x.data_ptr(), 16) && is_aligned(out.data_ptr(), 16) &&
-                        (sp == nullptr || is_aligned(sp, 16)) && (bp == nullptr || is_aligned(bp, 16));
+    const bool vec_ok = n % kVec == 0 && is_aligned(x.data_ptr(), 16) && is_aligned(out.data_ptr(), 16);
+    const int vec = vec_ok ? kVec : 1;
+    // Column tiles of at most kThreads vectors, as even as possible; as many whole rows per block as fit.
+    const int64_t col_vecs = n / vec;
+    const int64_t tiles = ceil_div(col_vecs, kThreads);
+    TORCH_CHECK(tiles <= 65535, "bias_act: rows of ", n, " elements are too long");
+    const int tile = static_cast<int>(ceil_div(col_vecs, tiles));
+    const int rows_per_block = std::max(1, kThreads / tile);
+    const int threads = static_cast<int>(ceil_div(static_cast<int64_t>(rows_per_block) * tile, 32) * 32);
+    const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
+    const int64_t row_blocks =
+        std::max<int64_t>(1, std::min(ceil_div(rows, rows_per_block * kUnroll), std::max<int64_t>(1, max_blocks / tiles)));
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(tiles));
     const auto stream = at::cuda::getCurrentCUDAStream();
     dispatch_activation(act, [&](auto tag) {
       constexpr Activation ACT = decltype(tag)::value;
       if (vec_ok) {
-        bias_act_kernel<scalar_t, kVec, ACT><<<grid_for(ceil_div(numel, kVec * kUnroll)), kThreads, 0, stream>>>(
-            x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, negative_slope);
+        bias_act_kernel<scalar_t, kVec, ACT><<<grid, threads, 0, stream>>>(
+            x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), rows, n, tile, rows_per_block, negative_slope);
       } else {
-        bias_act_kernel<scalar_t, 1, ACT><<<grid_for(ceil_div(numel, kUnroll)), kThreads, 0, stream>>>(
-            x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), numel, n, negative_slope);
+        bias_act_kernel<scalar_t, 1, ACT><<<grid, threads, 0, stream>>>(
+            x.data_ptr<scalar_t>(), sp, bp, out.data_ptr<scalar_t>(), rows, n, tile, rows_per_block, negative_slope);
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
@@ -271,30 +292,32 @@ __global__ void __launch_bounds__(32 * kBwdRows)
     b[q] = (bias && in) ? static_cast<acc_t>(bias[c0 + q]) : acc_t(0);
   }
   if (c0 < n) {
-    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kBwdRows) {
-      const int64_t i = r * n + c0;
-      VecT gv, xv, out;
-      if (VEC > 1) {
-        gv = *reinterpret_cast<const VecT*>(grad + i);
-        xv = *reinterpret_cast<const VecT*>(x + i);
-      } else {
-        gv.v[0] = grad[i];
-        xv.v[0] = x[i];
+    // kUnroll rows per step, all loads first, so several 16-byte loads per thread are in flight.
+    for (int64_t r0 = r_begin + threadIdx.y; r0 < r_end; r0 += kBwdRows * kUnroll) {
+      VecT gv[kUnroll], xv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * kBwdRows;
+        if (r < r_end) {
+          gv[u] = *reinterpret_cast<const VecT*>(grad + r * n + c0);
+          xv[u] = *reinterpret_cast<const VecT*>(x + r * n + c0);
+        }
       }
 #pragma unroll
-      for (int q = 0; q < VEC; ++q) {
-        const acc_t xq = static_cast<acc_t>(xv.v[q]);
-        const acc_t d = static_cast<acc_t>(gv.v[q]) * activation_derivative<acc_t>(ACT, xq * s[q] + b[q], slope);
-        sb[q] += d;
-        ss[q] += d * xq;
-        out.v[q] = static_cast<scalar_t>(d * s[q]);
-      }
-      if (grad_x) {
-        if (VEC > 1) {
-          *reinterpret_cast<VecT*>(grad_x + i) = out;
-        } else {
-          grad_x[i] = out.v[0];
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * kBwdRows;
+        if (r >= r_end) break;
+        VecT out;
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+          const acc_t xq = static_cast<acc_t>(xv[u].v[q]);
+          const acc_t d =
+              static_cast<acc_t>(gv[u].v[q]) * activation_derivative<acc_t>(ACT, xq * s[q] + b[q], slope);
+          sb[q] += d;
+          ss[q] += d * xq;
+          out.v[q] = static_cast<scalar_t>(d * s[q]);
         }
+        if (grad_x) *reinterpret_cast<VecT*>(grad_x + r * n + c0) = out;
       }
     }
   }
