@@ -4,6 +4,7 @@ import os
 import numpy as np
 import scipy.sparse as sp
 import torch
+import torch.nn.functional as F
 
 import sparsetorch as st
 
@@ -75,3 +76,17 @@ def assert_matches(out, ref, dtype):
     assert rel <= REL_TOL[dtype], f"relative error {rel:.3g} > {REL_TOL[dtype]:.1g} for {dtype}"
     worst = (g - r).abs().max().item() / scale
     assert worst <= ABS_TOL[dtype], f"max elementwise error {worst:.3g} (of max |ref|) > {ABS_TOL[dtype]:.1g}"
+
+
+def activation_refs(negative_slope):
+    """Float64 torch references for every activation name sparsetorch accepts."""
+    return {
+        "none": lambda x: x,
+        "relu": F.relu,
+        "leaky_relu": lambda x: F.leaky_relu(x, negative_slope),
+        "gelu": F.gelu,
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "silu": F.silu,
+        "sigmoid": torch.sigmoid,
+        "tanh": torch.tanh,
+    }

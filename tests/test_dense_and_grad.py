@@ -5,19 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from _helpers import assert_matches, randn, random_csr
+from _helpers import activation_refs, assert_matches, randn, random_csr
 from conftest import FLOAT_DTYPES
 
-ACTS = {
-    "none": lambda x: x,
-    "relu": F.relu,
-    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
+ACTS = activation_refs(negative_slope=0.1)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from _helpers import assert_matches, randn, random_csr, rounded, to_st
+from _helpers import activation_refs, assert_matches, randn, random_csr, rounded, to_st
 from conftest import FLOAT_DTYPES
 
 SIZES = [(0,), (1,), (3,), (1023,), (5, 7), (2, 3, 129)]
@@ -19,16 +19,7 @@ BINARY_REF = {
 }
 BINARY_FN = {"add": st.add, "sub": st.sub, "mul": st.mul, "div": st.div}
 
-ACT_REF = {
-    "none": lambda x: x,
-    "relu": F.relu,
-    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
+ACT_REF = activation_refs(negative_slope=0.1)
 
 
 def ref64(fn, *tensors):

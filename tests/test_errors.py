@@ -221,3 +221,13 @@ def test_scale_errors(device, rng):
         st.scale_cols(A, torch.ones(6, dtype=torch.float64, device=device))
     with pytest.raises(TypeError, match="row_scale"):
         st.scale_rows(A, torch.ones(6, dtype=torch.float32, device=device))
+
+
+def test_bias_act_backward_errors(device):
+    x = torch.randn(4, 5, device=device)
+    with pytest.raises(ValueError, match="grad: expected the shape of x"):
+        ops.bias_act_backward(torch.randn(4, 4, device=device), x, None, None, "relu", 0.01, [True, False, False])
+    with pytest.raises(TypeError, match="x and grad of the same dtype"):
+        ops.bias_act_backward(x.double(), x, None, None, "relu", 0.01, [True, False, False])
+    with pytest.raises(ValueError, match="bias: expected shape \\(5,\\)"):
+        ops.bias_act_backward(x, x, None, torch.zeros(3, device=device), "relu", 0.01, [True, False, True])

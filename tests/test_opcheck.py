@@ -1,5 +1,4 @@
 """torch.library.opcheck on every op: schema, fake (meta) kernels, dispatch under AOT tracing."""
-import pytest
 import torch
 
 import sparsetorch  # noqa: F401

@@ -7,10 +7,9 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 import torch
-import torch.nn.functional as F
 
 import sparsetorch as st
-from _helpers import DATA_DIR, assert_matches, randn, random_csr, rounded, to_st
+from _helpers import DATA_DIR, activation_refs, assert_matches, randn, random_csr, rounded, to_st
 from conftest import CUDA_READY, FLOAT_DTYPES, INDEX_DTYPES
 
 # Every SpMM test runs on the CPU and on both CUDA routes.
@@ -193,16 +192,7 @@ def test_batched_transposed_dense(device, backend, rng):
 
 # --- epilogue: alpha, beta, c, out, bias, activation ---------------------------------------------
 
-ACTS = {
-    "none": lambda x: x,
-    "relu": F.relu,
-    "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
+ACTS = activation_refs(negative_slope=0.2)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -175,6 +175,14 @@ void check_bias_act_args(const at::Tensor& x, const std::optional<at::Tensor>& s
   check_channel_vector(x, bias, "bias");
 }
 
+void check_bias_act_backward_args(const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& scale,
+                                  const std::optional<at::Tensor>& bias) {
+  check_bias_act_args(x, scale, bias);
+  check_same_dtype(x, "x", grad, "grad");
+  check_same_device(x, "x", grad, "grad");
+  TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), "grad: expected the shape of x ", x.sizes(), ", got ", grad.sizes());
+}
+
 ScaleVector check_scale_vector(const std::optional<at::Tensor>& s, const at::Tensor& values, int64_t batch,
                                bool batched, const char* name, int64_t expected_len) {
   ScaleVector out;

@@ -66,6 +66,10 @@ void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std:
 // dense_bmm: a (b, m, k) or (m, k), b (b, k, n) or (k, n), at least one batched. Returns the batch.
 int64_t check_dense_bmm_args(const at::Tensor& a, const at::Tensor& b);
 
+// bias_act_backward: bias_act's checks plus grad of x's shape, dtype and device.
+void check_bias_act_backward_args(const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& scale,
+                                  const std::optional<at::Tensor>& bias);
+
 // csr_scale's row or column factors: (len,) shared by all batches, or (batch, len).
 struct ScaleVector {
   at::Tensor t;  // contiguous, or undefined when absent

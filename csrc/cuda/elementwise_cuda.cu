@@ -347,8 +347,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
     const at::Tensor& grad_in, const at::Tensor& x_in, const std::optional<at::Tensor>& scale_in,
     const std::optional<at::Tensor>& bias_in, c10::string_view activation, double negative_slope,
     std::array<bool, 3> output_mask) {
-  check_bias_act_args(x_in, scale_in, bias_in);
-  check_binary_args(x_in, grad_in);
+  check_bias_act_backward_args(grad_in, x_in, scale_in, bias_in);
   const Activation act = parse_activation(std::string(activation));
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();

@@ -8,7 +8,6 @@ Floor per row: max(bytes / copy bandwidth, flops / matmul peak) with both ceilin
 """
 import argparse
 import json
-import os
 import statistics
 import time
 
