@@ -119,6 +119,17 @@ void spmm_cpu_kernel(const SpmmProblem& p, const at::Tensor& crow, const at::Ten
       std::fill(a, a + n, acc_t(0));
       for (int64_t j0 = start; j0 < stop; j0 += 4) {
         const int count = static_cast<int>(std::min<int64_t>(4, stop - j0));
+        // The B rows are gathered in random order: prefetch the rows of the next group of entries
+        // (one cache line at a time, bounds-checked like the reads) while this group is summed.
+        for (int64_t j = j0 + 4; j < std::min<int64_t>(j0 + 8, stop); ++j) {
+          const int64_t c = col_b[j];
+          if (0 <= c && c < k) {
+            const char* row_bytes = reinterpret_cast<const char*>(dense_b + c * ldb);
+            for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(scalar_t)); off += 64) {
+              __builtin_prefetch(row_bytes + off);
+            }
+          }
+        }
         const scalar_t* brows[4];
         acc_t v[4];
         for (int t = 0; t < count; ++t) {
