@@ -57,6 +57,10 @@ def elementwise_suite(results):
             ("gelu", lambda: st.gelu(x), F.gelu(x.double()), 2),
             ("silu", lambda: st.silu(x), F.silu(x.double()), 2),
             ("bias_act gelu (fused)", lambda: st.bias_act(x2, bias=bias, scale=scale, activation="gelu"), ref_fused, 2),
+            ("bias_act relu (fused)", lambda: st.bias_act(x2, bias=bias, scale=scale, activation="relu"),
+             F.relu(x2.double() * scale.double() + bias.double()), 2),
+            ("bias_act silu (fused)", lambda: st.bias_act(x2, bias=bias, scale=scale, activation="silu"),
+             F.silu(x2.double() * scale.double() + bias.double()), 2),
             ("eager gelu(x*scale+bias)", eager, ref_fused, 2),
             ("torch.compile gelu(x*scale+bias)", compiled, ref_fused, 2),
         ]
@@ -66,7 +70,7 @@ def elementwise_suite(results):
             assert err < (1e-5 if dtype == torch.float32 else 1e-2), f"{name} {dtype}: rel err {err}"
             s = bench(fn)
             bw = tensors * N * size / s
-            fused_s = s if name.startswith("bias_act") else fused_s
+            fused_s = s if name.startswith("bias_act gelu") else fused_s
             results.append({"suite": "elementwise 2^26", "dtype": str(dtype), "case": name, "ms": s * 1e3,
                             "GBps": bw / 1e9, "of_copy_bw": bw / copy_bw, "copy_GBps": copy_bw / 1e9,
                             "fused_speedup": s / fused_s if fused_s and not name.startswith("bias_act") else None})
@@ -138,11 +142,13 @@ def crossover_suite(results):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--suites", default="elementwise,linear,crossover",
+                    help="comma-separated subset of elementwise, linear, crossover")
     args = ap.parse_args()
+    suites = {"elementwise": elementwise_suite, "linear": linear_suite, "crossover": crossover_suite}
     results = []
-    elementwise_suite(results)
-    linear_suite(results)
-    crossover_suite(results)
+    for name in args.suites.split(","):
+        suites[name](results)
     for r in results:
         if "GBps" in r:
             extra = f"  eager/compiled vs fused: x{r['fused_speedup']:.2f}" if r.get("fused_speedup") else ""
@@ -160,7 +166,8 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-        with open(os.path.join(args.out, "elementwise_dense_cuda.json"), "w") as f:
+        tag = "" if args.suites == ap.get_default("suites") else "_" + args.suites.replace(",", "_")
+        with open(os.path.join(args.out, f"elementwise_dense_cuda{tag}.json"), "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all]   (bench: SpMM, dense: elementwise/linear/crossover)
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all]   (bench: SpMM, dense: elementwise/linear/crossover;
+#   DENSE_SUITES=elementwise,linear picks a subset of the dense suites)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
@@ -40,7 +41,7 @@ if want tests; then
   tail -3 "$OUT/tests.log"
 fi
 if want dense; then
-  python3 benchmarks/elementwise_dense_cuda.py --out "$OUT" 2>&1 | tee "$OUT/dense.log" | tail -60 || rc=1
+  python3 benchmarks/elementwise_dense_cuda.py --out "$OUT" ${DENSE_SUITES:+--suites "$DENSE_SUITES"} 2>&1 | tee "$OUT/dense.log" | tail -60 || rc=1
 fi
 if want bench; then
   python3 benchmarks/spmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1

@@ -3,9 +3,14 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cusparse.h>
+
+#include <type_traits>
 
 #include <cstdint>
 
@@ -96,6 +101,52 @@ class DnMatDescriptor {
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Vec {
   T v[VEC];
+};
+
+// VEC elements moved as one aligned access and read/written as the math type (float for half
+// types). Half types are held as packed 32-bit words and converted in pairs: indexing an array of
+// 16-bit elements makes the compiler keep each element in its own register (the bf16 fused
+// bias + activation kernel needed 96 registers that way, 2 blocks per SM).
+template <typename T, int VEC, typename Enable = void>
+struct Packed {
+  using acc_t = at::opmath_type<T>;
+  Vec<T, VEC> raw;
+  __device__ __forceinline__ void load(const T* p) { raw = *reinterpret_cast<const Vec<T, VEC>*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec<T, VEC>*>(p) = raw; }
+  __device__ __forceinline__ acc_t get(int q) const { return static_cast<acc_t>(raw.v[q]); }
+  __device__ __forceinline__ void set(int q, acc_t x) { raw.v[q] = static_cast<T>(x); }
+};
+
+template <typename T, int VEC>
+struct Packed<T, VEC, std::enable_if_t<sizeof(T) == 2 && VEC % 2 == 0>> {
+  static constexpr bool kIsBf16 = std::is_same_v<T, c10::BFloat16>;
+  static_assert(kIsBf16 || std::is_same_v<T, c10::Half>, "2-byte types: Half or BFloat16");
+  using acc_t = float;
+  using Pair = std::conditional_t<kIsBf16, __nv_bfloat162, __half2>;
+  struct alignas(sizeof(T) * VEC) Words {
+    uint32_t w[VEC / 2];
+  } raw;
+  __device__ __forceinline__ void load(const T* p) { raw = *reinterpret_cast<const Words*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Words*>(p) = raw; }
+  __device__ __forceinline__ float get(int q) const {
+    const uint32_t w = raw.w[q / 2];
+    const uint16_t bits = static_cast<uint16_t>(q % 2 ? w >> 16 : w & 0xffffu);
+    if constexpr (kIsBf16) {
+      return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+    } else {
+      return __half2float(__ushort_as_half(bits));
+    }
+  }
+  __device__ __forceinline__ void set(int q, float x) {
+    uint16_t bits;
+    if constexpr (kIsBf16) {
+      bits = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    } else {
+      bits = __half_as_ushort(__float2half_rn(x));
+    }
+    uint32_t& w = raw.w[q / 2];
+    w = q % 2 ? (w & 0xffffu) | (static_cast<uint32_t>(bits) << 16) : (w & 0xffff0000u) | bits;
+  }
 };
 
 inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }

@@ -43,60 +43,70 @@ struct ActivationFn {
   __device__ acc_t operator()(acc_t x) const { return apply_activation<acc_t>(ACT, x, slope); }
 };
 
-int64_t grid_for(int64_t work) {
-  const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
-  return std::max<int64_t>(1, std::min(ceil_div(work, kThreads), max_blocks));
+// Blocks resident per SM that the register budget must allow (__launch_bounds__ minimum): 4 blocks
+// of 256 threads (64 registers per thread) for 1-, 2- and 4-byte types, 2 for double. Without the
+// cap the bf16 fused kernel took 96 registers (2 blocks per SM) and ran at 79% of the copy rate.
+template <typename scalar_t>
+constexpr int min_blocks_per_sm() {
+  return sizeof(scalar_t) >= 8 ? 2 : 4;
 }
 
-// out[i] = f(x[i]) or f(x[i], y[i]). Each thread moves kUnroll vectors of VEC elements per step,
-// all loads issued before any math, so several 16-byte loads per thread are in flight.
+// Grids are sized to the work (one block per contiguous chunk, as Triton does): the blocks in
+// flight then read one compact region of memory at a time. A grid-stride loop covers work beyond
+// kMaxBlocks.
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+int64_t blocks_for(int64_t chunks) { return std::max<int64_t>(1, std::min(chunks, kMaxBlocks)); }
+
+// out[i] = f(x[i]) or f(x[i], y[i]). A block handles kUnroll * blockDim.x consecutive vectors of
+// VEC elements per step; each thread loads its kUnroll vectors before any math, so several
+// 16-byte loads per thread are in flight.
 constexpr int kUnroll = 4;
 enum class Arity { Unary, Binary };
 
 template <typename scalar_t, int VEC, Arity ARITY, typename F>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<scalar_t>())
     map_kernel(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t numel, F f) {
   using acc_t = at::opmath_type<scalar_t>;
-  using VecT = Vec<scalar_t, VEC>;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  using VecT = Packed<scalar_t, VEC>;
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kUnroll;
   const int64_t vec_count = numel / VEC;
-  const VecT* xv = reinterpret_cast<const VecT*>(x);
-  const VecT* yv = reinterpret_cast<const VecT*>(y);
-  VecT* ov = reinterpret_cast<VecT*>(out);
-  for (int64_t v0 = first; v0 < vec_count; v0 += stride * kUnroll) {
+  for (int64_t v0 = blockIdx.x * chunk + threadIdx.x; v0 < vec_count; v0 += gridDim.x * chunk) {
     VecT xs[kUnroll], ys[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + u * stride;
+      const int64_t v = v0 + u * blockDim.x;
       if (v < vec_count) {
-        xs[u] = xv[v];
-        if constexpr (ARITY == Arity::Binary) ys[u] = yv[v];
+        xs[u].load(x + v * VEC);
+        if constexpr (ARITY == Arity::Binary) ys[u].load(y + v * VEC);
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + u * stride;
+      const int64_t v = v0 + u * blockDim.x;
       if (v >= vec_count) break;
       VecT o;
 #pragma unroll
       for (int q = 0; q < VEC; ++q) {
-        const acc_t a = static_cast<acc_t>(xs[u].v[q]);
         if constexpr (ARITY == Arity::Unary) {
-          o.v[q] = static_cast<scalar_t>(f(a));
+          o.set(q, f(xs[u].get(q)));
         } else {
-          o.v[q] = static_cast<scalar_t>(f(a, static_cast<acc_t>(ys[u].v[q])));
+          o.set(q, f(xs[u].get(q), ys[u].get(q)));
         }
       }
-      ov[v] = o;
+      o.store(out + v * VEC);
     }
   }
-  for (int64_t i = vec_count * VEC + first; i < numel; i += stride) {  // tail (VEC > 1 only)
-    const acc_t a = static_cast<acc_t>(x[i]);
-    if constexpr (ARITY == Arity::Unary) {
-      out[i] = static_cast<scalar_t>(f(a));
-    } else {
-      out[i] = static_cast<scalar_t>(f(a, static_cast<acc_t>(y[i])));
+  // Tail of fewer than VEC elements (VEC > 1 only), one per thread of the first block.
+  if (blockIdx.x == 0) {
+    const int64_t i = vec_count * VEC + threadIdx.x;
+    if (i < numel) {
+      const acc_t a = static_cast<acc_t>(x[i]);
+      if constexpr (ARITY == Arity::Unary) {
+        out[i] = static_cast<scalar_t>(f(a));
+      } else {
+        out[i] = static_cast<scalar_t>(f(a, static_cast<acc_t>(y[i])));
+      }
     }
   }
 }
@@ -106,13 +116,15 @@ template <typename scalar_t, Arity ARITY, typename F>
 void launch_map(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t numel, F f) {
   if (numel == 0) return;
   constexpr int kVec = 16 / sizeof(scalar_t);
+  static_assert(kVec <= kThreads, "the tail is handled by one block");
   const bool vec_ok = is_aligned(x, 16) && is_aligned(out, 16) && (y == nullptr || is_aligned(y, 16));
   const auto stream = at::cuda::getCurrentCUDAStream();
+  const int vec = vec_ok ? kVec : 1;
+  const int64_t blocks = blocks_for(ceil_div(numel / vec, kThreads * kUnroll));
   if (vec_ok) {
-    map_kernel<scalar_t, kVec, ARITY, F>
-        <<<grid_for(ceil_div(numel, kVec * kUnroll)), kThreads, 0, stream>>>(x, y, out, numel, f);
+    map_kernel<scalar_t, kVec, ARITY, F><<<blocks, kThreads, 0, stream>>>(x, y, out, numel, f);
   } else {
-    map_kernel<scalar_t, 1, ARITY, F><<<grid_for(ceil_div(numel, kUnroll)), kThreads, 0, stream>>>(x, y, out, numel, f);
+    map_kernel<scalar_t, 1, ARITY, F><<<blocks, kThreads, 0, stream>>>(x, y, out, numel, f);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -120,14 +132,15 @@ void launch_map(const scalar_t* x, const scalar_t* y, scalar_t* out, int64_t num
 // y = act(x * scale[c] + bias[c]) over rows of length n. Each thread owns one vector of VEC
 // columns (n % VEC == 0, so a vector never crosses a row) and walks rows, keeping its scale and bias
 // in registers: no per-element index arithmetic and no re-reads of scale/bias. A block covers
-// `rows_per_block` whole rows of one column tile (`tile` vectors wide), so its accesses are
-// contiguous; kUnroll rows are loaded before any math.
+// `rows_per_block` whole rows of one column tile (`tile` vectors wide) per row step and kUnroll
+// consecutive row steps, so its accesses form one contiguous region; the kUnroll rows are loaded
+// before any math.
 template <typename scalar_t, int VEC, Activation ACT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<scalar_t>())
     bias_act_kernel(const scalar_t* x, const scalar_t* scale, const scalar_t* bias, scalar_t* out, int64_t rows,
                     int64_t n, int tile, int rows_per_block, double negative_slope) {
   using acc_t = at::opmath_type<scalar_t>;
-  using VecT = Vec<scalar_t, VEC>;
+  using VecT = Packed<scalar_t, VEC>;
   const int r_off = threadIdx.x / tile;
   const int64_t col_vec = static_cast<int64_t>(blockIdx.y) * tile + threadIdx.x % tile;
   if (r_off >= rows_per_block || col_vec * VEC >= n) return;
@@ -139,28 +152,27 @@ __global__ void __launch_bounds__(kThreads)
     s[q] = scale ? static_cast<acc_t>(scale[c0 + q]) : acc_t(1);
     b[q] = bias ? static_cast<acc_t>(bias[c0 + q]) : acc_t(0);
   }
-  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * rows_per_block;
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block + r_off; r0 < rows;
-       r0 += row_stride * kUnroll) {
+  const int64_t rows_per_step = static_cast<int64_t>(rows_per_block) * kUnroll;
+  for (int64_t r0 = blockIdx.x * rows_per_step + r_off; r0 < rows; r0 += gridDim.x * rows_per_step) {
     VecT xs[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t r = r0 + u * row_stride;
-      if (r < rows) xs[u] = *reinterpret_cast<const VecT*>(x + r * n + c0);
+      const int64_t r = r0 + u * rows_per_block;
+      if (r < rows) xs[u].load(x + r * n + c0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t r = r0 + u * row_stride;
+      const int64_t r = r0 + u * rows_per_block;
       if (r >= rows) break;
       VecT o;
 #pragma unroll
       for (int q = 0; q < VEC; ++q) {
-        acc_t z = static_cast<acc_t>(xs[u].v[q]);
+        acc_t z = xs[u].get(q);
         if (scale) z *= s[q];
         if (bias) z += b[q];
-        o.v[q] = static_cast<scalar_t>(apply_activation<acc_t>(ACT, z, slope));
+        o.set(q, apply_activation<acc_t>(ACT, z, slope));
       }
-      *reinterpret_cast<VecT*>(out + r * n + c0) = o;
+      o.store(out + r * n + c0);
     }
   }
 }
@@ -232,9 +244,7 @@ void bias_act_into(const at::Tensor& x, const at::Tensor& scale, const at::Tenso
     const int tile = static_cast<int>(ceil_div(col_vecs, tiles));
     const int rows_per_block = std::max(1, kThreads / tile);
     const int threads = static_cast<int>(ceil_div(static_cast<int64_t>(rows_per_block) * tile, 32) * 32);
-    const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
-    const int64_t row_blocks =
-        std::max<int64_t>(1, std::min(ceil_div(rows, rows_per_block * kUnroll), std::max<int64_t>(1, max_blocks / tiles)));
+    const int64_t row_blocks = blocks_for(ceil_div(rows, static_cast<int64_t>(rows_per_block) * kUnroll));
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(tiles));
     const auto stream = at::cuda::getCurrentCUDAStream();
     dispatch_activation(act, [&](auto tag) {
@@ -267,16 +277,28 @@ at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
 // rows; each thread walks rows y, y+8, ... of the chunk writing grad_x and keeping per-column sums
 // of d and d*x in registers, then the 8 rows of partial sums are added in shared memory and one
 // row per chunk goes to `partial` (chunks x n); a final sum over chunks gives the column gradients.
+// Half types hold 8 columns per thread (sums, scale and bias in fp32: 32 registers), so they unroll
+// over 2 rows instead of 4 to stay within the register cap (it was 173 registers, 1 block per SM).
 constexpr int kBwdRows = 8;
 
+template <typename scalar_t>
+constexpr int bwd_unroll() {
+  return sizeof(scalar_t) <= 2 ? 2 : 4;
+}
+
+template <typename scalar_t>
+constexpr int bwd_min_blocks_per_sm() {
+  return sizeof(scalar_t) >= 8 ? 1 : 3;
+}
+
 template <typename scalar_t, int VEC, Activation ACT>
-__global__ void __launch_bounds__(32 * kBwdRows)
+__global__ void __launch_bounds__(32 * kBwdRows, bwd_min_blocks_per_sm<scalar_t>())
     bias_act_backward_kernel(const scalar_t* grad, const scalar_t* x, const scalar_t* scale, const scalar_t* bias,
                              scalar_t* grad_x, at::opmath_type<scalar_t>* partial_scale,
                              at::opmath_type<scalar_t>* partial_bias, int64_t rows, int64_t n,
                              int64_t rows_per_chunk, double negative_slope) {
   using acc_t = at::opmath_type<scalar_t>;
-  using VecT = Vec<scalar_t, VEC>;
+  using VecT = Packed<scalar_t, VEC>;
   __shared__ acc_t sum_bias[kBwdRows][32 * VEC];
   __shared__ acc_t sum_scale[kBwdRows][32 * VEC];
   const acc_t slope = static_cast<acc_t>(negative_slope);
@@ -292,32 +314,32 @@ __global__ void __launch_bounds__(32 * kBwdRows)
     b[q] = (bias && in) ? static_cast<acc_t>(bias[c0 + q]) : acc_t(0);
   }
   if (c0 < n) {
-    // kUnroll rows per step, all loads first, so several 16-byte loads per thread are in flight.
-    for (int64_t r0 = r_begin + threadIdx.y; r0 < r_end; r0 += kBwdRows * kUnroll) {
-      VecT gv[kUnroll], xv[kUnroll];
+    // UNROLL rows per step, all loads first, so several 16-byte loads per thread are in flight.
+    constexpr int UNROLL = bwd_unroll<scalar_t>();
+    for (int64_t r0 = r_begin + threadIdx.y; r0 < r_end; r0 += kBwdRows * UNROLL) {
+      VecT gv[UNROLL], xv[UNROLL];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const int64_t r = r0 + u * kBwdRows;
         if (r < r_end) {
-          gv[u] = *reinterpret_cast<const VecT*>(grad + r * n + c0);
-          xv[u] = *reinterpret_cast<const VecT*>(x + r * n + c0);
+          gv[u].load(grad + r * n + c0);
+          xv[u].load(x + r * n + c0);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const int64_t r = r0 + u * kBwdRows;
         if (r >= r_end) break;
         VecT out;
 #pragma unroll
         for (int q = 0; q < VEC; ++q) {
-          const acc_t xq = static_cast<acc_t>(xv[u].v[q]);
-          const acc_t d =
-              static_cast<acc_t>(gv[u].v[q]) * activation_derivative<acc_t>(ACT, xq * s[q] + b[q], slope);
+          const acc_t xq = xv[u].get(q);
+          const acc_t d = gv[u].get(q) * activation_derivative<acc_t>(ACT, xq * s[q] + b[q], slope);
           sb[q] += d;
           ss[q] += d * xq;
-          out.v[q] = static_cast<scalar_t>(d * s[q]);
+          out.set(q, d * s[q]);
         }
-        if (grad_x) *reinterpret_cast<VecT*>(grad_x + r * n + c0) = out;
+        if (grad_x) out.store(grad_x + r * n + c0);
       }
     }
   }
@@ -370,33 +392,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
                         (!output_mask[0] || is_aligned(grad_x.data_ptr(), 16));
     const int vec = vec_ok ? kVec : 1;
     const int64_t col_blocks = ceil_div(n, 32 * vec);
-    // Enough (column block, row chunk) blocks to fill the GPU several times over.
-    const int64_t target = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 8;
-    const int64_t chunks = std::max<int64_t>(
-        1, std::min<int64_t>({ceil_div(target, col_blocks), ceil_div(rows, kBwdRows), 65535}));
-    const int64_t rows_per_chunk = ceil_div(rows, chunks);
-    const auto acc_opts = x.options().dtype(at::toOpMathType(x.scalar_type()));
-    at::Tensor partial_scale = want_scale ? at::empty({chunks, n}, acc_opts) : at::Tensor();
-    at::Tensor partial_bias = want_bias ? at::empty({chunks, n}, acc_opts) : at::Tensor();
-    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
     const dim3 block(32, kBwdRows);
     auto* gx = output_mask[0] ? grad_x.data_ptr<scalar_t>() : nullptr;
-    auto* ps = want_scale ? partial_scale.data_ptr<acc_t>() : nullptr;
-    auto* pb = want_bias ? partial_bias.data_ptr<acc_t>() : nullptr;
     const scalar_t* sp = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
     const scalar_t* bp = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+    const auto acc_opts = x.options().dtype(at::toOpMathType(x.scalar_type()));
+    at::Tensor partial_scale, partial_bias;
     const auto stream = at::cuda::getCurrentCUDAStream();
     dispatch_activation(act, [&](auto tag) {
       constexpr Activation ACT = decltype(tag)::value;
-      if (vec_ok) {
-        bias_act_backward_kernel<scalar_t, kVec, ACT><<<grid, block, 0, stream>>>(
-            grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk,
-            negative_slope);
-      } else {
-        bias_act_backward_kernel<scalar_t, 1, ACT><<<grid, block, 0, stream>>>(
-            grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx, ps, pb, rows, n, rows_per_chunk,
-            negative_slope);
-      }
+      auto* kernel = vec_ok ? &bias_act_backward_kernel<scalar_t, kVec, ACT> : &bias_act_backward_kernel<scalar_t, 1, ACT>;
+      // One wave: exactly as many (column block, row chunk) blocks as are resident at once, so no
+      // partial last wave and the fewest partial-sum rows.
+      int blocks_per_sm = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, 32 * kBwdRows, 0));
+      const int64_t resident =
+          static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * std::max(1, blocks_per_sm);
+      const int64_t chunks = std::max<int64_t>(
+          1, std::min<int64_t>({resident / col_blocks, ceil_div(rows, kBwdRows), 65535}));
+      const int64_t rows_per_chunk = ceil_div(rows, chunks);
+      if (want_scale) partial_scale = at::empty({chunks, n}, acc_opts);
+      if (want_bias) partial_bias = at::empty({chunks, n}, acc_opts);
+      const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+      kernel<<<grid, block, 0, stream>>>(grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), sp, bp, gx,
+                                         want_scale ? partial_scale.data_ptr<acc_t>() : nullptr,
+                                         want_bias ? partial_bias.data_ptr<acc_t>() : nullptr, rows, n,
+                                         rows_per_chunk, negative_slope);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
     if (want_scale) grad_scale = partial_scale.sum(0).to(x.scalar_type());
