@@ -29,6 +29,12 @@ TORCH_LIBRARY(sparsetorch, m) {
       "spmm_out(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, Tensor(a!) out, "
       "float alpha=1., float beta=0., Tensor? bias=None, str activation=\"none\", "
       "float negative_slope=0.01, str backend=\"auto\") -> ()");
+  // Sampled dense-dense product: out[j] = alpha * dot(a[row(j), :], b[col[j], :]) for each stored
+  // entry of the pattern, i.e. (a @ b^T) at A's entries (the gradient of spmm w.r.t. A's values).
+  // Shapes in common/checks.h (SddmmProblem). backend as for spmm.
+  m.def(
+      "sddmm(Tensor crow_indices, Tensor col_indices, Tensor a, Tensor b, float alpha=1., "
+      "str backend=\"auto\") -> Tensor");
   // Elementwise on dense tensors (or CSR values of one pattern). op: add (x + alpha*y),
   // sub (x - alpha*y), mul (x*y), div (x/y). x and y have the same shape and dtype.
   m.def("binary(Tensor x, Tensor y, str op, float alpha=1.) -> Tensor");

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all]   (bench: SpMM, dense: elementwise/linear/crossover;
-#   DENSE_SUITES=elementwise,linear picks a subset of the dense suites)
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples]
+#   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
+#   backward; examples: GCN on Cora, pruned FFN. DENSE_SUITES=elementwise,linear picks dense suites)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
@@ -46,5 +47,14 @@ fi
 if want bench; then
   python3 benchmarks/spmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1
   python3 -m sparsetorch.bench --out "$OUT/main_job.json" 2>&1 | tee "$OUT/main_job.log" || rc=1
+fi
+if [[ "$what" == *" sddmm "* ]]; then
+  python3 benchmarks/sddmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/sddmm.log" | tail -20 || rc=1
+fi
+if [[ "$what" == *" examples "* ]]; then
+  python3 examples/gcn_cora.py --device cuda --seeds 10 --out "$OUT/gcn_cora_cuda.json" 2>&1 | tee "$OUT/gcn_cora.log" || rc=1
+  python3 examples/pruned_ffn.py --device cuda --out "$OUT/pruned_ffn_fp32.json" 2>&1 | tee "$OUT/pruned_ffn.log" || rc=1
+  python3 examples/pruned_ffn.py --device cuda --dtype bfloat16 --out "$OUT/pruned_ffn_bf16.json" 2>&1 \
+    | tee -a "$OUT/pruned_ffn.log" || rc=1
 fi
 exit $rc

@@ -6,6 +6,7 @@
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from sparsetorch import _ops  # noqa: F401  (loads the native ops and their fake kernels)
+from sparsetorch import _autograd  # noqa: F401  (registers the backward of every op)
 from sparsetorch._build_info import build_info
 from sparsetorch.csr import (
     CSR,
@@ -38,6 +39,8 @@ from sparsetorch.functional import (
     sigmoid,
     silu,
     spmm,
+    sddmm,
+    transpose,
     sub,
     tanh,
     validate_csr,
@@ -48,5 +51,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "SpmmPlan", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
     "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
-    "scale_rows", "sigmoid", "silu", "spmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "validate_csr",
+    "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "transpose", "validate_csr",
 ]
+
+from sparsetorch import nn  # noqa: E402  (layers: st.nn.SparseLinear, st.nn.GCNConv)

@@ -1,6 +1,7 @@
 """Fake (meta) kernels for every sparsetorch op, so torch.compile and opcheck can trace them.
 
-The native kernels live in csrc/; importing sparsetorch._C registers them.
+The native kernels live in csrc/; importing sparsetorch._C registers them. Autograd formulas are
+in _autograd.py (imported by the package).
 """
 import torch
 
@@ -28,6 +29,16 @@ def _spmm_fake(crow_indices, col_indices, values, dense, alpha=1.0, accumulate=N
 def _spmm_out_fake(crow_indices, col_indices, values, dense, out, alpha=1.0, beta=0.0, bias=None,
                    activation="none", negative_slope=0.01, backend="auto"):
     return None
+
+
+@torch.library.register_fake("sparsetorch::sddmm")
+def _sddmm_fake(crow_indices, col_indices, a, b, alpha=1.0, backend="auto"):
+    torch._check(a.dtype == b.dtype, lambda: "a and b must have the same dtype")
+    length = col_indices.shape[-1]
+    for t, batched_dim in ((crow_indices, 2), (a, 3), (b, 3)):
+        if t.dim() == batched_dim:
+            return a.new_empty((t.shape[0], length))
+    return a.new_empty((length,))
 
 
 @torch.library.register_fake("sparsetorch::binary")
@@ -77,42 +88,3 @@ def _linear_fake(x, weight, bias=None, activation="none", negative_slope=0.01):
 def _dense_bmm_fake(a, b):
     batch = a.shape[0] if a.dim() == 3 else b.shape[0]
     return a.new_empty((batch, a.shape[-2], b.shape[-1]))
-
-
-# --- autograd ------------------------------------------------------------------------------------
-# bias_act and activation differentiate through the fused backward kernel (bias_act_backward):
-# one pass for grad_x, the bias gradient and the scale gradient, each computed only when needed.
-
-def _bias_act_setup(ctx, inputs, output):
-    x, scale, bias, activation, negative_slope = inputs
-    ctx.save_for_backward(x, scale, bias)
-    ctx.activation, ctx.negative_slope = activation, negative_slope
-
-
-def _bias_act_backward(ctx, grad):
-    x, scale, bias = ctx.saved_tensors
-    mask = [ctx.needs_input_grad[0], scale is not None and ctx.needs_input_grad[1],
-            bias is not None and ctx.needs_input_grad[2]]
-    gx, gs, gb = ops.bias_act_backward(grad, x, scale, bias, ctx.activation, ctx.negative_slope, mask)
-    return gx if mask[0] else None, gs if mask[1] else None, gb if mask[2] else None, None, None
-
-
-torch.library.register_autograd("sparsetorch::bias_act", _bias_act_backward, setup_context=_bias_act_setup)
-
-
-def _activation_setup(ctx, inputs, output):
-    x, activation, negative_slope = inputs
-    ctx.save_for_backward(x)
-    ctx.activation, ctx.negative_slope = activation, negative_slope
-
-
-def _activation_backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    shape = x.shape
-    x1 = x.reshape(1) if x.dim() == 0 else x
-    gx, _, _ = ops.bias_act_backward(grad.reshape(x1.shape), x1, None, None, ctx.activation, ctx.negative_slope,
-                                     [True, False, False])
-    return gx.reshape(shape), None, None
-
-
-torch.library.register_autograd("sparsetorch::activation", _activation_backward, setup_context=_activation_setup)

@@ -17,6 +17,8 @@ from sparsetorch.csr import CSR, _is_scipy_sparse, as_csr
 __all__ = [
     "ACTIVATIONS",
     "spmm",
+    "sddmm",
+    "transpose",
     "add",
     "sub",
     "mul",
@@ -135,11 +137,55 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     if out is not None:
         if c is not None:
             raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
+        if _records_grad(a.values, B, bias, out):
+            raise RuntimeError("spmm: out= does not support autograd (an input requires grad); call without out=")
         ops.spmm_out(a.crow_indices, a.col_indices, a.values, B, out, float(alpha), float(beta), bias, act,
                      float(negative_slope), backend)
         return out
-    return ops.spmm(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
+    return _spmm_op(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
                     float(negative_slope), backend)
+
+
+def _records_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _spmm_op(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend):
+    """ops.spmm, with the activation as its own op when autograd records: the backward then has the
+    pre-activation without recomputing the product (the fused epilogue is for inference)."""
+    if act != "none" and _records_grad(values, B, c, bias):
+        z = ops.spmm(crow, col, values, B, alpha, c, beta, bias, "none", negative_slope, backend)
+        return ops.activation(z, act, negative_slope)
+    return ops.spmm(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend)
+
+
+def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto"):
+    """Sampled dense-dense product: ``alpha * (a @ b.T)`` at the stored entries of ``A`` (A's values
+    are not used), returned with A's pattern, in the kind of ``A`` (a torch CSR tensor stays one).
+
+    ``a`` is (m, n) or (batch, m, n), ``b`` (k, n) or (batch, k, n); the result is batched when any
+    operand is. This is the gradient of ``spmm`` with respect to A's values. ``backend``: "native"
+    (every dtype and batch layout; the "auto" choice) or "cusparse" (cusparseSDDMM, for one unbatched
+    float32/float64 matrix; other cases run native).
+    """
+    csr = as_csr(A, device=a.device)
+    values = ops.sddmm(csr.crow_indices, csr.col_indices, a, b, float(alpha), backend)
+    m, k = csr.shape[-2:]
+    shape = (values.shape[0], m, k) if values.dim() == 2 else (m, k)
+    result = CSR(csr.crow_indices, csr.col_indices, values, shape)
+    return result.to_torch() if isinstance(A, torch.Tensor) else result
+
+
+def transpose(A: Any):
+    """A^T (per batch), with A's values; in the kind of ``A``. The pattern's transpose is computed
+    once per pattern and cached (sparsetorch/_transpose.py); O(nnz log nnz) the first time."""
+    from sparsetorch._transpose import transpose_pattern, transpose_values
+
+    csr = as_csr(A)
+    crow_t, col_t, perm = transpose_pattern(csr.crow_indices, csr.col_indices, csr.shape[-1])
+    shape = csr.shape[:-2] + (csr.shape[-1], csr.shape[-2])
+    result = CSR(crow_t, col_t, transpose_values(csr.values, perm), shape)
+    return result.to_torch() if isinstance(A, torch.Tensor) else result
 
 
 def _density(a: CSR) -> float:
@@ -185,7 +231,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            activation: Optional[str] = None, negative_slope: float = 0.01) -> torch.Tensor:
     """``act(x @ weight.T + bias)`` for dense tensors: cuBLASLt with its bias/ReLU/GELU(tanh) epilogues on
     CUDA (other activations as one extra elementwise pass), ATen's matmul on the CPU."""
-    return ops.linear(x, weight, bias, _activation_name(activation), float(negative_slope))
+    act = _activation_name(activation)
+    if act != "none" and _records_grad(x, weight, bias):
+        return ops.activation(ops.linear(x, weight, bias, "none", float(negative_slope)), act, float(negative_slope))
+    return ops.linear(x, weight, bias, act, float(negative_slope))
 
 
 def dense_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

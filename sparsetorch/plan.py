@@ -16,7 +16,7 @@ import torch
 from sparsetorch._ops import ops
 from sparsetorch._validate import validate_csr
 from sparsetorch.csr import as_csr
-from sparsetorch.functional import _activation_name, _prefers_dense
+from sparsetorch.functional import _activation_name, _prefers_dense, _spmm_op
 
 
 class SpmmPlan:
@@ -67,7 +67,7 @@ class SpmmPlan:
             ops.spmm_out(a.crow_indices, a.col_indices, vals, B, out, self.alpha, float(beta), self.bias,
                          self.activation, self.negative_slope, self.backend)
             return out
-        return ops.spmm(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
+        return _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
                         self.activation, self.negative_slope, self.backend)
 
     def _call_dense(self, B, beta, c, out, values):

@@ -52,6 +52,29 @@ def samples(rng, device):
     yield ops.linear, (torch.randn(3, 8, device=device), torch.randn(6, 8, device=device)), dict(activation="silu")
     yield ops.dense_bmm, (torch.randn(3, 4, 5, device=device), torch.randn(5, 2, device=device)), {}
     yield ops.dense_bmm, (torch.randn(4, 5, device=device), torch.randn(3, 5, 2, device=device)), {}
+    yield ops.sddmm, (crow, col, torch.randn(9, 5, device=device), torch.randn(7, 5, device=device)), dict(alpha=2.0)
+    yield ops.sddmm, (bcrow, bcol, torch.randn(3, 9, 5, device=device), torch.randn(7, 5, device=device)), {}
+    yield ops.sddmm, (crow, col, torch.randn(2, 9, 5, device=device), torch.randn(2, 7, 5, device=device)), {}
+
+    # With inputs that require grad, opcheck also traces each op's backward (register_autograd).
+    def g(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.float64, requires_grad=True)
+
+    dcrow, dcol, dvalues = csr_parts(rng, device, dtype=torch.float64)
+    dvalues = dvalues.clone().requires_grad_()
+    bdcrow, bdcol, bdvalues = csr_parts(rng, device, dtype=torch.float64, batch=3)
+    bdvalues = bdvalues.clone().requires_grad_()
+    yield ops.spmm, (dcrow, dcol, dvalues, g(7, 5)), dict(alpha=0.5, accumulate=g(9, 5), beta=2.0, bias=g(5),
+                                                          activation="silu")
+    yield ops.spmm, (bdcrow, bdcol, bdvalues, g(7, 5)), {}
+    yield ops.sddmm, (dcrow, dcol, g(9, 5), g(7, 5)), dict(alpha=1.5)
+    yield ops.sddmm, (bdcrow, bdcol, g(3, 9, 5), g(3, 7, 5)), {}
+    yield ops.binary, (g(4, 5), g(4, 5), "mul"), {}
+    yield ops.binary_scalar, (g(4, 5), 2.0, "div"), {}
+    yield ops.linear, (g(3, 8), g(6, 8), g(6)), dict(activation="gelu")
+    yield ops.dense_bmm, (g(3, 4, 5), g(5, 2)), {}
+    yield ops.csr_scale, (dcrow, dcol, dvalues, torch.rand(9, device=device, dtype=torch.float64,
+                                                            requires_grad=True), g(7)), {}
 
 
 def test_opcheck_all_ops(device, rng):

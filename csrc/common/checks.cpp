@@ -1,6 +1,7 @@
 #include "common/checks.h"
 
 #include <limits>
+#include <tuple>
 
 namespace sparsetorch {
 
@@ -131,6 +132,54 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
     check_same_device(values, "values", *bias, "bias");
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == p.n, "bias: expected shape (", p.n,
                       ",) (the output's last dimension), got ", bias->sizes());
+  }
+  return p;
+}
+
+SddmmProblem check_sddmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& a,
+                              const at::Tensor& b) {
+  const CsrShape csr = check_csr_components(crow, col, nullptr);
+  check_float_dtype(a, "a");
+  check_float_dtype(b, "b");
+  check_same_dtype(a, "a", b, "b");
+  check_same_device(crow, "crow_indices", a, "a");
+  check_same_device(a, "a", b, "b");
+  TORCH_CHECK_VALUE(a.dim() == 2 || a.dim() == 3,
+                    "a: expected a 2-D (m, n) or 3-D (batch, m, n) tensor, got shape ", a.sizes());
+  TORCH_CHECK_VALUE(b.dim() == 2 || b.dim() == 3,
+                    "b: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape ", b.sizes());
+  TORCH_CHECK_VALUE(a.size(-2) == csr.m, "a: expected ", csr.m, " rows (the pattern's m, from crow_indices ",
+                    crow.sizes(), "), got shape ", a.sizes());
+  TORCH_CHECK_VALUE(a.size(-1) == b.size(-1), "shape mismatch: a has shape ", a.sizes(), " but b has shape ",
+                    b.sizes(), " (the last dimensions must agree)");
+  SddmmProblem p;
+  p.m = csr.m;
+  p.k = b.size(-2);
+  p.n = a.size(-1);
+  p.nnz_stride = csr.nnz_stride;
+  p.pattern_batched = csr.batched;
+  p.a_batched = a.dim() == 3;
+  p.b_batched = b.dim() == 3;
+  p.batched = p.pattern_batched || p.a_batched || p.b_batched;
+  int64_t batch = -1;
+  const char* batch_from = nullptr;
+  for (const auto& [is_batched, size, name] :
+       {std::tuple<bool, int64_t, const char*>{p.pattern_batched, crow.size(0), "crow_indices"},
+        {p.a_batched, a.size(0), "a"},
+        {p.b_batched, b.size(0), "b"}}) {
+    if (!is_batched) continue;
+    if (batch < 0) {
+      batch = size;
+      batch_from = name;
+      continue;
+    }
+    TORCH_CHECK_VALUE(size == batch, "batch sizes disagree: ", batch_from, " has batch ", batch, " but ", name,
+                      " has batch ", size);
+  }
+  p.batch = batch < 0 ? 1 : batch;
+  if (crow.scalar_type() == at::kInt) {
+    TORCH_CHECK_VALUE(p.k <= kInt32Max, "int32 indices cannot address k = ", p.k,
+                      " columns; use int64 crow_indices/col_indices");
   }
   return p;
 }

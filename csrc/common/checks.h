@@ -46,6 +46,26 @@ SpmmBackend parse_spmm_backend(const std::string& name);
 // Checks an `out` tensor for a problem: right shape, dtype and device.
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out);
 
+// The shape of one SDDMM call: out[j] = alpha * dot(a[row(j), :], b[col[j], :]) for every stored
+// entry j of the pattern (crow, col), i.e. (a @ b^T) sampled at A's entries.
+//   crow_indices: (m+1,) or (batch, m+1)   col_indices: (L,) or (batch, L)
+//   a: (m, n) or (batch, m, n)             b: (k, n) or (batch, k, n)
+// The output holds one value per stored slot: (L,) when nothing is batched, else (batch, L);
+// padding slots after crow[i, m] and entries with a column outside [0, k) get 0 on CUDA (the CPU
+// raises IndexError for the latter, as its SpMM does).
+struct SddmmProblem {
+  int64_t batch = 1;
+  bool batched = false;
+  bool pattern_batched = false, a_batched = false, b_batched = false;
+  int64_t m = 0, k = 0, n = 0;
+  int64_t nnz_stride = 0;  // L
+  std::vector<int64_t> out_shape() const {
+    return batched ? std::vector<int64_t>{batch, nnz_stride} : std::vector<int64_t>{nnz_stride};
+  }
+};
+SddmmProblem check_sddmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& a,
+                              const at::Tensor& b);
+
 // CSR components of one (possibly batched) matrix, used by csr_scale and csr_check.
 struct CsrShape {
   int64_t batch = 1;

@@ -1,0 +1,286 @@
+"""Autograd for every differentiable sparsetorch op (torch.library.register_autograd).
+
+Each backward computes only the gradients that are needed (``ctx.needs_input_grad``) and runs on
+sparsetorch's own kernels where there is one:
+
+* spmm ``y = act(alpha * A @ B + beta * C + bias)``: ``gz = grad * act'(z)`` (fused
+  bias_act_backward); ``grad_B = alpha * A^T @ gz`` (spmm with A's transpose, whose pattern is
+  made once and cached, see _transpose.py); ``grad_values = alpha * sddmm(gz, B)`` on A's pattern;
+  ``grad_C = beta * gz``; ``grad_bias = gz`` summed over rows. With an activation, z is recomputed
+  by one more spmm; the Python wrappers (st.spmm, SpmmPlan, the layers) avoid that by running the
+  activation as a separate op whenever autograd is recording.
+* sddmm ``v = alpha * (a @ b^T)`` at A's entries: ``grad_a = alpha * A(v') @ b`` and
+  ``grad_b = alpha * A(v')^T @ a``, both spmm.
+* linear, dense_bmm, binary, binary_scalar, csr_scale; bias_act and activation through the fused
+  bias_act_backward kernel.
+
+Operands that were broadcast over a batch get their gradient summed over it.
+"""
+from __future__ import annotations
+
+import torch
+
+from sparsetorch._ops import ops
+from sparsetorch._transpose import row_indices, transpose_pattern, transpose_values
+
+
+def _needs(ctx, index: int) -> bool:
+    """ctx.needs_input_grad[index]; the dispatcher drops trailing arguments equal to their defaults,
+    so the tuple may be shorter than the schema."""
+    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
+
+
+def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
+    """Sum a batched gradient over the batch dimension when the input was not batched."""
+    if grad.dim() == len(shape) + 1:
+        return grad.sum(0)
+    return grad
+
+
+def _activation_grad(grad, z, activation, negative_slope):
+    gz, _, _ = ops.bias_act_backward(grad, z, None, None, activation, negative_slope, [True, False, False])
+    return gz
+
+
+# --- spmm --------------------------------------------------------------------------------------
+
+def _spmm_setup(ctx, inputs, output):
+    crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, backend = inputs
+    ctx.save_for_backward(crow, col, values, dense, accumulate, bias)
+    ctx.alpha, ctx.beta, ctx.activation, ctx.negative_slope, ctx.backend = (alpha, beta, activation,
+                                                                            negative_slope, backend)
+
+
+def _spmm_backward(ctx, grad):
+    crow, col, values, dense, accumulate, bias = ctx.saved_tensors
+    need_values, need_dense = _needs(ctx, 2), _needs(ctx, 3)
+    need_acc, need_bias = _needs(ctx, 5), _needs(ctx, 7)
+    alpha, beta = ctx.alpha, ctx.beta
+    gz = grad.contiguous()
+    if ctx.activation != "none":
+        z = ops.spmm(crow, col, values, dense, alpha, accumulate, beta, bias, "none", ctx.negative_slope,
+                     ctx.backend)
+        gz = _activation_grad(gz, z, ctx.activation, ctx.negative_slope)
+    g_values = g_dense = g_acc = g_bias = None
+    if need_values:
+        g_values = _sum_to(ops.sddmm(crow, col, gz, dense.contiguous(), alpha, ctx.backend), values.shape)
+    if need_dense:
+        k = dense.shape[-2]
+        crow_t, col_t, perm = transpose_pattern(crow, col, k)
+        g_dense = ops.spmm(crow_t, col_t, transpose_values(values, perm), gz, alpha, None, 0.0, None, "none",
+                           0.01, ctx.backend)
+        g_dense = _sum_to(g_dense, dense.shape)
+    if need_acc:
+        g_acc = gz * beta if beta != 0.0 else torch.zeros_like(accumulate)
+    if need_bias:
+        g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
+    return None, None, g_values, g_dense, None, g_acc, None, g_bias, None, None, None
+
+
+torch.library.register_autograd("sparsetorch::spmm", _spmm_backward, setup_context=_spmm_setup)
+
+
+# --- sddmm -------------------------------------------------------------------------------------
+
+def _sddmm_setup(ctx, inputs, output):
+    crow, col, a, b, alpha, backend = inputs
+    ctx.save_for_backward(crow, col, a, b)
+    ctx.alpha, ctx.backend = alpha, backend
+
+
+def _sddmm_backward(ctx, grad):
+    crow, col, a, b = ctx.saved_tensors
+    g_a = g_b = None
+    grad = grad.contiguous()
+    if _needs(ctx, 2):
+        g_a = _sum_to(ops.spmm(crow, col, grad, b, ctx.alpha, None, 0.0, None, "none", 0.01, ctx.backend), a.shape)
+    if _needs(ctx, 3):
+        crow_t, col_t, perm = transpose_pattern(crow, col, b.shape[-2])
+        g_b = ops.spmm(crow_t, col_t, transpose_values(grad, perm), a, ctx.alpha, None, 0.0, None, "none", 0.01,
+                       ctx.backend)
+        g_b = _sum_to(g_b, b.shape)
+    return None, None, g_a, g_b, None, None
+
+
+torch.library.register_autograd("sparsetorch::sddmm", _sddmm_backward, setup_context=_sddmm_setup)
+
+
+# --- bias_act and activation -------------------------------------------------------------------
+
+def _bias_act_setup(ctx, inputs, output):
+    x, scale, bias, activation, negative_slope = inputs
+    ctx.save_for_backward(x, scale, bias)
+    ctx.activation, ctx.negative_slope = activation, negative_slope
+
+
+def _bias_act_backward(ctx, grad):
+    x, scale, bias = ctx.saved_tensors
+    mask = [_needs(ctx, 0), scale is not None and _needs(ctx, 1),
+            bias is not None and _needs(ctx, 2)]
+    gx, gs, gb = ops.bias_act_backward(grad, x, scale, bias, ctx.activation, ctx.negative_slope, mask)
+    return gx if mask[0] else None, gs if mask[1] else None, gb if mask[2] else None, None, None
+
+
+torch.library.register_autograd("sparsetorch::bias_act", _bias_act_backward, setup_context=_bias_act_setup)
+
+
+def _activation_setup(ctx, inputs, output):
+    x, activation, negative_slope = inputs
+    ctx.save_for_backward(x)
+    ctx.activation, ctx.negative_slope = activation, negative_slope
+
+
+def _activation_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    shape = x.shape
+    x1 = x.reshape(1) if x.dim() == 0 else x
+    gx = _activation_grad(grad.reshape(x1.shape), x1, ctx.activation, ctx.negative_slope)
+    return gx.reshape(shape), None, None
+
+
+torch.library.register_autograd("sparsetorch::activation", _activation_backward, setup_context=_activation_setup)
+
+
+# --- dense path --------------------------------------------------------------------------------
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, activation, negative_slope = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.activation, ctx.negative_slope = activation, negative_slope
+
+
+def _linear_backward(ctx, grad):
+    x, weight, bias = ctx.saved_tensors
+    gz = grad
+    if ctx.activation != "none":
+        z = ops.linear(x, weight, bias, "none", ctx.negative_slope)
+        gz = _activation_grad(grad.contiguous(), z, ctx.activation, ctx.negative_slope)
+    gz2 = gz.reshape(-1, weight.shape[0])
+    g_x = g_w = g_b = None
+    if _needs(ctx, 0):
+        g_x = (gz2 @ weight).reshape(x.shape)
+    if _needs(ctx, 1):
+        g_w = gz2.t() @ x.reshape(-1, weight.shape[1])
+    if bias is not None and _needs(ctx, 2):
+        g_b = gz2.sum(0)
+    return g_x, g_w, g_b, None, None
+
+
+torch.library.register_autograd("sparsetorch::linear", _linear_backward, setup_context=_linear_setup)
+
+
+def _dense_bmm_setup(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _dense_bmm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    g_a = g_b = None
+    if _needs(ctx, 0):
+        g_a = _sum_to(torch.matmul(grad, b.transpose(-1, -2)), a.shape)
+    if _needs(ctx, 1):
+        g_b = _sum_to(torch.matmul(a.transpose(-1, -2), grad), b.shape)
+    return g_a, g_b
+
+
+torch.library.register_autograd("sparsetorch::dense_bmm", _dense_bmm_backward, setup_context=_dense_bmm_setup)
+
+
+# --- elementwise -------------------------------------------------------------------------------
+
+def _binary_setup(ctx, inputs, output):
+    x, y, op, alpha = inputs
+    ctx.save_for_backward(x if op in ("mul", "div") else None, y if op in ("mul", "div") else None)
+    ctx.op, ctx.alpha = op, alpha
+
+
+def _binary_backward(ctx, grad):
+    x, y = ctx.saved_tensors
+    op = ctx.op
+    if op == "add":
+        gx, gy = grad, grad * ctx.alpha
+    elif op == "sub":
+        gx, gy = grad, grad * -ctx.alpha
+    elif op == "mul":
+        gx, gy = grad * y, grad * x
+    else:  # div
+        gx = grad / y
+        gy = -gx * x / y
+    return (gx if _needs(ctx, 0) else None, gy if _needs(ctx, 1) else None, None, None)
+
+
+torch.library.register_autograd("sparsetorch::binary", _binary_backward, setup_context=_binary_setup)
+
+
+def _binary_scalar_setup(ctx, inputs, output):
+    x, other, op = inputs
+    ctx.other, ctx.op = other, op
+
+
+def _binary_scalar_backward(ctx, grad):
+    op, other = ctx.op, ctx.other
+    if op in ("add", "sub"):
+        gx = grad
+    elif op == "rsub":
+        gx = -grad
+    elif op == "mul":
+        gx = grad * other
+    else:  # div
+        gx = grad / other
+    return gx, None, None
+
+
+torch.library.register_autograd("sparsetorch::binary_scalar", _binary_scalar_backward,
+                                setup_context=_binary_scalar_setup)
+
+
+# --- csr_scale ---------------------------------------------------------------------------------
+
+def _csr_scale_setup(ctx, inputs, output):
+    crow, col, values, row_scale, col_scale = inputs
+    ctx.save_for_backward(crow, col, values, row_scale, col_scale)
+
+
+def _csr_scale_backward(ctx, grad):
+    """values' = values * row_scale[row] * col_scale[col]; the factors' gradients are segment sums of
+    grad * values * (the other factor) over rows / columns."""
+    crow, col, values, row_scale, col_scale = ctx.saved_tensors
+    g_values = g_row = g_col = None
+    if _needs(ctx, 2):
+        g_values = ops.csr_scale(crow, col, grad, row_scale, col_scale)
+    need_row = row_scale is not None and _needs(ctx, 3)
+    need_col = col_scale is not None and _needs(ctx, 4)
+    if need_row or need_col:
+        length = col.shape[-1]
+        rows, valid = row_indices(crow, length)  # (P, L), P = pattern batches
+        batch = values.shape[0] if values.dim() == 2 else 1
+        gv = (grad * values).reshape(batch, length)
+        rows = rows.expand(batch, length)
+        valid = valid.expand(batch, length)
+        cols = col.long().reshape(-1, length).expand(batch, length)
+
+        def factor(scale, index):  # scale[index] per slot, (batch, L)
+            s = scale.reshape(-1, scale.shape[-1]).expand(batch, scale.shape[-1])
+            return s.gather(1, index.clamp(0, scale.shape[-1] - 1))
+
+        in_range = valid
+        if col_scale is not None:
+            in_range = valid & (cols >= 0) & (cols < col_scale.shape[-1])
+        if need_row:
+            t = gv * factor(col_scale, cols) if col_scale is not None else gv
+            t = torch.where(in_range, t, torch.zeros_like(t))
+            m = row_scale.shape[-1]
+            g_row = torch.zeros(batch, m, dtype=t.dtype, device=t.device).scatter_add_(1, rows, t)
+            g_row = g_row.sum(0) if row_scale.dim() == 1 else g_row
+        if need_col:
+            t = gv * factor(row_scale, rows) if row_scale is not None else gv
+            t = torch.where(in_range, t, torch.zeros_like(t))
+            k = col_scale.shape[-1]
+            g_col = torch.zeros(batch, k, dtype=t.dtype, device=t.device).scatter_add_(
+                1, cols.clamp(0, max(k - 1, 0)), t)
+            g_col = g_col.sum(0) if col_scale.dim() == 1 else g_col
+    return None, None, g_values, g_row, g_col
+
+
+torch.library.register_autograd("sparsetorch::csr_scale", _csr_scale_backward, setup_context=_csr_scale_setup)

@@ -1,0 +1,105 @@
+"""The transpose of a CSR pattern, made once per pattern and cached.
+
+``transpose_pattern(crow, col, k)`` returns ``(crow_t, col_t, perm)``: the CSR pattern of A^T
+(k rows) and, for every slot of A^T, the slot of A its value comes from, so that
+``values_t = values.gather(-1, perm)`` (or ``values[..., perm]`` for a shared pattern) is A^T's
+values for any values on A's pattern. The backward of spmm (``grad_B = A^T @ grad``) and of sddmm
+use it; training a sparse layer changes the values every step but never the pattern, so the cache
+holds the pattern part only and each backward pays one gather.
+
+Built with torch ops on A's device (one stable sort of the slots by column: O(nnz log nnz)).
+Batched patterns ``(b, m+1)`` / ``(b, L)`` give ``(b, k+1)`` / ``(b, L)``; each batch's padding
+slots (after ``crow[i, -1]``) and entries with a column outside ``[0, k)`` (which the CUDA kernels
+skip) go to the end as padding of A^T, so A^T has the same semantics.
+
+The cache is keyed on the index tensors themselves (identity, in-place version counter, k) and
+an entry lives as long as ``crow_indices`` does. It is not used while tracing (fake tensors,
+torch.compile) or for inference-mode tensors, which have no version counter.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Tuple
+
+import torch
+
+__all__ = ["transpose_pattern", "row_indices", "transpose_cache_clear"]
+
+_MAX_ENTRIES = 64
+_cache: "OrderedDict[int, tuple]" = OrderedDict()
+
+
+def row_indices(crow: torch.Tensor, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """For every slot 0..length-1 of a (possibly batched, 2-D) crow: its row and whether the slot
+    holds an entry (``crow[0] <= slot < crow[-1]``). Both (B, length), int64 / bool."""
+    c2 = crow.long().reshape(-1, crow.shape[-1])
+    m = c2.shape[-1] - 1
+    slots = torch.arange(length, device=crow.device).expand(c2.shape[0], length).contiguous()
+    rows = torch.searchsorted(c2.contiguous(), slots, right=True) - 1
+    valid = (slots >= c2[:, :1]) & (slots < c2[:, -1:])
+    return rows.clamp_(0, max(m - 1, 0)), valid
+
+
+def _compute(crow: torch.Tensor, col: torch.Tensor, k: int):
+    batched = crow.dim() == 2
+    length = col.shape[-1]
+    rows, valid = row_indices(crow, length)
+    col2 = col.long().reshape(-1, length)
+    valid &= (col2 >= 0) & (col2 < k)
+    key = torch.where(valid, col2, torch.full_like(col2, k))
+    # Stable: within one column of A^T the entries stay in A's row order.
+    key_sorted, perm = torch.sort(key, dim=-1, stable=True)
+    counts = torch.zeros(key.shape[0], k + 1, dtype=torch.int64, device=crow.device)
+    counts.scatter_add_(1, key, torch.ones_like(key))
+    crow_t = torch.zeros(key.shape[0], k + 1, dtype=torch.int64, device=crow.device)
+    torch.cumsum(counts[:, :k], dim=1, out=crow_t[:, 1:])
+    col_t = torch.where(key_sorted < k, rows.gather(1, perm), torch.zeros_like(perm))
+    index_dtype = crow.dtype
+    crow_t, col_t = crow_t.to(index_dtype), col_t.to(index_dtype)
+    if not batched:
+        crow_t, col_t, perm = crow_t[0], col_t[0], perm[0]
+    return crow_t, col_t, perm
+
+
+def _cacheable(*tensors: torch.Tensor) -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    return all(type(t) is torch.Tensor and not t.is_inference() for t in tensors)
+
+
+def transpose_pattern(crow: torch.Tensor, col: torch.Tensor, k: int):
+    """``(crow_t, col_t, perm)`` of A^T for A's pattern (see the module docstring)."""
+    if not _cacheable(crow, col):
+        return _compute(crow, col, k)
+    key = id(crow)
+    hit = _cache.get(key)
+    if hit is not None:
+        crow_ref, col_ref, versions, hit_k, result = hit
+        if crow_ref() is crow and col_ref() is col and versions == (crow._version, col._version) and hit_k == k:
+            _cache.move_to_end(key)
+            return result
+    result = _compute(crow, col, k)
+
+    def drop(_ref, key=key):
+        entry = _cache.get(key)
+        if entry is not None and entry[0] is _ref:
+            del _cache[key]
+
+    _cache[key] = (weakref.ref(crow, drop), weakref.ref(col), (crow._version, col._version), k, result)
+    _cache.move_to_end(key)
+    while len(_cache) > _MAX_ENTRIES:
+        _cache.popitem(last=False)
+    return result
+
+
+def transpose_cache_clear() -> None:
+    """Forget every cached transpose."""
+    _cache.clear()
+
+
+def transpose_values(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """A^T's values from A's values (``(L,)`` or ``(b, L)``) and the slot map ``perm``."""
+    if perm.dim() == 1:
+        return values[..., perm]
+    return values.gather(-1, perm)
