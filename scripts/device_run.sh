@@ -19,13 +19,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv |
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
 
 start=$(date +%s)
-rm -rf build sparsetorch/_C*.so
-if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
-  grep -E "error|Error" "$OUT/build.log" | head -40
-  tail -20 "$OUT/build.log"
-  exit 1
+# SKIP_BUILD=1 reuses the module a previous call built on this (still warm) machine.
+if [ "${SKIP_BUILD:-0}" = 1 ] && ls sparsetorch/_C*.so >/dev/null 2>&1; then
+  echo "build: reusing $(ls sparsetorch/_C*.so)"
+else
+  rm -rf build sparsetorch/_C*.so
+  if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+    grep -E "error|Error" "$OUT/build.log" | head -40
+    tail -20 "$OUT/build.log"
+    exit 1
+  fi
+  echo "build: $(( $(date +%s) - start )) s"
 fi
-echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONFAULTHANDLER=1
 if ! python3 -c "import sparsetorch as st; print(st.build_info())" 2>&1 | tee -a "$OUT/device.txt"; then
   echo "import failed"; ldd sparsetorch/_C*.so | grep -E "cusparse|cublas|cudart|torch|gomp|not found"
