@@ -35,10 +35,14 @@ def row_indices(crow: torch.Tensor, length: int) -> Tuple[torch.Tensor, torch.Te
     holds an entry (``crow[0] <= slot < crow[-1]``). Both (B, length), int64 / bool."""
     c2 = crow.long().reshape(-1, crow.shape[-1])
     m = c2.shape[-1] - 1
-    slots = torch.arange(length, device=crow.device).expand(c2.shape[0], length).contiguous()
-    rows = torch.searchsorted(c2.contiguous(), slots, right=True) - 1
+    # row(slot) = how many of crow[1:] are <= slot: a cumulative count of the row ends (written
+    # without searchsorted, whose Inductor lowering fails on a reshaped crow in torch 2.11 CUDA).
+    ends = torch.zeros(c2.shape[0], length + 1, dtype=torch.int64, device=crow.device)
+    ends.scatter_add_(1, c2[:, 1:].clamp(0, length), torch.ones_like(c2[:, 1:]))
+    rows = torch.cumsum(ends, dim=1)[:, :length]
+    slots = torch.arange(length, device=crow.device).unsqueeze(0)
     valid = (slots >= c2[:, :1]) & (slots < c2[:, -1:])
-    return rows.clamp_(0, max(m - 1, 0)), valid
+    return rows.clamp(0, max(m - 1, 0)), valid
 
 
 def _compute(crow: torch.Tensor, col: torch.Tensor, k: int):

@@ -3,13 +3,14 @@
 //
 // Two routes, like spmm:
 //  - "native": a group of GROUP lanes per pattern row; for each entry of the row the lanes split
-//    the n columns (16-byte loads when aligned), and a shuffle reduction gives the dot product.
+//    the n columns (16-byte loads when aligned), and a shuffle reduction gives the dot product;
+//    kEntries entries are in flight at once.
 //    Every dtype (fp32 accumulation for half types), int32/int64 indices, every batch layout
 //    (per-batch patterns, shared pattern, broadcast a or b) without copies or host syncs. Entries
 //    with an out-of-range column and spans outside [0, L] are skipped (their value stays 0).
 //  - "cusparse": cusparseSDDMM (pooled handle, workspace from the caching allocator) for one
 //    unbatched float32/float64 matrix; other cases take the native route.
-// "auto" takes the native route (see the choice in sddmm_cuda()).
+// "auto" takes cuSPARSE where it applies and native otherwise (see sddmm_cuda()).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -28,6 +29,7 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kEntries = 4;  // entries of one row processed together by a group
 
 template <typename scalar_t, typename index_t>
 struct SddmmArgs {
@@ -62,21 +64,44 @@ __global__ void __launch_bounds__(kThreads) sddmm_row_group_kernel(const SddmmAr
     scalar_t* out_b = p.out + bi * p.out_bstride;
     const int64_t start = min(max(static_cast<int64_t>(crow_b[r]), int64_t(0)), p.L);
     const int64_t stop = min(max(static_cast<int64_t>(crow_b[r + 1]), start), p.L);
-    for (int64_t j = start; j < stop; ++j) {
-      const int64_t c = col_b[j];
-      if (c < 0 || c >= p.k) continue;  // uniform across the group: the whole group skips
-      const scalar_t* brow = b_b + c * p.n;
-      acc_t dot = 0;
-      for (int64_t c0 = static_cast<int64_t>(lane) * VEC; c0 < p.n; c0 += GROUP * VEC) {
-        VecT av, bv;
-        av.load(arow + c0);
-        bv.load(brow + c0);
+    // kEntries entries at a time: their b rows are loaded together (independent loads in flight)
+    // and their dot products reduced together.
+    for (int64_t j0 = start; j0 < stop; j0 += kEntries) {
+      int64_t c[kEntries];
+      bool ok[kEntries];
+      acc_t dot[kEntries];
 #pragma unroll
-        for (int q = 0; q < VEC; ++q) dot += av.get(q) * bv.get(q);
+      for (int u = 0; u < kEntries; ++u) {
+        c[u] = j0 + u < stop ? static_cast<int64_t>(col_b[j0 + u]) : int64_t(-1);
+        ok[u] = c[u] >= 0 && c[u] < p.k;  // the same for every lane of the group
+        dot[u] = acc_t(0);
+      }
+      for (int64_t c0 = static_cast<int64_t>(lane) * VEC; c0 < p.n; c0 += GROUP * VEC) {
+        VecT av;
+        av.load(arow + c0);
+        VecT bv[kEntries];
+#pragma unroll
+        for (int u = 0; u < kEntries; ++u) {
+          if (ok[u]) bv[u].load(b_b + c[u] * p.n + c0);
+        }
+#pragma unroll
+        for (int u = 0; u < kEntries; ++u) {
+          if (!ok[u]) continue;
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) dot[u] += av.get(q) * bv[u].get(q);
+        }
       }
 #pragma unroll
-      for (int offset = GROUP / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(mask, dot, offset, GROUP);
-      if (lane == 0) out_b[j] = static_cast<scalar_t>(alpha * dot);
+      for (int u = 0; u < kEntries; ++u) {
+#pragma unroll
+        for (int offset = GROUP / 2; offset > 0; offset /= 2) dot[u] += __shfl_xor_sync(mask, dot[u], offset, GROUP);
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int u = 0; u < kEntries; ++u) {
+          if (ok[u]) out_b[j0 + u] = static_cast<scalar_t>(alpha * dot[u]);
+        }
+      }
     }
   }
 }
@@ -169,10 +194,10 @@ at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   const auto dtype = a.scalar_type();
-  // "auto" stays native: it needs no workspace and no descriptors, covers every layout, and the
-  // backward of spmm calls it with the same shapes as the forward's native route.
+  // "auto": cuSPARSE where it applies (one unbatched fp32/fp64 matrix), measured faster on the H100
+  // (benchmarks/results/h100/sddmm_cuda.json); native for half types and batches.
   const bool cusparse_ok = !p.batched && (dtype == at::kFloat || dtype == at::kDouble);
-  if (backend == SpmmBackend::Cusparse && cusparse_ok) {
+  if (backend != SpmmBackend::Native && cusparse_ok) {
     run_cusparse(p, crow, col, a, b, alpha, out);
     return out;
   }
