@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -153,7 +154,7 @@ def main():
                 model, graph_input = DenseGCN(in_dim, 16, classes), a_hat_dense
             elif name == "pyg":
                 coo = ds.adjacency.tocoo()
-                edge_index = torch.tensor([coo.row, coo.col], dtype=torch.long, device=device)
+                edge_index = torch.from_numpy(np.stack([coo.row, coo.col])).long().to(device)
                 model, graph_input = make_pyg(in_dim, 16, classes), edge_index
             else:
                 raise SystemExit(f"unknown model {name!r}")

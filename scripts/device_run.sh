@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples] [ffn]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
-#   backward; examples: GCN on Cora, pruned FFN. DENSE_SUITES=elementwise,linear picks dense suites)
+#   backward; examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
@@ -58,8 +58,14 @@ if [[ "$what" == *" sddmm "* ]]; then
 fi
 if [[ "$what" == *" examples "* ]]; then
   python3 examples/gcn_cora.py --device cuda --seeds 10 --out "$OUT/gcn_cora_cuda.json" 2>&1 | tee "$OUT/gcn_cora.log" || rc=1
+fi
+if [[ "$what" == *" examples "* || "$what" == *" ffn "* ]]; then
   python3 examples/pruned_ffn.py --device cuda --out "$OUT/pruned_ffn_fp32.json" 2>&1 | tee "$OUT/pruned_ffn.log" || rc=1
   python3 examples/pruned_ffn.py --device cuda --dtype bfloat16 --out "$OUT/pruned_ffn_bf16.json" 2>&1 \
     | tee -a "$OUT/pruned_ffn.log" || rc=1
+fi
+# The device tool brings back at most 8 files: pack everything into one archive when there are more.
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  tar czf /tmp/device_out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/device_out.tgz "$OUT/all.tgz"
 fi
 exit $rc

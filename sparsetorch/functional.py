@@ -167,7 +167,8 @@ def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backe
     operand is. This is the gradient of ``spmm`` with respect to A's values. ``backend``: "native"
     (every dtype and batch layout; skips entries whose column is out of range) or "cusparse"
     (cusparseSDDMM, for one unbatched float32/float64 matrix; other cases run native; like cuSPARSE
-    SpMM, undefined on malformed indices: validate first). "auto" takes cuSPARSE where it applies.
+    SpMM, undefined on malformed indices: validate first). "auto" takes native for n <= 256 and
+    cuSPARSE above where it applies (measured on the H100).
     """
     csr = as_csr(A, device=a.device)
     values = ops.sddmm(csr.crow_indices, csr.col_indices, a, b, float(alpha), backend)

@@ -10,7 +10,7 @@
 //    with an out-of-range column and spans outside [0, L] are skipped (their value stays 0).
 //  - "cusparse": cusparseSDDMM (pooled handle, workspace from the caching allocator) for one
 //    unbatched float32/float64 matrix; other cases take the native route.
-// "auto" takes cuSPARSE where it applies and native otherwise (see sddmm_cuda()).
+// "auto" takes native for n <= 256 and cuSPARSE above where it applies (see sddmm_cuda()).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -194,10 +194,12 @@ at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   const auto dtype = a.scalar_type();
-  // "auto": cuSPARSE where it applies (one unbatched fp32/fp64 matrix), measured faster on the H100
-  // (benchmarks/results/h100/sddmm_cuda.json); native for half types and batches.
+  // "auto", from benchmarks/results/h100/sddmm_cuda.json (H100, fp32): native for n <= 256 (random
+  // 100k x 100k, 20/row: 63 vs 79 us at n = 32, 232 vs 261 us at n = 128), cuSPARSE above (4096 x
+  // 4096 at 10%, n = 1024: 830 vs 1095 us); native for half types and batches, which cuSPARSE lacks.
   const bool cusparse_ok = !p.batched && (dtype == at::kFloat || dtype == at::kDouble);
-  if (backend != SpmmBackend::Native && cusparse_ok) {
+  const bool cusparse = cusparse_ok && (backend == SpmmBackend::Cusparse || (backend == SpmmBackend::Auto && p.n > 256));
+  if (cusparse) {
     run_cusparse(p, crow, col, a, b, alpha, out);
     return out;
   }
