@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples] [ffn]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples] [ffn] [harness]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
 #   backward; examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
 set -uo pipefail
@@ -63,6 +63,10 @@ if [[ "$what" == *" examples "* || "$what" == *" ffn "* ]]; then
   python3 examples/pruned_ffn.py --device cuda --out "$OUT/pruned_ffn_fp32.json" 2>&1 | tee "$OUT/pruned_ffn.log" || rc=1
   python3 examples/pruned_ffn.py --device cuda --dtype bfloat16 --out "$OUT/pruned_ffn_bf16.json" 2>&1 \
     | tee -a "$OUT/pruned_ffn.log" || rc=1
+fi
+if [[ "$what" == *" harness "* ]]; then
+  python3 -m sparsetorch.bench --full --suites density,graphs,batched,elementwise,cpu --out "$OUT/harness" \
+    2>&1 | tee "$OUT/harness.log" | tail -40 || rc=1
 fi
 # The device tool brings back at most 8 files: pack everything into one archive when there are more.
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then

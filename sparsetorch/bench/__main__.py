@@ -1,132 +1,125 @@
-"""python -m sparsetorch.bench: sparsetorch's SpMM against dense matmul (and SciPy / torch.sparse.mm)
-on the best device present. A quick run (about a minute on a 2-core CPU).
+"""python -m sparsetorch.bench: sparsetorch against dense matmul and the libraries users would pick,
+on the best device present (CUDA if available, else the CPU).
 
-Cases: a random graph (m x m, 20 entries per row, n features) and a pruned weight (m x m at several
-densities) times a dense (m, n) operand; every implementation's output is checked against a float64
-reference before it is timed. Times are medians (CUDA events on a GPU, wall clock on the CPU).
-Floor per row: max(bytes / copy bandwidth, flops / matmul peak) with both ceilings measured here.
+Suites (--suites, comma-separated; default: all of the first four):
+  density      A (4096 x 4096 on CUDA, 1024 on the CPU) at 50% .. 0.1% density @ B: sparsetorch vs dense
+               matmul in fp32 (TF32 off), TF32 and bf16, and torch.sparse.mm; the crossover densities.
+  graphs       random and power-law graphs (100k nodes; 1M with --full), the real matrices and Planetoid
+               graphs of ../shared/data, feature widths 32..512: vs torch.sparse.mm, cupy and
+               torch_geometric where installed (SciPy on the CPU).
+  batched      batches of graphs with different patterns (b = 8 .. 4096, sizes 64 .. 4096): vs a loop of
+               torch.sparse.mm, dense torch.bmm (fp32, TF32) and one block-diagonal torch.sparse.mm.
+  elementwise  the fused bias + activation and elementwise kernels against the copy bandwidth, eager
+               torch and (with --full) torch.compile.
+  cpu          density and graphs on the CPU (vs SciPy and torch.sparse.mm), also on a GPU machine.
+The quick default takes about a minute on a 2-core CPU; --full runs every size. Every implementation's
+output is checked against a float64 reference before it is timed. Results go to --out (default
+bench-results/<device>): results.json, results.csv, README.md (table + headlines) and PNG plots.
 """
+from __future__ import annotations
+
 import argparse
-import json
-import statistics
+import os
+import re
 import time
 
-import numpy as np
-import scipy.sparse as sp
 import torch
 
 import sparsetorch as st
+from sparsetorch.bench import report
+from sparsetorch.bench.suites import SUITES, Context
+from sparsetorch.bench.timing import make_timer, measure_ceilings
+from sparsetorch.datasets import default_data_root
 
 
-def timer(device):
+def device_slug(device: torch.device) -> str:
     if device.type == "cuda":
-        try:
-            import triton.testing
-
-            return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
-        except ImportError:
-            pass
-
-        def cuda_time(fn, reps=50):
-            fn()
-            times = []
-            for _ in range(reps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e-3)
-            return statistics.median(times)
-
-        return cuda_time
-
-    def cpu_time(fn, reps=7):
-        fn()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    return cpu_time
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu-{torch.get_num_threads()}threads"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def ceilings(device, measure):
-    x = torch.randn(2**24 if device.type == "cpu" else 2**28, device=device)
-    y = torch.empty_like(x)
-    bw = 2 * x.numel() * 4 / measure(lambda: y.copy_(x))
-    s = 2048 if device.type == "cpu" else 8192
-    a, b = torch.randn(s, s, device=device), torch.randn(s, s, device=device)
-    peak = 2 * s**3 / measure(lambda: torch.mm(a, b))
-    return bw, peak
+def progress(total: int):
+    try:
+        from tqdm import tqdm
 
+        return tqdm(total=total, unit="case", dynamic_ncols=True)
+    except ImportError:
+        class Plain:
+            def __init__(self):
+                self.done = 0
 
-def check(out, ref, name):
-    got = (out if isinstance(out, torch.Tensor) else torch.from_numpy(np.asarray(out))).double().cpu()
-    err = ((got - ref).norm() / ref.norm()).item()
-    if not err < 1e-4:
-        raise AssertionError(f"{name}: relative error {err:.2e} against the float64 reference")
-    return err
+            def set_description(self, text):
+                print(f"[{self.done + 1}/{total}] {text}", flush=True)
+
+            def update(self, k=1):
+                self.done += k
+
+            def close(self):
+                pass
+
+        return Plain()
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m sparsetorch.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    ap.add_argument("--m", type=int, default=None, help="matrix size (default 2048 on CPU, 8192 on CUDA)")
-    ap.add_argument("--n", type=int, default=None, help="dense columns (default 256 on CPU, 1024 on CUDA)")
-    ap.add_argument("--out", default=None, help="write results as JSON to this file")
+    ap.add_argument("--suites", default="density,graphs,batched,elementwise",
+                    help=f"comma-separated, from {', '.join(list(SUITES) + ['cpu'])}")
+    ap.add_argument("--full", action="store_true", help="every size (minutes); default: the quick set")
+    ap.add_argument("--data", default=None, help="folder with matrices/ and planetoid/ (default ../shared/data)")
+    ap.add_argument("--out", default=None, help="results folder (default bench-results/<device>)")
+    ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
+    wanted = [s.strip() for s in args.suites.split(",") if s.strip()]
+    for s in wanted:
+        if s not in SUITES and s != "cpu":
+            ap.error(f"unknown suite {s!r}; choose from {', '.join(list(SUITES) + ['cpu'])}")
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device(args.device or ("cuda" if st.build_info()["cuda_available"] else "cpu"))
-    cpu = device.type == "cpu"
-    m = args.m or (2048 if cpu else 8192)
-    n = args.n or (256 if cpu else 1024)
-    measure = timer(device)
-    bw, peak = ceilings(device, measure)
-    name = torch.cuda.get_device_name(device) if not cpu else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"sparsetorch {st.__version__} on {name}: copy {bw / 1e9:.1f} GB/s, fp32 matmul {peak / 1e9:.0f} GFLOP/s")
-    rng = np.random.default_rng(0)
+    quick = not args.full
+    data_root = args.data or default_data_root()
+    timer = make_timer(device, quick)
+    ceilings = measure_ceilings(device, timer, quick)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    print(f"sparsetorch {st.__version__} on {name}: copy {ceilings.bandwidth / 1e9:.0f} GB/s, GEMM "
+          + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in ceilings.gemm.items())
+          + f"; {'full' if args.full else 'quick'} run of {', '.join(wanted)}")
+    ctx = Context(device, timer, ceilings, quick, [], data_root if os.path.isdir(data_root) else None)
+    jobs = [(s, j, False) for s in wanted if s != "cpu" for j in SUITES[s](ctx)]
+    if "cpu" in wanted:
+        cpu = torch.device("cpu")
+        cpu_timer = make_timer(cpu, True)
+        cpu_ctx = Context(cpu, cpu_timer, measure_ceilings(cpu, cpu_timer, True), True, [], ctx.data_root)
+        jobs += [("cpu", j, True) for s in ("density", "graphs") for j in SUITES[s](cpu_ctx)]
     rows = []
-    cases = [("graph, 20/row", None)] + [(f"pruned, {d:g}% dense", d / 100) for d in (1, 5, 10, 30)]
-    for case, density in cases:
-        if density is None:
-            r = np.repeat(np.arange(m), 20)
-            a = sp.csr_matrix((rng.standard_normal(r.size), (r, rng.integers(0, m, r.size))), shape=(m, m))
-        else:
-            a = sp.random(m, m, density=density, format="csr", random_state=rng, data_rvs=rng.standard_normal)
-        a = a.astype(np.float32)
-        a.sort_indices()
-        b_np = rng.standard_normal((m, n)).astype(np.float32)
-        ref = torch.from_numpy(a.astype(np.float64) @ b_np.astype(np.float64))
-        A = st.from_scipy(a, device=device)
-        B = torch.from_numpy(b_np).to(device)
-        A_dense = A.to_dense()
-        A_torch = st.to_torch(A)
-        plan = st.SpmmPlan(A)
-        impls = {"dense matmul": lambda: A_dense @ B, "sparsetorch": lambda: plan(B),
-                 "torch.sparse.mm": lambda: torch.sparse.mm(A_torch, B)}
-        if cpu:
-            impls["scipy"] = lambda: a @ b_np
-        nnz = a.nnz
-        floor = max((nnz * 8 + (m + 1) * 4 + 2 * m * n * 4) / bw, 2 * nnz * n / peak)
-        times = {}
-        for impl, fn in impls.items():
-            check(fn(), ref, f"{case}: {impl}")
-            times[impl] = measure(fn)
-        rows.append({"case": case, "nnz": nnz, "floor_s": floor, **{f"{k}_s": v for k, v in times.items()}})
-        extra = f"  scipy {times['scipy'] * 1e3:8.2f} ms" if cpu else ""
-        print(f"{case:22s} sparsetorch {times['sparsetorch'] * 1e3:8.2f} ms  dense {times['dense matmul'] * 1e3:8.2f} ms"
-              f"  (x{times['dense matmul'] / times['sparsetorch']:5.2f})  torch.sparse.mm "
-              f"{times['torch.sparse.mm'] * 1e3:8.2f} ms (x{times['torch.sparse.mm'] / times['sparsetorch']:5.2f})"
-              f"{extra}  floor {floor * 1e3:7.3f} ms")
-    print("(xN: how many times faster sparsetorch is; floor: bytes/bandwidth or flops/peak, whichever is larger)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": name, "m": m, "n": n, "copy_GBps": bw / 1e9, "matmul_GFLOPs": peak / 1e9,
-                       "rows": rows}, f, indent=1)
+    bar = progress(len(jobs))
+    start = time.time()
+    for suite, job, on_cpu in jobs:
+        bar.set_description(suite)
+        for r in job():
+            r["cpu"] = on_cpu
+            rows.append(r)
+        bar.update(1)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    bar.close()
+    report.add_speedups(rows)
+    print()
+    report.print_table(rows)
+    print()
+    for line in report.headlines(rows):
+        print("*", line)
+    out = args.out or os.path.join("bench-results", device_slug(device))
+    meta = {"device": name, "device_slug": device_slug(device), "torch": torch.__version__,
+            "sparsetorch": st.__version__, "date": time.strftime("%Y-%m-%d"), "mode": "full" if args.full else "quick",
+            "suites": wanted, "copy_GBps": ceilings.bandwidth / 1e9, "gemm_flops": ceilings.gemm,
+            "seconds": time.time() - start,
+            "command": "python -m sparsetorch.bench " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}
+    written = report.write(out, meta, rows, plots=not args.no_plots)
+    print(f"\nwrote {', '.join(written)} ({time.time() - start:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,206 @@
+"""Tables, headline ratios, JSON/CSV/markdown files and matplotlib plots from the benchmark rows."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections import OrderedDict, defaultdict
+from typing import Dict, List, Optional
+
+REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
+                  "elementwise": "st.bias_act gelu (fused)"}
+
+
+def add_speedups(rows: List[dict]) -> None:
+    """row["speedup"] = this implementation's time / sparsetorch's time in the same case (and suite,
+    dtype-independent): > 1 means sparsetorch is faster."""
+    ours = {}
+    for r in rows:
+        if r["impl"] == REFERENCE_IMPL.get(r["suite"]) and (r["suite"], r["case"], r.get("cpu")) not in ours:
+            ours[(r["suite"], r["case"], r.get("cpu"))] = r["time_ms"]
+    for r in rows:
+        t = ours.get((r["suite"], r["case"], r.get("cpu")))
+        r["speedup"] = r["time_ms"] / t if t else None
+
+
+def crossovers(rows: List[dict]) -> Dict[str, Optional[float]]:
+    """Density below which sparsetorch (fp32) beats each dense baseline, interpolated in log density."""
+    by_impl = defaultdict(dict)
+    for r in rows:
+        if r["suite"] == "density" and not r.get("cpu"):
+            by_impl[r["impl"]][r["density"]] = r["time_ms"]
+    ours = by_impl.get("sparsetorch", {})
+    out = {}
+    for impl, times in by_impl.items():
+        if not impl.startswith("dense"):
+            continue
+        pts = sorted((d, ours[d] / times[d]) for d in times if d in ours)  # ratio < 1: sparse wins
+        out[impl] = None
+        if not pts:
+            continue
+        if all(r < 1 for _, r in pts):
+            out[impl] = pts[-1][0]  # wins everywhere measured
+            continue
+        for (d0, r0), (d1, r1) in zip(pts, pts[1:]):
+            if r0 < 1 <= r1:
+                t = (math.log(r0)) / (math.log(r0) - math.log(r1))
+                out[impl] = math.exp(math.log(d0) + t * (math.log(d1) - math.log(d0)))
+                break
+        else:
+            out[impl] = 0.0 if pts[0][1] >= 1 else None
+    return out
+
+
+def geomean(values: List[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def headlines(rows: List[dict]) -> List[str]:
+    lines = []
+    cross = crossovers(rows)
+    for impl, d in cross.items():
+        if d is None:
+            continue
+        lines.append(f"density sweep: sparsetorch (fp32) beats {impl} below {100 * d:.3g}% density"
+                     if d > 0 else f"density sweep: {impl} is faster at every density measured")
+    for suite, baselines in (("graphs", ("torch.sparse.mm", "cupy", "torch_geometric", "scipy")),
+                             ("batched", ("block-diagonal torch.sparse.mm", "loop of torch.sparse.mm",
+                                          "dense bmm fp32", "dense bmm tf32"))):
+        for base in baselines:
+            sp = [r["speedup"] for r in rows if r["suite"] == suite and r["impl"] == base and r.get("speedup")
+                  and not r.get("cpu")]
+            if sp:
+                lines.append(f"{suite}: {geomean(sp):.2f}x geomean over {base} (min {min(sp):.2f}x, max "
+                             f"{max(sp):.2f}x, {len(sp)} cases)")
+    for r in rows:
+        if r["suite"] == "elementwise" and r["impl"].startswith("st.bias_act"):
+            others = {x["impl"]: x for x in rows if x["suite"] == "elementwise" and x["dtype"] == r["dtype"]}
+            parts = [f"{100 * r.get('of_copy', 0):.1f}% of copy bandwidth"]
+            for name in ("eager gelu(x*scale+bias)", "torch.compile gelu(x*scale+bias)"):
+                if name in others and others[name].get("speedup"):
+                    parts.append(f"{others[name]['speedup']:.2f}x {name.split(' ')[0]}")
+            lines.append(f"fused bias+gelu {r['dtype']}{' (cpu)' if r.get('cpu') else ''}: " + ", ".join(parts))
+    return lines
+
+
+def table(rows: List[dict]) -> str:
+    header = ("suite", "case", "impl", "dtype", "time ms", "GB/s", "GFLOP/s", "floor ms", "of floor",
+              "x vs ours")
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    for r in rows:
+        lines.append(" | ".join([
+            r["suite"] + (" (cpu)" if r.get("cpu") else ""), r["case"], r["impl"], r["dtype"],
+            f"{r['time_ms']:.4g}", f"{r['GBps']:.0f}", f"{r['GFLOPs']:.0f}", f"{r['floor_ms']:.3g}",
+            f"{100 * r['of_floor']:.0f}%", "" if r.get("speedup") is None else f"{r['speedup']:.2f}"]))
+    return "\n".join(lines)
+
+
+def print_table(rows: List[dict]) -> None:
+    widths = (11, 34, 32, 9, 9, 7, 8, 9, 6, 8)
+    head = ("suite", "case", "impl", "dtype", "time ms", "GB/s", "GFLOP/s", "floor ms", "floor", "x ours")
+    print("  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))))
+    last_case = None
+    for r in rows:
+        if r["case"] != last_case and last_case is not None:
+            print()
+        last_case = r["case"]
+        cells = (r["suite"] + ("/cpu" if r.get("cpu") else ""), r["case"], r["impl"], r["dtype"],
+                 f"{r['time_ms']:.4g}", f"{r['GBps']:.0f}", f"{r['GFLOPs']:.0f}", f"{r['floor_ms']:.3g}",
+                 f"{100 * r['of_floor']:.0f}%", "" if r.get("speedup") is None else f"{r['speedup']:.2f}x")
+        print("  ".join(c[:w].ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
+    print("(x ours: that implementation's time / sparsetorch's in the same case, > 1 = sparsetorch faster; "
+          "floor = max(bytes / copy bandwidth, flops / GEMM rate), both measured in this run)")
+
+
+def write(out_dir: str, meta: dict, rows: List[dict], plots: bool) -> List[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    path = os.path.join(out_dir, "results.json")
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "headlines": headlines(rows), "crossovers": crossovers(rows), "rows": rows}, f,
+                  indent=1)
+    written.append(path)
+    path = os.path.join(out_dir, "results.csv")
+    keys = list(OrderedDict((k, None) for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    written.append(path)
+    if plots:
+        written += make_plots(out_dir, rows)
+    path = os.path.join(out_dir, "README.md")
+    with open(path, "w") as f:
+        f.write(f"# sparsetorch benchmark: {meta['device']}\n\n")
+        f.write(f"Regenerate: `{meta['command']}`\n\n")
+        f.write(f"torch {meta['torch']}, sparsetorch {meta['sparsetorch']}, {meta['date']}. Ceilings measured in "
+                f"this run: copy {meta['copy_GBps']:.0f} GB/s, GEMM " +
+                ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in meta["gemm_flops"].items()) + ".\n\n")
+        f.write("## Headlines\n\n" + "".join(f"- {h}\n" for h in headlines(rows)) + "\n")
+        for png in (p for p in written if p.endswith(".png")):
+            f.write(f"![{os.path.basename(png)}]({os.path.basename(png)})\n\n")
+        f.write("## All rows\n\n" + table(rows) + "\n")
+    written.append(path)
+    return written
+
+
+def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots (pip install matplotlib)")
+        return []
+    written = []
+    density = [r for r in rows if r["suite"] == "density" and not r.get("cpu")]
+    if density:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        impls = list(OrderedDict((r["impl"], None) for r in density))
+        for impl in impls:
+            pts = sorted((r["density"], r["time_ms"]) for r in density if r["impl"] == impl)
+            ax.plot([100 * d for d, _ in pts], [t for _, t in pts], marker="o", label=impl)
+        for impl, d in crossovers(rows).items():
+            if d:
+                ax.axvline(100 * d, linestyle="--", linewidth=0.8, color="gray")
+                ax.text(100 * d, ax.get_ylim()[1] if ax.get_ylim() else 1, f" vs {impl}: {100 * d:.2g}%",
+                        rotation=90, va="top", fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("density of A (%)")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(f"A @ B, {density[0]['case'].split(',')[0]}: sparse vs dense (crossovers dashed)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out_dir, "density.png")
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    for suite in ("graphs", "batched"):
+        sel = [r for r in rows if r["suite"] == suite and r.get("speedup") and r["impl"] != "sparsetorch"
+               and not r.get("cpu")]
+        if not sel:
+            continue
+        cases = list(OrderedDict((r["case"], None) for r in sel))
+        impls = list(OrderedDict((r["impl"], None) for r in sel))
+        fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(cases) * len(impls)), 4.5))
+        width = 0.8 / len(impls)
+        for j, impl in enumerate(impls):
+            vals = [next((r["speedup"] for r in sel if r["case"] == c and r["impl"] == impl), float("nan"))
+                    for c in cases]
+            ax.bar([i + j * width for i in range(len(cases))], vals, width, label=impl)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
+        ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("their time / sparsetorch's (> 1: sparsetorch faster)")
+        ax.set_title(f"{suite}: speedup of sparsetorch over each baseline")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"{suite}_speedup.png")
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written

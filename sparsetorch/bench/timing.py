@@ -1,0 +1,141 @@
+"""Timing done one way for every suite: device events (triton's do_bench when present) with warm-up
+and medians on CUDA, wall-clock medians on the CPU; inputs rotated through copies when they would
+otherwise stay in the GPU's L2; ceilings (copy bandwidth, GEMM rate per dtype) measured in the run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List
+
+import torch
+
+
+def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], object]], float]:
+    """A function that returns the median time of ``fn()`` in seconds."""
+    if device.type == "cuda":
+        try:
+            import triton.testing
+
+            rep = 40 if quick else 100
+            return lambda fn: triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median") * 1e-3
+        except ImportError:
+            pass
+
+        def cuda_time(fn, reps=20 if quick else 50):
+            for _ in range(3):
+                fn()
+            times = []
+            for _ in range(reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e-3)
+            return statistics.median(times)
+
+        return cuda_time
+
+    def cpu_time(fn, reps=3 if quick else 7):
+        fn()  # warm-up
+        times = []
+        budget = time.perf_counter() + (2.0 if quick else 10.0)
+        for i in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            if i >= 1 and time.perf_counter() > budget:  # slow baselines: fewer repetitions
+                break
+        return statistics.median(times)
+
+    return cpu_time
+
+
+def l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20))
+
+
+def rotation(device: torch.device, working_set_bytes: int) -> int:
+    """How many copies of the inputs to cycle through so that one call's inputs are not still in L2
+    from the previous call: enough copies to span 3x the L2 size (at most 8); 1 on the CPU."""
+    l2 = l2_bytes(device)
+    if l2 == 0 or working_set_bytes <= 0 or working_set_bytes >= 3 * l2:
+        return 1
+    return int(min(8, -(-3 * l2 // working_set_bytes)))
+
+
+class Rotating:
+    """Calls ``fn(*inputs[i])`` for i = 0, 1, ... cyclically."""
+
+    def __init__(self, fn: Callable, inputs: List[tuple]):
+        self.fn, self.inputs, self.i = fn, inputs, 0
+
+    def __call__(self):
+        args = self.inputs[self.i]
+        self.i = (self.i + 1) % len(self.inputs)
+        return self.fn(*args)
+
+
+@dataclass
+class Ceilings:
+    """Measured in the run: copy bandwidth (bytes/s, read + write) and GEMM rates (flop/s)."""
+
+    bandwidth: float
+    gemm: Dict[str, float] = field(default_factory=dict)  # "float32", "tf32", "bfloat16", ...
+
+    def floor(self, bytes_moved: float, flops: float, rate_key: str = "float32") -> float:
+        """max(bytes / bandwidth, flops / peak): the time no implementation can beat."""
+        return max(bytes_moved / self.bandwidth, flops / self.gemm.get(rate_key, self.gemm["float32"]))
+
+
+def measure_ceilings(device: torch.device, timer, quick: bool) -> Ceilings:
+    cpu = device.type == "cpu"
+    x = torch.randn(2**24 if cpu else 2**28, device=device)
+    y = torch.empty_like(x)
+    bandwidth = 2 * x.numel() * 4 / timer(lambda: y.copy_(x))
+    del x, y
+    s = 1024 if cpu else 8192
+    rates = {}
+    keys = [("float32", torch.float32, False)]
+    if not cpu:
+        keys += [("tf32", torch.float32, True), ("bfloat16", torch.bfloat16, False)]
+    for key, dtype, tf32 in keys:
+        a = torch.randn(s, s, device=device, dtype=dtype)
+        b = torch.randn(s, s, device=device, dtype=dtype)
+        with tf32_mode(tf32):
+            rates[key] = 2 * s**3 / timer(lambda: torch.mm(a, b))
+    return Ceilings(bandwidth, rates)
+
+
+class tf32_mode:
+    """Context manager: TF32 tensor cores for fp32 matmul on or off (restored on exit)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __enter__(self):
+        self.prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.enabled
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.prev
+
+
+def relative_error(out, ref: torch.Tensor) -> float:
+    """Relative Frobenius error, computed on the reference's device (large outputs stay on the GPU)."""
+    got = out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
+    got = got.detach().to(device=ref.device, dtype=torch.float64)
+    denom = ref.norm().item()
+    return (got - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def check(out, ref: torch.Tensor, name: str, tol: float) -> float:
+    """Raise if ``out`` is not ``ref`` (float64, CPU) within a relative Frobenius error ``tol``."""
+    err = relative_error(out, ref)
+    if not err <= tol:
+        raise AssertionError(f"{name}: relative error {err:.2e} > {tol:.0e} against the float64 reference")
+    return err
