@@ -19,6 +19,24 @@ from sparsetorch.csr import as_csr
 from sparsetorch.functional import _activation_name, _prefers_dense, _spmm_op
 
 
+# Longest row above which "auto" sends one fp32/fp64 matrix to cuSPARSE. The native kernel gives each
+# row to one group of lanes, so its time is at least (longest row) x (one dependent gather, ~0.25 us
+# on the H100). Measured with the benchmark harness (benchmarks/results/nvidia-h100-80gb-hbm3),
+# n = 32..256: native faster on rows of <= 41 entries (random graphs 2.5x, meshes 2.4x, Erdos971
+# 1.4x), cuSPARSE faster from 99 (citeseer 1.2x, cora 1.9x, ca-CondMat 2x, power-law 100k with a
+# 13,503-entry row 25x). Only a plan sees the row lengths without a device sync per call.
+SKEWED_ROW_LIMIT = 64
+
+
+def _route_for_skew(a, backend: str) -> str:
+    if backend != "auto" or a.device.type != "cuda" or a.batched or a.dtype not in (torch.float32, torch.float64):
+        return backend
+    if a.crow_indices.numel() < 2:
+        return backend
+    longest = int(torch.diff(a.crow_indices).max())
+    return "cusparse" if longest > SKEWED_ROW_LIMIT else backend
+
+
 class SpmmPlan:
     """``plan = SpmmPlan(A)``; ``plan(B)`` computes ``act(alpha * A @ B + beta * c + bias)``.
 
@@ -41,7 +59,7 @@ class SpmmPlan:
         self.bias = bias
         self.activation = _activation_name(activation)
         self.negative_slope = float(negative_slope)
-        self.backend = backend
+        self.backend = _route_for_skew(a, backend)
         if policy not in ("auto", "sparse", "dense"):
             raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
         # Dense policy (see st.spmm): A is expanded once here; each call is one GEMM.

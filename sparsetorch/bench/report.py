@@ -15,12 +15,15 @@ REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": 
 def add_speedups(rows: List[dict]) -> None:
     """row["speedup"] = this implementation's time / sparsetorch's time in the same case (and suite,
     dtype-independent): > 1 means sparsetorch is faster."""
+    def key(r):  # elementwise compares within a dtype; the SpMM suites against sparsetorch in fp32
+        return r["suite"], r["case"], r.get("cpu"), r["dtype"] if r["suite"] == "elementwise" else None
+
     ours = {}
     for r in rows:
-        if r["impl"] == REFERENCE_IMPL.get(r["suite"]) and (r["suite"], r["case"], r.get("cpu")) not in ours:
-            ours[(r["suite"], r["case"], r.get("cpu"))] = r["time_ms"]
+        if r["impl"] == REFERENCE_IMPL.get(r["suite"]) and key(r) not in ours:
+            ours[key(r)] = r["time_ms"]
     for r in rows:
-        t = ours.get((r["suite"], r["case"], r.get("cpu")))
+        t = ours.get(key(r))
         r["speedup"] = r["time_ms"] / t if t else None
 
 
