@@ -91,3 +91,21 @@ def test_descriptor_cache_never_stale(rng):
             x = a.copy()
             x.data = values[j].double().cpu().numpy()
             assert_matches(out[j], x @ b[j].double().cpu().numpy(), torch.float32)
+
+
+def test_plan_routes_skewed_rows_to_cusparse(device):
+    """A plan sees the row lengths: a row longer than SKEWED_ROW_LIMIT sends fp32 "auto" to cuSPARSE
+    on CUDA (the native kernel walks one row per group); other cases keep the requested backend."""
+    from sparsetorch.plan import SKEWED_ROW_LIMIT
+
+    n = 4 * SKEWED_ROW_LIMIT
+    dense = torch.zeros(n, n, device=device)
+    dense[0] = 1.0  # one row with n entries
+    dense[1:, 0] = 1.0
+    skewed = st.SpmmPlan(st.from_dense(dense))
+    even = st.SpmmPlan(st.from_dense(torch.eye(n, device=device)))
+    assert even.backend == "auto"
+    assert skewed.backend == ("cusparse" if device == "cuda" else "auto")
+    assert st.SpmmPlan(st.from_dense(dense), backend="native").backend == "native"
+    b = torch.randn(n, 8, device=device)
+    torch.testing.assert_close(skewed(b), dense @ b)
