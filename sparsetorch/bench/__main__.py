@@ -72,7 +72,12 @@ def main(argv=None):
     ap.add_argument("--data", default=None, help="folder with matrices/ and planetoid/ (default ../shared/data)")
     ap.add_argument("--out", default=None, help="results folder (default bench-results/<device>)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--replot", metavar="DIR", default=None,
+                    help="rewrite README.md, CSV and plots of DIR from its results.json, without running")
     args = ap.parse_args(argv)
+    if args.replot:
+        print("wrote", ", ".join(report.replot(args.replot, plots=not args.no_plots)))
+        return
     wanted = [s.strip() for s in args.suites.split(",") if s.strip()]
     for s in wanted:
         if s not in SUITES and s != "cpu":

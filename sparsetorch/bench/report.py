@@ -8,6 +8,18 @@ import os
 from collections import OrderedDict, defaultdict
 from typing import Dict, List, Optional
 
+NOTES = [
+    "`x vs ours` is that implementation's time divided by sparsetorch's (fp32, `SpmmPlan` with "
+    "backend \"auto\") in the same case: above 1, sparsetorch is faster. Elementwise rows compare within a dtype.",
+    "`floor` is max(bytes / copy bandwidth, flops / GEMM rate) with the byte and flop models of "
+    "sparsetorch/bench/suites.py and both ceilings measured in the same run; `of floor` is floor / time.",
+    "Every output was checked against a float64 reference (cuSPARSE in float64 for the graphs on CUDA, "
+    "dense float64 products elsewhere) before it was timed; the dense operand is rotated through copies "
+    "when one call's inputs would otherwise still sit in L2.",
+    "cupy is called as users call it (`csr_matrix @ ndarray` with a row-major ndarray); torch_geometric "
+    "is `SimpleConv(aggr=\"sum\")` with edge weights, i.e. its message passing for the same product.",
+]
+
 REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
                   "elementwise": "st.bias_act gelu (fused)"}
 
@@ -141,6 +153,7 @@ def write(out_dir: str, meta: dict, rows: List[dict], plots: bool) -> List[str]:
                 f"this run: copy {meta['copy_GBps']:.0f} GB/s, GEMM " +
                 ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in meta["gemm_flops"].items()) + ".\n\n")
         f.write("## Headlines\n\n" + "".join(f"- {h}\n" for h in headlines(rows)) + "\n")
+        f.write("## How to read the rows\n\n" + "".join(f"- {n}\n" for n in NOTES + meta.get("notes", [])) + "\n")
         for png in (p for p in written if p.endswith(".png")):
             f.write(f"![{os.path.basename(png)}]({os.path.basename(png)})\n\n")
         f.write("## All rows\n\n" + table(rows) + "\n")
@@ -168,14 +181,14 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
         for impl, d in crossovers(rows).items():
             if d:
                 ax.axvline(100 * d, linestyle="--", linewidth=0.8, color="gray")
-                ax.text(100 * d, ax.get_ylim()[1] if ax.get_ylim() else 1, f" vs {impl}: {100 * d:.2g}%",
-                        rotation=90, va="top", fontsize=7)
+                ax.text(100 * d, ax.get_ylim()[1], f" vs {impl}: {100 * d:.2g}%", rotation=90, va="top",
+                        fontsize=7)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("density of A (%)")
         ax.set_ylabel("time (ms)")
         ax.set_title(f"A @ B, {density[0]['case'].split(',')[0]}: sparse vs dense (crossovers dashed)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         path = os.path.join(out_dir, "density.png")
         fig.savefig(path, dpi=120)
@@ -186,20 +199,25 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
                and not r.get("cpu")]
         if not sel:
             continue
-        cases = list(OrderedDict((r["case"], None) for r in sel))
+        # Graphs: one bar group per graph, the geometric mean over its feature widths.
+        group = (lambda r: r["graph"]) if suite == "graphs" else (lambda r: r["case"])
+        cases = list(OrderedDict((group(r), None) for r in sel))
         impls = list(OrderedDict((r["impl"], None) for r in sel))
-        fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(cases) * len(impls)), 4.5))
+        fig, ax = plt.subplots(figsize=(min(16, max(7, 0.3 * len(cases) * len(impls))), 4.8))
         width = 0.8 / len(impls)
         for j, impl in enumerate(impls):
-            vals = [next((r["speedup"] for r in sel if r["case"] == c and r["impl"] == impl), float("nan"))
-                    for c in cases]
+            vals = []
+            for c in cases:
+                got = [r["speedup"] for r in sel if group(r) == c and r["impl"] == impl]
+                vals.append(geomean(got) if got else float("nan"))
             ax.bar([i + j * width for i in range(len(cases))], vals, width, label=impl)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_yscale("log")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
         ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("their time / sparsetorch's (> 1: sparsetorch faster)")
-        ax.set_title(f"{suite}: speedup of sparsetorch over each baseline")
+        ax.set_title(f"{suite}: speedup of sparsetorch over each baseline"
+                     + (" (geomean over feature widths)" if suite == "graphs" else ""))
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = os.path.join(out_dir, f"{suite}_speedup.png")
@@ -207,3 +225,10 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def replot(out_dir: str, plots: bool = True) -> List[str]:
+    """Rewrite README.md, CSV and plots of a results folder from its results.json."""
+    with open(os.path.join(out_dir, "results.json")) as f:
+        data = json.load(f)
+    return write(out_dir, data["meta"], data["rows"], plots)
