@@ -1,13 +1,32 @@
 #include "common/checks.h"
 
 #include <limits>
-#include <tuple>
 
 namespace sparsetorch {
 
 namespace {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-}
+
+// Every batched operand must agree on the batch size; unbatched ones are broadcast.
+class BatchAgreement {
+ public:
+  void take(bool is_batched, int64_t size, const char* name) {
+    if (!is_batched) return;
+    if (batch_ < 0) {
+      batch_ = size;
+      from_ = name;
+      return;
+    }
+    TORCH_CHECK_VALUE(size == batch_, "batch sizes disagree: ", from_, " has batch ", batch_, " but ", name,
+                      " has batch ", size);
+  }
+  int64_t batch() const { return batch_ < 0 ? 1 : batch_; }
+
+ private:
+  int64_t batch_ = -1;
+  const char* from_ = nullptr;
+};
+}  // namespace
 
 bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
@@ -98,23 +117,11 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
   p.values_batched = values.dim() == 2;
   p.dense_batched = dense.dim() == 3;
   p.batched = p.pattern_batched || p.values_batched || p.dense_batched;
-  // Every batched operand must agree on the batch size; unbatched ones are broadcast.
-  int64_t batch = -1;
-  const char* batch_from = nullptr;
-  auto take_batch = [&](bool is_batched, int64_t size, const char* name) {
-    if (!is_batched) return;
-    if (batch < 0) {
-      batch = size;
-      batch_from = name;
-      return;
-    }
-    TORCH_CHECK_VALUE(size == batch, "batch sizes disagree: ", batch_from, " has batch ", batch, " but ", name,
-                      " has batch ", size);
-  };
-  take_batch(p.pattern_batched, crow.size(0), "crow_indices");
-  take_batch(p.values_batched, values.size(0), "values");
-  take_batch(p.dense_batched, dense.size(0), "dense");
-  p.batch = batch < 0 ? 1 : batch;
+  BatchAgreement batch;
+  batch.take(p.pattern_batched, crow.size(0), "crow_indices");
+  batch.take(p.values_batched, values.size(0), "values");
+  batch.take(p.dense_batched, dense.size(0), "dense");
+  p.batch = batch.batch();
 
   if (crow.scalar_type() == at::kInt) {
     TORCH_CHECK_VALUE(p.k <= kInt32Max, "int32 indices cannot address k = ", p.k,
@@ -161,22 +168,11 @@ SddmmProblem check_sddmm_args(const at::Tensor& crow, const at::Tensor& col, con
   p.a_batched = a.dim() == 3;
   p.b_batched = b.dim() == 3;
   p.batched = p.pattern_batched || p.a_batched || p.b_batched;
-  int64_t batch = -1;
-  const char* batch_from = nullptr;
-  for (const auto& [is_batched, size, name] :
-       {std::tuple<bool, int64_t, const char*>{p.pattern_batched, crow.size(0), "crow_indices"},
-        {p.a_batched, a.size(0), "a"},
-        {p.b_batched, b.size(0), "b"}}) {
-    if (!is_batched) continue;
-    if (batch < 0) {
-      batch = size;
-      batch_from = name;
-      continue;
-    }
-    TORCH_CHECK_VALUE(size == batch, "batch sizes disagree: ", batch_from, " has batch ", batch, " but ", name,
-                      " has batch ", size);
-  }
-  p.batch = batch < 0 ? 1 : batch;
+  BatchAgreement batch;
+  batch.take(p.pattern_batched, crow.size(0), "crow_indices");
+  batch.take(p.a_batched, a.size(0), "a");
+  batch.take(p.b_batched, b.size(0), "b");
+  p.batch = batch.batch();
   if (crow.scalar_type() == at::kInt) {
     TORCH_CHECK_VALUE(p.k <= kInt32Max, "int32 indices cannot address k = ", p.k,
                       " columns; use int64 crow_indices/col_indices");

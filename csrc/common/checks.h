@@ -66,6 +66,17 @@ struct SddmmProblem {
 SddmmProblem check_sddmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& a,
                               const at::Tensor& b);
 
+// CPU kernels check each row span and column as they read it (IndexError, never an OOB read).
+inline void check_row_span(int64_t start, int64_t stop, int64_t nnz_stride, int64_t row, int64_t batch) {
+  TORCH_CHECK_INDEX(0 <= start && start <= stop && stop <= nnz_stride, "crow_indices: row ", row, " of batch ", batch,
+                    " spans entries [", start, ", ", stop, ") outside the ", nnz_stride,
+                    " stored entries (crow_indices must be non-decreasing, within [0, nnz])");
+}
+inline void check_column(int64_t column, int64_t k, int64_t entry, int64_t batch) {
+  TORCH_CHECK_INDEX(0 <= column && column < k, "col_indices: entry ", entry, " of batch ", batch, " is column ",
+                    column, ", out of range for k = ", k, " columns");
+}
+
 // CSR components of one (possibly batched) matrix, used by csr_scale and csr_check.
 struct CsrShape {
   int64_t batch = 1;

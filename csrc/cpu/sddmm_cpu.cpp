@@ -40,16 +40,13 @@ void sddmm_cpu_kernel(const SddmmProblem& p, const at::Tensor& crow, const at::T
       const index_t* crow_b = crow_ptr + bi * crow_bstride;
       const index_t* col_b = col_ptr + bi * col_bstride;
       const int64_t start = crow_b[r], stop = crow_b[r + 1];
-      TORCH_CHECK_INDEX(0 <= start && start <= stop && stop <= L, "crow_indices: row ", r, " of batch ", bi,
-                        " spans entries [", start, ", ", stop, ") outside the ", L,
-                        " stored entries (crow_indices must be non-decreasing, within [0, nnz])");
+      check_row_span(start, stop, L, r, bi);
       const scalar_t* __restrict__ arow = a_ptr + bi * a_bstride + r * n;
       const scalar_t* b_batch = b_ptr + bi * b_bstride;
       scalar_t* out_b = out_ptr + bi * out_bstride;
       for (int64_t j = start; j < stop; ++j) {
         const int64_t c = col_b[j];
-        TORCH_CHECK_INDEX(0 <= c && c < k, "col_indices: entry ", j, " of batch ", bi, " is column ", c,
-                          ", out of range for k = ", k, " columns");
+        check_column(c, k, j, bi);
         const scalar_t* __restrict__ brow = b_batch + c * n;
         acc_t dot = 0;
         for (int64_t q = 0; q < n; ++q) dot += static_cast<acc_t>(arow[q]) * static_cast<acc_t>(brow[q]);

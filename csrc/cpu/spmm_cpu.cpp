@@ -113,9 +113,7 @@ void spmm_cpu_kernel(const SpmmProblem& p, const at::Tensor& crow, const at::Ten
       const scalar_t* val_b = val_ptr + b * val_bstride;
       const scalar_t* dense_b = dense_ptr + b * dense_bstride;
       const int64_t start = crow_b[r], stop = crow_b[r + 1];
-      TORCH_CHECK_INDEX(0 <= start && start <= stop && stop <= L, "crow_indices: row ", r, " of batch ", b,
-                        " spans entries [", start, ", ", stop, ") outside the ", L,
-                        " stored entries (crow_indices must be non-decreasing, within [0, nnz])");
+      check_row_span(start, stop, L, r, b);
       std::fill(a, a + n, acc_t(0));
       for (int64_t j0 = start; j0 < stop; j0 += 4) {
         const int count = static_cast<int>(std::min<int64_t>(4, stop - j0));
@@ -134,8 +132,7 @@ void spmm_cpu_kernel(const SpmmProblem& p, const at::Tensor& crow, const at::Ten
         acc_t v[4];
         for (int t = 0; t < count; ++t) {
           const int64_t j = j0 + t, c = col_b[j];
-          TORCH_CHECK_INDEX(0 <= c && c < k, "col_indices: entry ", j, " of batch ", b, " is column ", c,
-                            ", out of range for k = ", k, " columns");
+          check_column(c, k, j, b);
           v[t] = static_cast<acc_t>(val_b[j]);
           brows[t] = dense_b + c * ldb;
         }
