@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples] [ffn] [harness]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples] [ffn] [harness] [sanitizer]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
 #   backward; examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
 set -uo pipefail
@@ -68,6 +68,19 @@ if [[ "$what" == *" harness "* ]]; then
   # No cpu suite here: this machine's CPU timings came back quantised to 8 ms (a CPU quota).
   python3 -m sparsetorch.bench --full --suites density,graphs,batched,elementwise --out "$OUT/harness" \
     2>&1 | tee "$OUT/harness.log" | tail -40 || rc=1
+fi
+if [[ "$what" == *" sanitizer "* ]]; then
+  # compute-sanitizer memcheck over a representative subset (every CUDA route, malformed indices,
+  # graph capture, threads); slow, so not the whole suite.
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+  if [ -n "$SAN" ]; then
+    timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_cuda.py tests/test_hardening.py -k "not memory_flat and not properties" > "$OUT/sanitizer.log" 2>&1
+    echo "compute-sanitizer exit: $?" | tee -a "$OUT/sanitizer.log"
+    grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
+  else
+    echo "compute-sanitizer not found" | tee "$OUT/sanitizer.log"
+  fi
 fi
 # The device tool brings back at most 8 files: pack everything into one archive when there are more.
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
