@@ -42,7 +42,8 @@ fi
 if [ -d .devdata/matrices ]; then export SPARSETORCH_DATA=$PWD/.devdata; fi
 rc=0
 if want tests; then
-  python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" tests > "$OUT/tests.log" 2>&1 || rc=1
+  # PYTEST_ARGS picks a subset (default: the whole suite).
+  python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-tests} > "$OUT/tests.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40
   tail -3 "$OUT/tests.log"
 fi

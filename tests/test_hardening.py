@@ -110,8 +110,8 @@ def test_threads_get_right_results(device, rng):
 def test_cuda_graph_capture_of_the_sync_free_ops(rng):
     """Captured once, replayed on new data: native SpMM (single and batched), native SDDMM, bias_act and
     the elementwise ops. (The cuSPARSE routes and validate=True are not claimed to be capturable.)"""
-    a = st.from_scipy(random_csr(rng, 64, 48, 0.1, duplicates=True), device="cuda")
-    batch = st.from_list([random_csr(rng, 64, 48, d) for d in (0.05, 0.2)], device="cuda")
+    a = st.from_scipy(random_csr(rng, 64, 48, 0.1, duplicates=True), device="cuda", dtype=torch.float32)
+    batch = st.from_list([random_csr(rng, 64, 48, d) for d in (0.05, 0.2)], device="cuda", dtype=torch.float32)
     b = torch.randn(48, 32, device="cuda")
     g = torch.randn(64, 32, device="cuda")
     bias = torch.randn(32, device="cuda")
@@ -138,13 +138,14 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 @pytest.mark.parametrize("route", ["native", "cusparse", "plan-native", "plan-cusparse", "batched"])
 def test_memory_flat_over_10000_calls(rng, route):
-    a = st.from_scipy(random_csr(rng, 256, 256, 0.05), device="cuda")
+    a = st.from_scipy(random_csr(rng, 256, 256, 0.05), device="cuda", dtype=torch.float32)
     b = torch.randn(256, 32, device="cuda")
     if route.startswith("plan"):
         plan = st.SpmmPlan(a, backend=route.split("-")[1])
         call = lambda: plan(b)  # noqa: E731
     elif route == "batched":
-        batch = st.from_list([random_csr(rng, 256, 256, d) for d in (0.01, 0.05, 0.1)], device="cuda")
+        batch = st.from_list([random_csr(rng, 256, 256, d) for d in (0.01, 0.05, 0.1)], device="cuda",
+                             dtype=torch.float32)
         call = lambda: st.spmm(batch, b, backend="cusparse")  # noqa: E731  (block-diagonal per call)
     else:
         call = lambda: st.spmm(a, b, backend=route)  # noqa: E731
