@@ -73,10 +73,15 @@ BAD_NAMES = list(_bad_cases("cpu"))
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
-def test_bad_input_raises_and_device_stays_usable(device, name):
+def test_bad_input_raises_and_device_stays_usable(device, name, monkeypatch):
+    originals = _good(device)
+    snapshots = [t.clone() for t in originals]
+    monkeypatch.setattr(__import__(__name__), "_good", lambda device: originals)
     fn, exc, match = _bad_cases(device)[name]
     with pytest.raises(exc, match=match):
         fn()
+    for t, snap in zip(originals, snapshots):  # nothing the caller passed was written
+        assert torch.equal(t, snap)
     if device == "cuda":
         torch.cuda.synchronize()  # an asynchronous device fault would surface here
     _still_works(device)
@@ -211,3 +216,51 @@ def test_spmm_and_sddmm_properties(device, problem):
                                 a.shape)).cpu()
     counts = counts.expand_as(full) if counts.dim() < full.dim() else counts
     assert_matches(got[mask], (full * counts)[mask], dtype)
+
+
+@hs.composite
+def _elementwise_problems(draw):
+    shape = draw(hs.lists(hs.integers(0, 7), min_size=1, max_size=3))
+    dtype = draw(hs.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
+    activation = draw(hs.sampled_from(list(st.ACTIVATIONS)))
+    op = draw(hs.sampled_from(["add", "sub", "mul", "div"]))
+    offset = draw(hs.integers(0, 3))  # misaligned storage offsets
+    transposed = draw(hs.booleans())
+    seed = draw(hs.integers(0, 2**31 - 1))
+    return shape, dtype, activation, op, offset, transposed, seed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=_elementwise_problems())
+def test_elementwise_properties(device, problem):
+    """binary ops, activations and the fused bias_act against float64 torch, over random shapes (zeros
+    included), every dtype, misaligned offsets and non-contiguous inputs."""
+    import torch.nn.functional as F
+    from _helpers import activation_refs
+
+    shape, dtype, activation, op, offset, transposed, seed = problem
+    rng = np.random.default_rng(seed)
+    numel = int(np.prod(shape))
+
+    def make(positive=False):
+        flat = randn(rng, numel + offset, dtype=dtype, device=device)
+        if positive:
+            flat = flat.abs() + 0.5
+        t = flat[offset:].view(shape)
+        return t.transpose(0, -1) if transposed and len(shape) > 1 else t
+
+    x, y = make(), make(positive=(op == "div"))
+    ref_op = {"add": lambda a, b: a + 2 * b, "sub": lambda a, b: a - 2 * b, "mul": lambda a, b: a * b,
+              "div": lambda a, b: a / b}[op]
+    fn = {"add": st.add, "sub": st.sub}.get(op)
+    out = fn(x, y, alpha=2.0) if fn else getattr(st, op)(x, y)
+    assert_matches(out, ref_op(x.double().cpu(), y.double().cpu()), dtype)
+    ref_act = activation_refs(0.01)[activation]
+    assert_matches(st.activation(x, activation), ref_act(x.double().cpu()), dtype)
+    n = x.shape[-1]
+    bias = randn(rng, n, dtype=dtype, device=device)
+    scale = randn(rng, n, dtype=dtype, device=device)
+    fused = st.bias_act(x, bias=bias, scale=scale, activation=activation)
+    ref = ref_act(x.double().cpu() * scale.double().cpu() + bias.double().cpu())
+    assert_matches(fused, ref.to(dtype).double() if dtype in (torch.float16, torch.bfloat16) else ref, dtype)
