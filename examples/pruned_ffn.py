@@ -14,26 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-
 import torch
 
 import sparsetorch as st
-
-
-def bench(fn, device, reps=20):
-    if device.type == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e-3
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from sparsetorch.bench.timing import make_timer
 
 
 def rel_err(x, ref):
@@ -72,8 +56,9 @@ def main():
 
     with torch.no_grad():
         y_dense = dense(x)
-    t_dense = bench(lambda: dense(x), device)
-    t_dense_train = bench(fwd_bwd(dense), device)
+    bench = make_timer(device, quick=False)  # median of device-event (CUDA) or wall (CPU) times, seconds
+    t_dense = bench(lambda: dense(x))
+    t_dense_train = bench(fwd_bwd(dense))
     rows = []
     print(f"{device} {dtype} TF32={'on' if args.tf32 else 'off'}: dense block forward {1e3 * t_dense:.3f} ms, "
           f"forward+backward {1e3 * t_dense_train:.3f} ms, weights {weight_bytes(dense) / 2**20:.1f} MiB")
@@ -86,8 +71,8 @@ def main():
             w_up, w_down = sparse_up.to_dense().double(), sparse_down.to_dense().double()
             h = torch.nn.functional.gelu(x.double() @ w_up.t() + sparse_up.bias.double())
             y_ref = h @ w_down.t() + sparse_down.bias.double()
-        t_sparse = bench(lambda: model(x), device)
-        t_train = bench(fwd_bwd(model), device)
+        t_sparse = bench(lambda: model(x))
+        t_train = bench(fwd_bwd(model))
         row = {"sparsity": s, "forward_ms": 1e3 * t_sparse, "dense_forward_ms": 1e3 * t_dense,
                "forward_speedup": t_dense / t_sparse, "train_ms": 1e3 * t_train,
                "dense_train_ms": 1e3 * t_dense_train, "train_speedup": t_dense_train / t_train,

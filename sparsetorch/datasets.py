@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Planetoid", "load_planetoid", "default_data_root"]
+__all__ = ["Planetoid", "load_planetoid", "planetoid_adjacency", "default_data_root"]
 
 
 def default_data_root() -> str:
@@ -42,21 +42,42 @@ class Planetoid:
         return int(self.labels.max()) + 1
 
 
+def _planetoid_folder(root: str | None) -> str:
+    folder = os.path.join(root or default_data_root(), "planetoid")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"no Planetoid data at {folder} (set SPARSETORCH_DATA or pass root=)")
+    return folder
+
+
+def _read_planetoid(folder: str, name: str, ext: str):
+    with open(os.path.join(folder, f"ind.{name}.{ext}"), "rb") as f, warnings.catch_warnings():
+        # The pickles name scipy.sparse.csr.csr_matrix, a module path SciPy deprecates.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pickle.load(f, encoding="latin1")
+
+
+def planetoid_adjacency(name: str = "cora", root: str | None = None, n: int | None = None):
+    """The graph as stored (directed dict of lists): scipy CSR of ones, duplicate edges merged,
+    no symmetrisation; (n, n) with n = the largest node id + 1 unless given."""
+    import scipy.sparse as sp
+
+    graph = _read_planetoid(_planetoid_folder(root), name.lower(), "graph")
+    rows = np.array([s for s, dsts in graph.items() for _ in dsts], dtype=np.int64)
+    cols = np.array([d for dsts in graph.values() for d in dsts], dtype=np.int64)
+    if n is None:
+        n = int(max(rows.max(), cols.max())) + 1
+    adj = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(n, n))
+    adj.sum_duplicates()
+    adj.data[:] = 1.0
+    return adj
+
+
 def load_planetoid(name: str = "cora", root: str | None = None) -> Planetoid:
     import scipy.sparse as sp
 
     name = name.lower()
-    folder = os.path.join(root or default_data_root(), "planetoid")
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"no Planetoid data at {folder} (set SPARSETORCH_DATA or pass root=)")
-
-    def read(ext):
-        with open(os.path.join(folder, f"ind.{name}.{ext}"), "rb") as f, warnings.catch_warnings():
-            # The pickles name scipy.sparse.csr.csr_matrix, a module path SciPy deprecates.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return pickle.load(f, encoding="latin1")
-
-    x, y, tx, ty, allx, ally, graph = (read(e) for e in ("x", "y", "tx", "ty", "allx", "ally", "graph"))
+    folder = _planetoid_folder(root)
+    x, y, tx, ty, allx, ally = (_read_planetoid(folder, name, e) for e in ("x", "y", "tx", "ty", "allx", "ally"))
     with open(os.path.join(folder, f"ind.{name}.test.index")) as f:
         test_reorder = np.array([int(line) for line in f if line.strip()])
     test_range = np.sort(test_reorder)
@@ -73,12 +94,7 @@ def load_planetoid(name: str = "cora", root: str | None = None) -> Planetoid:
     labels_onehot[test_reorder, :] = labels_onehot[test_range, :]
 
     n = features.shape[0]
-    rows, cols = [], []
-    for src, dsts in graph.items():
-        for dst in dsts:
-            rows.append(src)
-            cols.append(dst)
-    adj = sp.coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, n)).tocsr()
+    adj = planetoid_adjacency(name, root, n)
     adj = ((adj + adj.T) > 0).astype(np.float32).tocsr()  # symmetric, duplicates merged
     adj.setdiag(0)
     adj.eliminate_zeros()

@@ -122,7 +122,6 @@ struct Packed<T, VEC, std::enable_if_t<sizeof(T) == 2 && VEC % 2 == 0>> {
   static constexpr bool kIsBf16 = std::is_same_v<T, c10::BFloat16>;
   static_assert(kIsBf16 || std::is_same_v<T, c10::Half>, "2-byte types: Half or BFloat16");
   using acc_t = float;
-  using Pair = std::conditional_t<kIsBf16, __nv_bfloat162, __half2>;
   struct alignas(sizeof(T) * VEC) Words {
     uint32_t w[VEC / 2];
   } raw;
@@ -151,7 +150,34 @@ struct Packed<T, VEC, std::enable_if_t<sizeof(T) == 2 && VEC % 2 == 0>> {
 
 inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Row kernels give each row to a group of GROUP lanes (8, 16 or 32) of one warp: the mask of this
+// thread's group for the *_sync intrinsics.
+template <int GROUP>
+__device__ __forceinline__ unsigned group_lane_mask() {
+  if constexpr (GROUP == 32) {
+    return 0xffffffffu;
+  } else {
+    const int group_in_warp = (threadIdx.x % 32) / GROUP;
+    return ((1u << GROUP) - 1u) << (group_in_warp * GROUP);
+  }
+}
+
+// Entries [start, stop) of row r, clamped to the L stored entries: a malformed crow cannot make a
+// kernel read out of bounds (validate=True reports it; without it the row is cut short).
+struct RowSpan {
+  int64_t start, stop;
+};
+template <typename index_t>
+__device__ __forceinline__ RowSpan clamped_row_span(const index_t* crow, int64_t r, int64_t L) {
+  const int64_t start = min(max(static_cast<int64_t>(crow[r]), int64_t(0)), L);
+  const int64_t stop = min(max(static_cast<int64_t>(crow[r + 1]), start), L);
+  return {start, stop};
+}
+
+// Smallest group of lanes (8, 16 or 32) covering `lanes_needed` lanes in one pass.
+inline int row_group_size(int64_t lanes_needed) { return lanes_needed <= 8 ? 8 : lanes_needed <= 16 ? 16 : 32; }
 
 }  // namespace cuda
 }  // namespace sparsetorch

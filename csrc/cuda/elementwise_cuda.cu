@@ -4,12 +4,13 @@
 // copy (never by assuming contiguity). Math in float for half types.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <algorithm>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <algorithm>
 
 #include "common/activation.h"
 #include "common/checks.h"

@@ -50,8 +50,7 @@ __global__ void __launch_bounds__(kThreads) sddmm_row_group_kernel(const SddmmAr
   using VecT = Packed<scalar_t, VEC>;
   constexpr int kGroupsPerBlock = kThreads / GROUP;
   const int lane = threadIdx.x % GROUP;
-  const int group_in_warp = (threadIdx.x % 32) / GROUP;
-  const unsigned mask = GROUP == 32 ? 0xffffffffu : (((1u << GROUP) - 1u) << (group_in_warp * GROUP));
+  const unsigned mask = group_lane_mask<GROUP>();
   const acc_t alpha = static_cast<acc_t>(p.alpha);
 
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / GROUP; row < p.rows;
@@ -62,8 +61,7 @@ __global__ void __launch_bounds__(kThreads) sddmm_row_group_kernel(const SddmmAr
     const scalar_t* arow = p.a + bi * p.a_bstride + r * p.n;
     const scalar_t* b_b = p.b + bi * p.b_bstride;
     scalar_t* out_b = p.out + bi * p.out_bstride;
-    const int64_t start = min(max(static_cast<int64_t>(crow_b[r]), int64_t(0)), p.L);
-    const int64_t stop = min(max(static_cast<int64_t>(crow_b[r + 1]), start), p.L);
+    const auto [start, stop] = clamped_row_span(crow_b, r, p.L);
     // kEntries entries at a time: their b rows are loaded together (independent loads in flight)
     // and their dot products reduced together.
     for (int64_t j0 = start; j0 < stop; j0 += kEntries) {
@@ -130,8 +128,7 @@ void launch_native(const SddmmProblem& p, const at::Tensor& crow, const at::Tens
   constexpr int kVec = 16 / sizeof(scalar_t);
   const bool vec_ok = p.n % kVec == 0 && is_aligned(args.a, 16) && is_aligned(args.b, 16);
   const int vec = vec_ok ? kVec : 1;
-  const int64_t lanes_needed = ceil_div(p.n, vec);
-  const int group = lanes_needed <= 8 ? 8 : (lanes_needed <= 16 ? 16 : 32);
+  const int group = row_group_size(ceil_div(p.n, vec));
   const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
   const int64_t blocks = std::max<int64_t>(1, std::min(ceil_div(args.rows, kThreads / group), max_blocks));
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -197,6 +194,7 @@ at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const
   // "auto", from benchmarks/results/h100/sddmm_cuda.json (H100, fp32): native for n <= 256 (random
   // 100k x 100k, 20/row: 63 vs 79 us at n = 32, 232 vs 261 us at n = 128), cuSPARSE above (4096 x
   // 4096 at 10%, n = 1024: 830 vs 1095 us); native for half types and batches, which cuSPARSE lacks.
+  // "tiled" names an SpMM kernel (the backward of a tiled spmm passes it on): SDDMM runs native.
   const bool cusparse_ok = !p.batched && (dtype == at::kFloat || dtype == at::kDouble);
   const bool cusparse = cusparse_ok && (backend == SpmmBackend::Cusparse || (backend == SpmmBackend::Auto && p.n > 256));
   if (cusparse) {

@@ -92,12 +92,12 @@ def main(argv=None):
     print(f"sparsetorch {st.__version__} on {name}: copy {ceilings.bandwidth / 1e9:.0f} GB/s, GEMM "
           + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in ceilings.gemm.items())
           + f"; {'full' if args.full else 'quick'} run of {', '.join(wanted)}")
-    ctx = Context(device, timer, ceilings, quick, [], data_root if os.path.isdir(data_root) else None)
+    ctx = Context(device, timer, ceilings, quick, data_root if os.path.isdir(data_root) else None)
     jobs = [(s, j, False) for s in wanted if s != "cpu" for j in SUITES[s](ctx)]
     if "cpu" in wanted:
         cpu = torch.device("cpu")
         cpu_timer = make_timer(cpu, True)
-        cpu_ctx = Context(cpu, cpu_timer, measure_ceilings(cpu, cpu_timer, True), True, [], ctx.data_root)
+        cpu_ctx = Context(cpu, cpu_timer, measure_ceilings(cpu, cpu_timer, True), True, ctx.data_root)
         jobs += [("cpu", j, True) for s in ("density", "graphs") for j in SUITES[s](cpu_ctx)]
     rows = []
     bar = progress(len(jobs))

@@ -99,15 +99,18 @@ def headlines(rows: List[dict]) -> List[str]:
     return lines
 
 
+def _cells(r: dict, cpu_mark: str, times: str) -> List[str]:
+    """One row's cells, formatted the same for the markdown table and the terminal."""
+    return [r["suite"] + (cpu_mark if r.get("cpu") else ""), r["case"], r["impl"], r["dtype"],
+            f"{r['time_ms']:.4g}", f"{r['GBps']:.0f}", f"{r['GFLOPs']:.0f}", f"{r['floor_ms']:.3g}",
+            f"{100 * r['of_floor']:.0f}%", "" if r.get("speedup") is None else f"{r['speedup']:.2f}{times}"]
+
+
 def table(rows: List[dict]) -> str:
     header = ("suite", "case", "impl", "dtype", "time ms", "GB/s", "GFLOP/s", "floor ms", "of floor",
               "x vs ours")
     lines = [" | ".join(header), " | ".join("---" for _ in header)]
-    for r in rows:
-        lines.append(" | ".join([
-            r["suite"] + (" (cpu)" if r.get("cpu") else ""), r["case"], r["impl"], r["dtype"],
-            f"{r['time_ms']:.4g}", f"{r['GBps']:.0f}", f"{r['GFLOPs']:.0f}", f"{r['floor_ms']:.3g}",
-            f"{100 * r['of_floor']:.0f}%", "" if r.get("speedup") is None else f"{r['speedup']:.2f}"]))
+    lines += [" | ".join(_cells(r, " (cpu)", "")) for r in rows]
     return "\n".join(lines)
 
 
@@ -120,9 +123,7 @@ def print_table(rows: List[dict]) -> None:
         if r["case"] != last_case and last_case is not None:
             print()
         last_case = r["case"]
-        cells = (r["suite"] + ("/cpu" if r.get("cpu") else ""), r["case"], r["impl"], r["dtype"],
-                 f"{r['time_ms']:.4g}", f"{r['GBps']:.0f}", f"{r['GFLOPs']:.0f}", f"{r['floor_ms']:.3g}",
-                 f"{100 * r['of_floor']:.0f}%", "" if r.get("speedup") is None else f"{r['speedup']:.2f}x")
+        cells = _cells(r, "/cpu", "x")
         print("  ".join(c[:w].ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
     print("(x ours: that implementation's time / sparsetorch's in the same case, > 1 = sparsetorch faster; "
           "floor = max(bytes / copy bandwidth, flops / GEMM rate), both measured in this run)")

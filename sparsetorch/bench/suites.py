@@ -28,10 +28,9 @@ TOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 3e-2, "float16": 1e-2, "float6
 
 
 class Context:
-    def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, dtypes: List[str],
-                 data_root: Optional[str]):
+    def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, data_root: Optional[str]):
         self.device, self.timer, self.ceilings, self.quick = device, timer, ceilings, quick
-        self.dtypes, self.data_root = dtypes, data_root
+        self.data_root = data_root
 
     @property
     def cuda(self) -> bool:
@@ -179,21 +178,9 @@ def real_graphs(root: Optional[str]):
 
 
 def planetoid_graph(root: str, name: str):
-    import pickle
-    import warnings
+    from sparsetorch.datasets import planetoid_adjacency
 
-    import scipy.sparse as sp
-
-    with open(os.path.join(root, "planetoid", f"ind.{name}.graph"), "rb") as f, warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        graph = pickle.load(f, encoding="latin1")
-    rows = [s for s, dsts in graph.items() for _ in dsts]
-    cols = [d for dsts in graph.values() for d in dsts]
-    n = max(max(rows), max(cols)) + 1
-    a = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(n, n))
-    a.sum_duplicates()
-    a.data[:] = 1.0
-    return a
+    return planetoid_adjacency(name, root)
 
 
 def graph_suite(ctx: Context) -> List[Job]:
