@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [sddmm] [examples] [ffn] [harness] [sanitizer]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [sddmm] [examples] [ffn] [harness] [sanitizer]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
-#   backward; examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
+#   backward; tiled: the tiled SpMM density sweep (TILED_ARGS=--quick); examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
@@ -53,6 +53,9 @@ fi
 if want bench; then
   python3 benchmarks/spmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -40 || rc=1
   python3 -m sparsetorch.bench --out "$OUT/main_job.json" 2>&1 | tee "$OUT/main_job.log" || rc=1
+fi
+if [[ "$what" == *" tiled "* ]]; then
+  python3 benchmarks/spmm_tiled_cuda.py --out "$OUT" ${TILED_ARGS:-} 2>&1 | tee "$OUT/tiled.log" | tail -60 || rc=1
 fi
 if [[ "$what" == *" sddmm "* ]]; then
   python3 benchmarks/sddmm_cuda.py --out "$OUT" 2>&1 | tee "$OUT/sddmm.log" | tail -20 || rc=1

@@ -95,6 +95,12 @@ class CSR:
         if index_dtype is not None:
             if index_dtype not in _INDEX_DTYPES:
                 raise TypeError(f"index_dtype: expected torch.int32 or torch.int64, got {index_dtype}")
+            if index_dtype == torch.int32 and crow.dtype != torch.int32:
+                # A cast would wrap silently; the sizes alone decide it (no device sync).
+                largest = max(col.shape[-1], self.shape[-1])
+                if largest > 2**31 - 1:
+                    raise ValueError(f"index_dtype: int32 cannot index {largest} stored entries or columns "
+                                     "(more than 2^31 - 1); keep int64 indices")
             crow, col = crow.to(index_dtype), col.to(index_dtype)
         if dtype is not None:
             values = values.to(dtype)

@@ -51,8 +51,9 @@ class SpmmPlan:
         a = as_csr(A, device=device)
         if validate:
             validate_csr(a)
-        if backend not in ("auto", "cusparse", "native"):
-            raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of auto, cusparse, native")
+        if backend not in ("auto", "cusparse", "native", "tiled"):
+            raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of auto, cusparse, native, "
+                             "tiled")
         self.csr = a
         self.shape = a.shape
         self.alpha = float(alpha)

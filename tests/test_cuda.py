@@ -20,7 +20,7 @@ def test_non_default_stream(rng):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         outs = {be: st.spmm(A, b, backend=be, bias=torch.zeros(64, device="cuda"), activation="none")
-                for be in ("cusparse", "native")}
+                for be in ("cusparse", "native", "tiled")}
         batched = st.spmm(st.from_list([a, a], device="cuda", dtype=torch.float32), b, backend="cusparse")
     side.synchronize()
     for out in outs.values():
@@ -35,7 +35,7 @@ def test_non_current_device():
     A = st.from_scipy(a, device="cuda:1", dtype=torch.float32)
     b = torch.randn(40, 8, device="cuda:1")
     with torch.cuda.device(0):
-        for be in ("cusparse", "native"):
+        for be in ("cusparse", "native", "tiled"):
             out = st.spmm(A, b, backend=be)
             assert out.device == torch.device("cuda:1")
             assert_matches(out, a @ b.double().cpu().numpy(), torch.float32)
@@ -60,11 +60,11 @@ def test_backends_agree(rng, layout, dtype):
         A = st.CSR(a.crow_indices, a.col_indices, values, (batch, m, k))
         b = randn(rng, batch, k, n, dtype=dtype, device="cuda")
     ref = st.spmm(A.to(device="cpu", dtype=torch.float64), b.double().cpu())
-    for be in ("cusparse", "native", "auto"):
+    for be in ("cusparse", "native", "tiled", "auto"):
         assert_matches(st.spmm(A, b, backend=be), ref, dtype)
 
 
-@pytest.mark.parametrize("backend", ["cusparse", "native"])
+@pytest.mark.parametrize("backend", ["cusparse", "native", "tiled"])
 def test_batch_count_above_65535(rng, backend):
     batch, m, k, n = 70_000, 3, 4, 4
     crow = torch.tensor([0, 1, 3, 4]).repeat(batch, 1)
@@ -89,18 +89,79 @@ def test_graph_with_a_million_rows(rng):
         assert_matches(st.spmm(A, b, backend=be), ref, torch.float32)
 
 
-def test_native_kernel_survives_malformed_indices():
-    """Without validate=True the native kernel skips out-of-range entries instead of faulting; the
+@pytest.mark.parametrize("backend", ["native", "tiled"])
+def test_native_kernel_survives_malformed_indices(backend):
+    """Without validate=True the native kernels skip out-of-range entries instead of faulting; the
     CUDA context stays usable."""
     crow = torch.tensor([0, 2, 9], device="cuda")          # last row claims entries past nnz
     col = torch.tensor([0, 1 << 40, -5], device="cuda")    # far out of range both ways
     values = torch.ones(3, device="cuda")
-    out = st.spmm((crow, col, values, (2, 3)), torch.ones(3, 2, device="cuda"), backend="native")
+    out = st.spmm((crow, col, values, (2, 3)), torch.ones(3, 2, device="cuda"), backend=backend)
     torch.cuda.synchronize()
     assert out.shape == (2, 2)
+    assert out[0].tolist() == [1.0, 1.0]  # the one valid entry, (0, 0)
     with pytest.raises(ValueError, match="col_indices\\[1\\] = 1099511627776 is out of range"):
         st.spmm((torch.tensor([0, 2, 3], device="cuda"), col, values, (2, 3)), torch.ones(3, 2, device="cuda"),
                 validate=True)
     good = st.spmm(st.from_scipy(sp.eye(3, format="csr"), device="cuda", dtype=torch.float32),
                    torch.ones(3, 2, device="cuda"))
     assert good.cpu().tolist() == [[1.0, 1.0]] * 3
+
+
+def _coo_to_csr(rows, cols, vals, shape):
+    """CSR components that keep the given per-row entry order (unsorted, repeated columns)."""
+    order = np.argsort(rows, kind="stable")
+    crow = np.zeros(shape[0] + 1, dtype=np.int64)
+    np.add.at(crow, rows + 1, 1)
+    return np.cumsum(crow), cols[order], vals[order]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled", "repeats"])
+def test_tiled_kernel_entry_orders(rng, dtype, order):
+    """The tiled kernel consumes entries in storage order across its 32-column tiles: rows longer
+    than a warp within one tile, columns going backwards across tiles (taken from global memory),
+    repeated columns within and across passes, and invalid rows/columns next to valid ones."""
+    m, k, n = 45, 300, 72  # 10 tiles of B rows, a partial row block and column tile
+    lengths = rng.integers(0, 200, size=m)
+    lengths[:3] = [0, 299, 150]
+    rows = np.repeat(np.arange(m), lengths)
+    cols = np.concatenate([rng.choice(k, size=ln, replace=order == "repeats") for ln in lengths])
+    if order == "repeats":  # also a row with one column 100 times, more than a warp in one tile
+        rows, cols = np.concatenate([rows, np.full(100, 5)]), np.concatenate([cols, np.full(100, 37)])
+    vals = rng.standard_normal(rows.size)
+    crow, col, val = _coo_to_csr(rows, cols, vals, (m, k))
+    for r in range(m):  # the entry order inside each row
+        s = slice(crow[r], crow[r + 1])
+        idx = np.arange(s.start, s.stop)
+        if order in ("sorted", "repeats"):
+            idx = idx[np.argsort(col[s], kind="stable")] if order == "sorted" else idx
+        elif order == "reversed":
+            idx = idx[np.argsort(-col[s], kind="stable")]
+        else:
+            idx = rng.permutation(idx)
+        col[s], val[s] = col[idx], val[idx]
+    a = sp.csr_matrix((val, col, crow), shape=(m, k))  # SciPy sums repeated columns in the product
+    b = randn(rng, k, n, dtype=dtype, device="cuda")
+    ref = a @ b.double().cpu().numpy()
+    A = st.CSR(torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val).to(dtype), (m, k)).to(device="cuda")
+    col_before = A.col_indices.clone()
+    for n_cols in (n, 64):  # n = 72: scalar path (not a multiple of the vector width for fp32)
+        out = st.spmm(A, b[:, :n_cols].contiguous(), backend="tiled", bias=torch.ones(n_cols, device="cuda", dtype=dtype))
+        assert_matches(out, ref[:, :n_cols] + 1.0, dtype)
+    assert torch.equal(A.col_indices, col_before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_kernel_pruned_weight_matches_native(rng, dtype):
+    """A pruned-weight shape (many tiles, full column tiles, 8 rows per warp above 256 entries/row):
+    the tiled kernel agrees with the row-group kernel and with float64."""
+    m = k = 512
+    for density in (0.1, 0.6):
+        w = torch.from_numpy(rng.standard_normal((m, k)) * (rng.random((m, k)) < density))
+        A = st.from_dense(w.to(dtype).cuda())
+        b = randn(rng, k, 256, dtype=dtype, device="cuda")
+        ref = w @ b.double().cpu()
+        tiled, native = st.spmm(A, b, backend="tiled"), st.spmm(A, b, backend="native")
+        assert_matches(tiled, ref, dtype)
+        assert_matches(native, ref, dtype)

@@ -12,8 +12,8 @@ import sparsetorch as st
 from _helpers import DATA_DIR, activation_refs, assert_matches, randn, random_csr, rounded, to_st
 from conftest import CUDA_READY, FLOAT_DTYPES, INDEX_DTYPES
 
-# Every SpMM test runs on the CPU and on both CUDA routes.
-TARGETS = [("cpu", "auto")] + ([("cuda", "cusparse"), ("cuda", "native")] if CUDA_READY else [])
+# Every SpMM test runs on the CPU and on every CUDA route.
+TARGETS = [("cpu", "auto")] + ([("cuda", be) for be in ("cusparse", "native", "tiled")] if CUDA_READY else [])
 
 
 @pytest.fixture(params=TARGETS, ids=lambda t: f"{t[0]}-{t[1]}")

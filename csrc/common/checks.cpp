@@ -184,7 +184,9 @@ SpmmBackend parse_spmm_backend(const std::string& name) {
   if (name == "auto") return SpmmBackend::Auto;
   if (name == "cusparse") return SpmmBackend::Cusparse;
   if (name == "native") return SpmmBackend::Native;
-  TORCH_CHECK_VALUE(false, "backend: unknown SpMM backend '", name, "'; expected one of auto, cusparse, native");
+  if (name == "tiled") return SpmmBackend::Tiled;
+  TORCH_CHECK_VALUE(false, "backend: unknown SpMM backend '", name,
+                    "'; expected one of auto, cusparse, native, tiled");
 }
 
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out) {

@@ -19,19 +19,28 @@ namespace sparsetorch {
 namespace cuda {
 namespace {
 
-bool use_native(const SpmmProblem& p, at::ScalarType dtype, SpmmBackend backend) {
-  if (backend == SpmmBackend::Native) return true;
-  if (backend == SpmmBackend::Cusparse) return false;
-  if (p.batched || dtype == at::kHalf || dtype == at::kBFloat16) return true;
-  return p.n <= 256;
+// Mean stored entries per row from which "auto" takes the tiled kernel, and the narrowest B it takes
+// it for. PROVISIONAL until measured on the density sweep (benchmarks/spmm_tiled_cuda.py).
+constexpr int64_t kTiledMinRowLength = 32;
+constexpr int64_t kTiledMinN = 64;
+
+SpmmBackend choose_route(const SpmmProblem& p, at::ScalarType dtype, SpmmBackend backend) {
+  if (backend != SpmmBackend::Auto) return backend;
+  const int64_t mean_row_length = p.m > 0 ? p.nnz_stride / p.m : 0;
+  if (mean_row_length >= kTiledMinRowLength && p.n >= kTiledMinN) return SpmmBackend::Tiled;
+  if (p.batched || dtype == at::kHalf || dtype == at::kBFloat16) return SpmmBackend::Native;
+  return p.n <= 256 ? SpmmBackend::Native : SpmmBackend::Cusparse;
 }
 
 void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
          const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend backend) {
-  if (use_native(p, values.scalar_type(), backend)) {
-    spmm_native(p, crow, col, values, dense, out, epi);
-  } else {
-    spmm_cusparse(p, crow, col, values, dense, out, epi);
+  switch (choose_route(p, values.scalar_type(), backend)) {
+    case SpmmBackend::Tiled:
+      return spmm_tiled(p, crow, col, values, dense, out, epi);
+    case SpmmBackend::Cusparse:
+      return spmm_cusparse(p, crow, col, values, dense, out, epi);
+    default:
+      return spmm_native(p, crow, col, values, dense, out, epi);
   }
 }
 

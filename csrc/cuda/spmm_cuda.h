@@ -25,6 +25,12 @@ struct SpmmEpilogue {
 void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                  const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
 
+// Own kernel for long rows: blocks of 32-64 rows x 128-256 columns stream B through shared memory
+// in 32-row tiles and share each tile row among all of a warp's rows that use it (spmm_tiled.cu).
+// Same inputs, guarantees and epilogue as spmm_native; any column order, repeated columns summed.
+void spmm_tiled(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
+
 // cuSPARSE generic API: cusparseSpMM for one matrix; for a batch, strided batch when the pattern is
 // shared (its only correct case) and one block-diagonal product when patterns differ. Bias and
 // activation run as a second pass over `out`.

@@ -1,0 +1,93 @@
+// What the native SpMM kernels (spmm_native.cu: a group of lanes per row; spmm_tiled.cu: B tiles
+// in shared memory) share: their argument block and the fused epilogue
+// out = act(alpha * acc + beta * accumulate + bias).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+
+#include "common/activation.h"
+#include "common/checks.h"
+#include "cuda/cuda_utils.h"
+#include "cuda/spmm_cuda.h"
+
+namespace sparsetorch {
+namespace cuda {
+
+template <typename scalar_t, typename index_t>
+struct NativeArgs {
+  const index_t* crow;
+  const index_t* col;
+  const scalar_t* values;
+  const scalar_t* dense;
+  const scalar_t* accumulate;  // may be nullptr
+  const scalar_t* bias;        // may be nullptr
+  scalar_t* out;
+  int64_t rows;  // batch * m
+  int64_t m, k, n, L;
+  int64_t crow_bstride, col_bstride, val_bstride, dense_bstride, ldb;
+  double alpha, beta, negative_slope;
+  Activation act;
+};
+
+// crow, col, values contiguous; dense with unit column stride; out contiguous in the output shape.
+template <typename scalar_t, typename index_t>
+NativeArgs<scalar_t, index_t> make_native_args(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                                               const at::Tensor& values, const at::Tensor& dense,
+                                               const at::Tensor& out, const SpmmEpilogue& epi) {
+  NativeArgs<scalar_t, index_t> args;
+  args.crow = crow.data_ptr<index_t>();
+  args.col = col.data_ptr<index_t>();
+  args.values = values.data_ptr<scalar_t>();
+  args.dense = dense.data_ptr<scalar_t>();
+  args.accumulate = epi.accumulate.defined() ? epi.accumulate.data_ptr<scalar_t>() : nullptr;
+  args.bias = epi.bias.defined() ? epi.bias.data_ptr<scalar_t>() : nullptr;
+  args.out = out.data_ptr<scalar_t>();
+  args.rows = p.batch * p.m;
+  args.m = p.m;
+  args.k = p.k;
+  args.n = p.n;
+  args.L = p.nnz_stride;
+  args.crow_bstride = p.pattern_batched ? p.m + 1 : 0;
+  args.col_bstride = p.pattern_batched ? p.nnz_stride : 0;
+  args.val_bstride = p.values_batched ? p.nnz_stride : 0;
+  args.dense_bstride = p.dense_batched ? dense.stride(0) : 0;
+  args.ldb = dense.stride(-2);
+  args.alpha = epi.alpha;
+  args.beta = epi.beta;
+  args.negative_slope = epi.negative_slope;
+  args.act = epi.act;
+  return args;
+}
+
+// 16-byte accesses (vec elements) need every row start of B, out and accumulate on a 16-byte boundary.
+template <typename scalar_t, typename index_t>
+bool vector_access_ok(const NativeArgs<scalar_t, index_t>& a, int vec) {
+  bool ok = a.n % vec == 0 && a.ldb % vec == 0 && a.dense_bstride % vec == 0 && is_aligned(a.dense, 16) &&
+            is_aligned(a.out, 16);
+  if (a.accumulate) ok = ok && is_aligned(a.accumulate, 16);
+  return ok;
+}
+
+// Writes the VEC outputs out[base .. base+VEC) (columns c0 .. c0+VEC) from the accumulators; one
+// 16-byte access each for out and accumulate when VEC > 1 (the caller checked the alignment).
+template <typename scalar_t, typename index_t, int VEC>
+__device__ __forceinline__ void store_outputs(const NativeArgs<scalar_t, index_t>& a, int64_t base, int64_t c0,
+                                              const at::opmath_type<scalar_t>* acc) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t alpha = static_cast<acc_t>(a.alpha), beta = static_cast<acc_t>(a.beta);
+  const acc_t slope = static_cast<acc_t>(a.negative_slope);
+  Packed<scalar_t, VEC> res, cin;
+  if (a.accumulate) cin.load(a.accumulate + base);
+#pragma unroll
+  for (int q = 0; q < VEC; ++q) {
+    acc_t x = alpha * acc[q];
+    if (a.accumulate) x += beta * cin.get(q);
+    if (a.bias) x += static_cast<acc_t>(a.bias[c0 + q]);
+    res.set(q, apply_activation<acc_t>(a.act, x, slope));
+  }
+  res.store(a.out + base);
+}
+
+}  // namespace cuda
+}  // namespace sparsetorch
