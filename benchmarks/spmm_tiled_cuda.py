@@ -4,8 +4,7 @@ dense 4096 x n, against the row-group kernel, cuSPARSE, torch.sparse.mm and dens
 one run, every output checked against a float64 product first.
 
 Rows: fp32 with TF32 off (dense fp32 = cuBLAS SGEMM), and bf16 (fp32 accumulation; dense bf16 =
-tensor cores). "tiled R4/R8" force 4 or 8 rows per warp (SPARSETORCH_TILED_ROWS); "tiled" is the
-default choice. Floors, with the ceilings measured here: bytes = indices + values + B once + out,
+tensor cores). Floors, with the ceilings measured here: bytes = indices + values + B once + out,
 over the copy bandwidth; flops = 2 nnz n over the dense GEMM rate of the dtype (the CUDA-core FMA
 rate is the real limit of a sparse kernel, so the flop floor of fp32 is its rate, not the tensor
 cores').
@@ -38,16 +37,6 @@ def pruned(m, k, density, dtype, seed, index_dtype=torch.int32):
     return st.CSR(crow, col.reshape(-1), values, (m, k))
 
 
-def with_rows(rows, fn):
-    def run():
-        os.environ["SPARSETORCH_TILED_ROWS"] = str(rows)
-        try:
-            return fn()
-        finally:
-            os.environ.pop("SPARSETORCH_TILED_ROWS", None)
-    return run
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
@@ -77,8 +66,6 @@ def main():
                 t_sparse = a.to_torch()
                 impls = {
                     "tiled": lambda: st.spmm(a, b, backend="tiled"),
-                    "tiled R4": with_rows(4, lambda: st.spmm(a, b, backend="tiled")),
-                    "tiled R8": with_rows(8, lambda: st.spmm(a, b, backend="tiled")),
                     "native": lambda: st.spmm(a, b, backend="native"),
                     "auto": lambda: st.spmm(a, b),
                     "torch.sparse.mm": lambda: torch.sparse.mm(t_sparse, b),

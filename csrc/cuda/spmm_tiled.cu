@@ -2,26 +2,21 @@
 //
 // The row-group kernel (spmm_native.cu) gathers one B row from L2 per stored entry; on a pruned
 // 4096 x 4096 weight with n = 1024 that is ~8 TB/s of L2 traffic and caps it near 4 TFLOP/s. Here a
-// block of 8 warps owns kRowsPerWarp * 8 rows of A and kTileN columns of the output and streams B
-// through shared memory in tiles of 32 rows (cp.async, two stages), so each B element comes from L2
-// once per block instead of once per entry that uses it.
+// block of 16 warps owns 64 rows of A (4 per warp) and kTileN columns of the output, and streams B
+// through shared memory in tiles of 32 rows (cp.async, two stages): each B element comes from L2
+// once per block instead of once per entry that uses it. Each lane owns kCols output columns of
+// each of its warp's rows and reads a B tile row as 16-byte shared-memory accesses.
 //
-// Per tile, each warp scatters the entries of its rows that fall in the tile into a small table
-// (value per (row, tile row), a 32-bit mask per row) and then walks the union of the masks: one
-// read of a B tile row from shared memory serves every one of the warp's rows with an entry there.
-// Each lane owns kCols output columns of each row, so a B tile row is read as 16-byte accesses.
-//
-// Entries are consumed in storage order, so any input is handled: a row's pointer stops at its
-// first entry beyond the current tile; entries of an earlier tile (unsorted columns) are multiplied
-// with B read from global memory on the spot; repeated columns are summed; columns outside [0, k)
-// are skipped as in the row-group kernel. Sorted, duplicate-free rows (what to_sparse_csr and
-// SparseLinear produce) take only the shared-memory path.
+// A row's entries are consumed in storage order from a 32-entry chunk cached in registers (one
+// entry per lane, broadcast by shuffles), up to the first entry beyond the current tile, so any
+// input is handled: entries of an earlier tile (unsorted columns) are multiplied with B read from
+// global memory on the spot, repeated columns simply add, and columns outside [0, k) are skipped as
+// in the row-group kernel. Sorted rows (to_sparse_csr, SparseLinear) take only the shared-memory path.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-#include <cstdlib>
 #include <limits>
 
 #include "cuda/cuda_utils.h"
@@ -32,9 +27,11 @@ namespace sparsetorch {
 namespace cuda {
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTileK = 32;  // B rows per tile: one bit each in a 32-bit mask
+constexpr int kRowsPerWarp = 4;
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+constexpr int kTileK = 32;  // B rows per shared-memory stage
 
 template <typename scalar_t>
 struct TileShape {
@@ -109,38 +106,50 @@ __device__ __forceinline__ void fma_global_row(const NativeArgs<scalar_t, index_
   }
 }
 
-template <typename scalar_t, typename index_t, int ROWS, bool ALIGNED>
-__global__ void __launch_bounds__(kThreads, ROWS <= 4 ? 2 : 1)
-    spmm_tiled_kernel(const NativeArgs<scalar_t, index_t> a, int64_t row_blocks) {
+// Refills a row's cached chunk: lane l holds stored entry base + l (column, value), or nothing past
+// the row's end.
+template <typename scalar_t, typename index_t>
+__device__ __forceinline__ void load_chunk(const index_t* col_b, const scalar_t* val_b, int64_t base, int64_t stop,
+                                           int lane, int64_t& col, at::opmath_type<scalar_t>& val) {
+  const int64_t j = base + lane;
+  col = j < stop ? static_cast<int64_t>(col_b[j]) : int64_t(-1);
+  val = j < stop ? static_cast<at::opmath_type<scalar_t>>(val_b[j]) : at::opmath_type<scalar_t>(0);
+}
+
+template <typename scalar_t, typename index_t, bool ALIGNED>
+__global__ void __launch_bounds__(kThreads, 1) spmm_tiled_kernel(const NativeArgs<scalar_t, index_t> a, int64_t row_blocks) {
   using acc_t = at::opmath_type<scalar_t>;
   using S = TileShape<scalar_t>;
+  constexpr unsigned kAll = 0xffffffffu;
   extern __shared__ __align__(16) unsigned char smem[];
-  scalar_t* stages = reinterpret_cast<scalar_t*>(smem);                          // [2][kTileK][kTileN]
-  acc_t* table = reinterpret_cast<acc_t*>(stages + 2 * S::kStage);               // [kWarps][ROWS][kTileK]
+  scalar_t* stages = reinterpret_cast<scalar_t*>(smem);  // [2][kTileK][kTileN]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.x / row_blocks;
-  const int64_t first_row = (blockIdx.x - b * row_blocks) * (kWarps * ROWS) + warp * ROWS;
+  const int64_t first_row = (blockIdx.x - b * row_blocks) * kRowsPerBlock + warp * kRowsPerWarp;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * S::kTileN;
   const index_t* crow_b = a.crow + b * a.crow_bstride;
   const index_t* col_b = a.col + b * a.col_bstride;
   const scalar_t* val_b = a.values + b * a.val_bstride;
   const scalar_t* dense_b = a.dense + b * a.dense_bstride;
-  acc_t* my_table = table + warp * ROWS * kTileK;
 
-  // Per row: next entry to consume, end of the row, and the column of the next entry (a hint that
-  // lets a row with nothing in the current tile skip its loads; -1 = load and look).
-  int64_t next[ROWS], stop[ROWS], next_col[ROWS];
-  acc_t acc[ROWS][S::kCols];
+  // Per row: a chunk of 32 stored entries cached in registers (lane l: entry base + l), the first
+  // unconsumed lane `pos` (32 = chunk used up) and the row's end.
+  int64_t base[kRowsPerWarp], stop[kRowsPerWarp], chunk_col[kRowsPerWarp];
+  acc_t chunk_val[kRowsPerWarp];
+  int pos[kRowsPerWarp];
+  acc_t acc[kRowsPerWarp][S::kCols];
 #pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
-    next[i] = stop[i] = 0;
-    next_col[i] = -1;
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    base[i] = stop[i] = 0;
     if (first_row + i < a.m) {
       const auto span = clamped_row_span(crow_b, first_row + i, a.L);
-      next[i] = span.start;
+      base[i] = span.start - 32;  // the first refill moves it to the row's start
       stop[i] = span.stop;
     }
+    pos[i] = 32;
+    chunk_col[i] = -1;
+    chunk_val[i] = acc_t(0);
 #pragma unroll
     for (int c = 0; c < S::kCols; ++c) acc[i][c] = acc_t(0);
   }
@@ -149,90 +158,72 @@ __global__ void __launch_bounds__(kThreads, ROWS <= 4 ? 2 : 1)
   load_tile<scalar_t, index_t, ALIGNED>(a, dense_b, 0, n0, stages);
   cp_async_commit();
   for (int64_t t = 0; t < tiles; ++t) {
-    scalar_t* stage = stages + (t & 1) * S::kStage;
-    if (t + 1 < tiles) load_tile<scalar_t, index_t, ALIGNED>(a, dense_b, (t + 1) * kTileK, n0, stages + ((t + 1) & 1) * S::kStage);
+    const scalar_t* stage = stages + (t & 1) * S::kStage;
+    if (t + 1 < tiles) {
+      load_tile<scalar_t, index_t, ALIGNED>(a, dense_b, (t + 1) * kTileK, n0, stages + ((t + 1) & 1) * S::kStage);
+    }
     cp_async_commit();
     const int64_t k0 = t * kTileK, k_end = k0 + kTileK;
 
-    // 1. Consume each row's entries up to its first one beyond this tile.
-    unsigned row_bits[ROWS];
+    // Used-up chunks are refilled before waiting for the tile, all rows' loads in flight together.
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-      row_bits[i] = 0;
-      while (next[i] < stop[i] && next_col[i] < k_end) {  // warp-uniform
-        const int64_t j = next[i] + lane;
-        const bool have = j < stop[i];
-        int64_t c = -1;
-        acc_t v = acc_t(0);
-        if (have) {
-          c = static_cast<int64_t>(col_b[j]);
-          v = static_cast<acc_t>(val_b[j]);
-        }
-        const bool valid = have && c >= 0 && c < a.k;
-        const unsigned consumable = __ballot_sync(0xffffffffu, have && (!valid || c < k_end));
-        const int run = consumable == 0xffffffffu ? 32 : __ffs(~consumable) - 1;  // leading consumable lanes
-        const bool in_tile = lane < run && valid && c >= k0;
-        const bool late = lane < run && valid && c < k0;
-        const int slot = in_tile ? static_cast<int>(c - k0) : 0;
-        const unsigned bit = in_tile ? 1u << slot : 0u;
-        const unsigned bits = __reduce_or_sync(0xffffffffu, bit);
-        const int count = __popc(__ballot_sync(0xffffffffu, in_tile));
-        if (count == __popc(bits) && (bits & row_bits[i]) == 0) {
-          if (in_tile) my_table[i * kTileK + slot] = v;
-        } else {  // a column repeated in the row: sum its values
-          if (in_tile && !(row_bits[i] & bit)) my_table[i * kTileK + slot] = acc_t(0);
-          __syncwarp();
-          if (in_tile) atomicAdd(&my_table[i * kTileK + slot], v);
-        }
-        row_bits[i] |= bits;
-        for (unsigned pending = __ballot_sync(0xffffffffu, late); pending; pending &= pending - 1) {
-          const int src = __ffs(pending) - 1;
-          const int64_t cl = __shfl_sync(0xffffffffu, c, src);
-          const acc_t vl = __shfl_sync(0xffffffffu, v, src);
-          fma_global_row<scalar_t, index_t, ALIGNED>(a, dense_b, cl, n0, lane, vl, acc[i]);
-        }
-        next[i] += run;
-        if (run < 32) {  // lane `run` holds the row's first entry beyond this tile, or the row ended
-          next_col[i] = __shfl_sync(0xffffffffu, c, run);
-          break;
-        }
-        next_col[i] = -1;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      if (pos[i] == 32 && base[i] + 32 < stop[i]) {
+        base[i] += 32;
+        pos[i] = 0;
+        load_chunk<scalar_t, index_t>(col_b, val_b, base[i], stop[i], lane, chunk_col[i], chunk_val[i]);
       }
     }
-
     cp_async_wait_one();  // this tile's stage has landed (the next one may still be in flight)
     __syncthreads();
 
-    // 2. One pass over the tile rows any of the warp's rows uses.
-    unsigned used = 0;
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) used |= row_bits[i];
-    while (used) {
-      const int kk = __ffs(used) - 1;
-      used &= used - 1;
-      acc_t bv[S::kCols];
-#pragma unroll
-      for (int q = 0; q < S::kChunks; ++q) {
-        Packed<scalar_t, S::kVec> p;
-        p.load(stage + kk * S::kTileN + lane_column<scalar_t>(lane, q));
-#pragma unroll
-        for (int e = 0; e < S::kVec; ++e) bv[q * S::kVec + e] = p.get(e);
-      }
-#pragma unroll
-      for (int i = 0; i < ROWS; ++i) {
-        if (row_bits[i] >> kk & 1u) {
-          const acc_t v = my_table[i * kTileK + kk];
-#pragma unroll
-          for (int c = 0; c < S::kCols; ++c) acc[i][c] += v * bv[c];
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      // Consume the row's entries in storage order up to its first one beyond this tile.
+      while (base[i] + pos[i] < stop[i]) {  // warp-uniform
+        if (pos[i] == 32) {  // more than a chunk falls in this tile
+          base[i] += 32;
+          pos[i] = 0;
+          load_chunk<scalar_t, index_t>(col_b, val_b, base[i], stop[i], lane, chunk_col[i], chunk_val[i]);
         }
+        const int64_t c = chunk_col[i];
+        const bool have = base[i] + lane < stop[i];
+        const bool valid = have && c >= 0 && c < a.k;
+        const unsigned consumable = __ballot_sync(kAll, lane < pos[i] || (have && (!valid || c < k_end)));
+        const int end = consumable == kAll ? 32 : __ffs(~consumable) - 1;
+        const bool mine = lane >= pos[i] && lane < end;
+        // Shared-memory offset of the entry's B row, or -1 (invalid column, or an earlier tile's).
+        const int offset = mine && valid && c >= k0 ? static_cast<int>(c - k0) * S::kTileN : -1;
+#pragma unroll 4
+        for (int e = pos[i]; e < end; ++e) {
+          const int off = __shfl_sync(kAll, offset, e);
+          const acc_t v = __shfl_sync(kAll, chunk_val[i], e);
+          if (off < 0) continue;
+#pragma unroll
+          for (int q = 0; q < S::kChunks; ++q) {
+            Packed<scalar_t, S::kVec> bv;
+            bv.load(stage + off + lane_column<scalar_t>(lane, q));
+#pragma unroll
+            for (int x = 0; x < S::kVec; ++x) acc[i][q * S::kVec + x] += v * bv.get(x);
+          }
+        }
+        // Entries whose column belongs to an earlier tile (unsorted rows): B from global memory.
+        for (unsigned late = __ballot_sync(kAll, mine && valid && c < k0); late; late &= late - 1) {
+          const int src = __ffs(late) - 1;
+          const int64_t cl = __shfl_sync(kAll, c, src);
+          const acc_t vl = __shfl_sync(kAll, chunk_val[i], src);
+          fma_global_row<scalar_t, index_t, ALIGNED>(a, dense_b, cl, n0, lane, vl, acc[i]);
+        }
+        pos[i] = end;
+        if (end < 32) break;  // lane `end` holds an entry beyond this tile, or the row ended
       }
     }
-    __syncthreads();  // the stage is refilled and the table rewritten by the next iteration
+    __syncthreads();  // the next iteration refills this stage
   }
   cp_async_wait_all();  // k == 0: the first tile's copy was never waited for
 
 #pragma unroll
-  for (int i = 0; i < ROWS; ++i) {
+  for (int i = 0; i < kRowsPerWarp; ++i) {
     const int64_t r = first_row + i;
     if (r >= a.m) break;
     const int64_t out_row = (b * a.m + r) * a.n;
@@ -251,27 +242,17 @@ __global__ void __launch_bounds__(kThreads, ROWS <= 4 ? 2 : 1)
   }
 }
 
-// Rows per warp: more rows share each B tile row read from shared memory (and halve the L2
-// traffic for B), at the price of registers. SPARSETORCH_TILED_ROWS=4|8 overrides (benchmarks).
-int rows_per_warp(int64_t mean_row_length) {
-  const char* env = std::getenv("SPARSETORCH_TILED_ROWS");
-  const int forced = env ? std::atoi(env) : 0;
-  if (forced == 4 || forced == 8) return forced;
-  return mean_row_length >= 256 ? 8 : 4;
-}
-
-template <typename scalar_t, typename index_t, int ROWS, bool ALIGNED>
+template <typename scalar_t, typename index_t, bool ALIGNED>
 void launch(const NativeArgs<scalar_t, index_t>& args) {
   using S = TileShape<scalar_t>;
-  using acc_t = at::opmath_type<scalar_t>;
   const int64_t batch = args.rows / args.m;
-  const int64_t row_blocks = ceil_div(args.m, kWarps * ROWS);
+  const int64_t row_blocks = ceil_div(args.m, kRowsPerBlock);
   const int64_t col_blocks = ceil_div(args.n, S::kTileN);
   TORCH_CHECK(batch * row_blocks <= std::numeric_limits<int32_t>::max() && col_blocks <= 65535,
               "spmm (tiled): problem too large for one launch (", batch, " x ", args.m, " rows, n = ", args.n,
               "); use backend=\"native\"");
-  const size_t smem = 2 * S::kStage * sizeof(scalar_t) + kWarps * ROWS * kTileK * sizeof(acc_t);
-  auto kernel = spmm_tiled_kernel<scalar_t, index_t, ROWS, ALIGNED>;
+  const size_t smem = 2 * S::kStage * sizeof(scalar_t);
+  auto kernel = spmm_tiled_kernel<scalar_t, index_t, ALIGNED>;
   // Above 48 KB of dynamic shared memory must be asked for (per device, so on every launch; cheap).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(batch * row_blocks), static_cast<unsigned>(col_blocks));
@@ -287,17 +268,15 @@ void spmm_tiled(const SpmmProblem& p, const at::Tensor& crow_in, const at::Tenso
   if (out.numel() == 0) return;
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   const at::Tensor dense = dense_in.stride(-1) == 1 ? dense_in : dense_in.contiguous();
-  const int rows = rows_per_warp(p.m > 0 ? p.nnz_stride / p.m : 0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "spmm_tiled", [&] {
     AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "spmm_tiled", [&] {
       const auto args = make_native_args<scalar_t, index_t>(p, crow, col, values, dense, out, epi);
       if (args.rows == 0) return;
       // cp.async moves 16 bytes: B's rows must start on 16-byte boundaries.
-      const bool aligned = vector_access_ok(args, TileShape<scalar_t>::kVec);
-      if (rows == 8) {
-        aligned ? launch<scalar_t, index_t, 8, true>(args) : launch<scalar_t, index_t, 8, false>(args);
+      if (vector_access_ok(args, TileShape<scalar_t>::kVec)) {
+        launch<scalar_t, index_t, true>(args);
       } else {
-        aligned ? launch<scalar_t, index_t, 4, true>(args) : launch<scalar_t, index_t, 4, false>(args);
+        launch<scalar_t, index_t, false>(args);
       }
     });
   });
