@@ -107,5 +107,8 @@ def test_plan_routes_skewed_rows_to_cusparse(device):
     assert even.backend == "auto"
     assert skewed.backend == ("cusparse" if device == "cuda" else "auto")
     assert st.SpmmPlan(st.from_dense(dense), backend="native").backend == "native"
+    # Uniformly long rows (a pruned weight) are not skewed: "auto" stays for the C++ rule.
+    uniform = st.SpmmPlan(st.from_dense(torch.ones(n, n, device=device)))
+    assert uniform.backend == "auto"
     b = torch.randn(n, 8, device=device)
     torch.testing.assert_close(skewed(b), dense @ b)

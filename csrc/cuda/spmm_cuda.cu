@@ -5,7 +5,8 @@
 //    block-diagonal torch.sparse.mm; no block-diagonal copy and no host sync);
 //  - one matrix: native for n <= 256 (random 100k x 100k, 20/row: 2.5x cuSPARSE at n = 32, 1.07x
 //    at n = 128), cuSPARSE above (1.04x native at n = 512);
-//  - half types: native (cuSPARSE's bf16/fp16 CSR SpMM is slow, DESIGN.md).
+//  - half types: native (cuSPARSE's bf16/fp16 CSR SpMM is slow, DESIGN.md);
+//  - long rows and wide B (pruned weights): the tiled kernel, see choose_route.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,16 +20,23 @@ namespace sparsetorch {
 namespace cuda {
 namespace {
 
-// Mean stored entries per row from which "auto" takes the tiled kernel, and the narrowest B it takes
-// it for. PROVISIONAL until measured on the density sweep (benchmarks/spmm_tiled_cuda.py).
-constexpr int64_t kTiledMinRowLength = 32;
-constexpr int64_t kTiledMinN = 64;
+// "auto" takes the tiled kernel for long rows and wide B. From benchmarks/results/h200/spmm_tiled_cuda
+// (4096 x 4096 row-pruned, B 4096 x 1024, H200): fp32 tiled 1.23x cuSPARSE / 1.41x native at 820
+// entries per row (20%), 0.83x / 0.90x at 410 (10%); bf16 1.06x native at 1229 (30%), 0.98x at 1024.
+// Below n = 1024 and for float64 it was not measured to win, so those keep the rules below.
+constexpr int64_t kTiledMinN = 1024;
+constexpr int64_t kTiledMinRowLength = 640;
+constexpr int64_t kTiledMinRowLengthHalf = 1280;
 
 SpmmBackend choose_route(const SpmmProblem& p, at::ScalarType dtype, SpmmBackend backend) {
   if (backend != SpmmBackend::Auto) return backend;
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
   const int64_t mean_row_length = p.m > 0 ? p.nnz_stride / p.m : 0;
-  if (mean_row_length >= kTiledMinRowLength && p.n >= kTiledMinN) return SpmmBackend::Tiled;
-  if (p.batched || dtype == at::kHalf || dtype == at::kBFloat16) return SpmmBackend::Native;
+  if (dtype != at::kDouble && p.n >= kTiledMinN &&
+      mean_row_length >= (half ? kTiledMinRowLengthHalf : kTiledMinRowLength)) {
+    return SpmmBackend::Tiled;
+  }
+  if (p.batched || half) return SpmmBackend::Native;
   return p.n <= 256 ? SpmmBackend::Native : SpmmBackend::Cusparse;
 }
 

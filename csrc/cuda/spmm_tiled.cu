@@ -2,7 +2,7 @@
 //
 // The row-group kernel (spmm_native.cu) gathers one B row from L2 per stored entry; on a pruned
 // 4096 x 4096 weight with n = 1024 that is ~8 TB/s of L2 traffic and caps it near 4 TFLOP/s. Here a
-// block of 16 warps owns 64 rows of A (4 per warp) and kTileN columns of the output, and streams B
+// block of 16 warps owns 32 rows of A (2 per warp) and kTileN columns of the output, and streams B
 // through shared memory in tiles of 32 rows (cp.async, two stages): each B element comes from L2
 // once per block instead of once per entry that uses it. Each lane owns kCols output columns of
 // each of its warp's rows and reads a B tile row as 16-byte shared-memory accesses.
@@ -29,7 +29,7 @@ namespace {
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 4;
+constexpr int kRowsPerWarp = 2;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kTileK = 32;  // B rows per shared-memory stage
 
@@ -117,7 +117,7 @@ __device__ __forceinline__ void load_chunk(const index_t* col_b, const scalar_t*
 }
 
 template <typename scalar_t, typename index_t, bool ALIGNED>
-__global__ void __launch_bounds__(kThreads, 1) spmm_tiled_kernel(const NativeArgs<scalar_t, index_t> a, int64_t row_blocks) {
+__global__ void __launch_bounds__(kThreads, 2) spmm_tiled_kernel(const NativeArgs<scalar_t, index_t> a, int64_t row_blocks) {
   using acc_t = at::opmath_type<scalar_t>;
   using S = TileShape<scalar_t>;
   constexpr unsigned kAll = 0xffffffffu;
