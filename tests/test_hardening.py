@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 import sparsetorch as st
-from _helpers import assert_matches, random_csr, randn
+from _helpers import activation_refs, assert_matches, random_csr, randn
 from conftest import CUDA_READY, DEVICES
 
 ops = torch.ops.sparsetorch
@@ -113,8 +113,9 @@ def test_threads_get_right_results(device, rng):
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 def test_cuda_graph_capture_of_the_sync_free_ops(rng):
-    """Captured once, replayed on new data: native SpMM (single and batched), native SDDMM, bias_act and
-    the elementwise ops. (The cuSPARSE routes and validate=True are not claimed to be capturable.)"""
+    """Captured once, replayed on new data: native and tiled SpMM (single and batched), native SDDMM,
+    bias_act and the elementwise ops. (The cuSPARSE routes and validate=True are not claimed to be
+    capturable.)"""
     a = st.from_scipy(random_csr(rng, 64, 48, 0.1, duplicates=True), device="cuda", dtype=torch.float32)
     batch = st.from_list([random_csr(rng, 64, 48, d) for d in (0.05, 0.2)], device="cuda", dtype=torch.float32)
     b = torch.randn(48, 32, device="cuda")
@@ -124,8 +125,10 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
     def step():
         y = st.spmm(a, b, bias=bias, activation="gelu", backend="native")
         yb = st.spmm(batch, b, backend="native")
+        yt = st.spmm(a, b, bias=bias, activation="relu", backend="tiled")
+        ybt = st.spmm(batch, b, backend="tiled")
         v = st.sddmm(a, g, b, backend="native").values
-        return st.mul(st.bias_act(y, scale=2.0, activation="silu"), 3.0), yb, v
+        return st.mul(st.bias_act(y, scale=2.0, activation="silu"), 3.0), yb, yt, ybt, v
 
     step()  # warm up (allocations, descriptors) outside the capture
     torch.cuda.synchronize()
@@ -141,7 +144,8 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
 
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
-@pytest.mark.parametrize("route", ["native", "cusparse", "plan-native", "plan-cusparse", "batched"])
+@pytest.mark.parametrize("route", ["native", "tiled", "cusparse", "plan-native", "plan-tiled", "plan-cusparse",
+                                   "batched"])
 def test_memory_flat_over_10000_calls(rng, route):
     a = st.from_scipy(random_csr(rng, 256, 256, 0.05), device="cuda", dtype=torch.float32)
     b = torch.randn(256, 32, device="cuda")
@@ -171,20 +175,22 @@ def _problems(draw):
     m, k, n = draw(hs.integers(0, 9)), draw(hs.integers(0, 9)), draw(hs.integers(0, 6))
     density = draw(hs.sampled_from([0.0, 0.2, 0.6, 1.0]))
     layout = draw(hs.sampled_from(["single", "per_batch", "shared", "batched_b"]))
-    dtype = draw(hs.sampled_from([torch.float32, torch.float64]))
+    dtype = draw(hs.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
     index_dtype = draw(hs.sampled_from([torch.int32, torch.int64]))
     seed = draw(hs.integers(0, 2**31 - 1))
     transposed_b = draw(hs.booleans())
-    return m, k, n, density, layout, dtype, index_dtype, seed, transposed_b
+    backend = draw(hs.sampled_from(["auto", "native", "tiled", "cusparse"]))
+    return m, k, n, density, layout, dtype, index_dtype, seed, transposed_b, backend
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(problem=_problems())
 def test_spmm_and_sddmm_properties(device, problem):
-    """Random shapes (zeros included), densities, duplicates/unsorted columns, layouts, dtypes, index
-    dtypes and a transposed B: spmm and sddmm equal dense float64 products."""
-    m, k, n, density, layout, dtype, index_dtype, seed, transposed_b = problem
+    """Random shapes (zeros included), densities, duplicates/unsorted columns, layouts, all four dtypes,
+    index dtypes, a transposed B and every backend (one route on the CPU): spmm and sddmm equal dense
+    float64 products."""
+    m, k, n, density, layout, dtype, index_dtype, seed, transposed_b, backend = problem
     rng = np.random.default_rng(seed)
     kw = dict(unsorted=True, duplicates=True, empty_rows=0.2)
     if layout == "per_batch":
@@ -199,12 +205,12 @@ def test_spmm_and_sddmm_properties(device, problem):
     b = randn(rng, *((3, n, k) if batched_b else (n, k)), dtype=dtype, device=device).transpose(-1, -2)
     if not transposed_b:
         b = b.contiguous()
-    out = st.spmm(a, b)
+    out = st.spmm(a, b, backend=backend)
     dense_a = st.to_dense(a).double().cpu()
     ref = torch.matmul(dense_a, b.double().cpu())
     assert_matches(out, ref, dtype)
     g = randn(rng, *ref.shape, dtype=dtype, device=device)
-    s = st.sddmm(a, g, b)  # the gradient of spmm w.r.t. A's values: (g @ b^T) at A's entries
+    s = st.sddmm(a, g, b, backend=backend)  # the gradient of spmm w.r.t. A's values: (g @ b^T) at A's entries
     full = torch.matmul(g.double().cpu(), b.double().cpu().transpose(-1, -2))  # (.., m, k)
     mask = st.to_dense(st.CSR(a.crow_indices, a.col_indices, torch.ones_like(a.values), a.shape)).cpu() != 0
     got = st.to_dense(s).cpu()
@@ -264,3 +270,52 @@ def test_elementwise_properties(device, problem):
     fused = st.bias_act(x, bias=bias, scale=scale, activation=activation)
     ref = ref_act(x.double().cpu() * scale.double().cpu() + bias.double().cpu())
     assert_matches(fused, ref.to(dtype).double() if dtype in (torch.float16, torch.bfloat16) else ref, dtype)
+
+
+@hs.composite
+def _dense_problems(draw):
+    m, k, n = draw(hs.integers(0, 9)), draw(hs.integers(0, 9)), draw(hs.integers(0, 9))
+    batch = draw(hs.sampled_from([None, 1, 3]))
+    broadcast = draw(hs.sampled_from(["none", "a", "b"]))  # which dense_bmm operand is unbatched
+    dtype = draw(hs.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
+    activation = draw(hs.sampled_from(list(st.ACTIVATIONS)))
+    with_bias = draw(hs.booleans())
+    transposed = draw(hs.booleans())
+    density = draw(hs.sampled_from([0.0, 0.3, 1.0]))
+    seed = draw(hs.integers(0, 2**31 - 1))
+    return m, k, n, batch, broadcast, dtype, activation, with_bias, transposed, density, seed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=_dense_problems())
+def test_linear_dense_bmm_and_scale_properties(device, problem):
+    """linear (every activation, with/without bias, transposed operands), dense_bmm (batched or
+    broadcast operands) and scale (row and column factors, batched A) against float64 torch."""
+    m, k, n, batch, broadcast, dtype, activation, with_bias, transposed, density, seed = problem
+    rng = np.random.default_rng(seed)
+    x = randn(rng, *((batch, m, k) if batch else (m, k)), dtype=dtype, device=device)
+    w = randn(rng, k, n, dtype=dtype, device=device).t() if transposed else randn(rng, n, k, dtype=dtype, device=device)
+    bias = randn(rng, n, dtype=dtype, device=device) if with_bias else None
+    y = st.linear(x, w, bias, activation=activation)
+    z = x.double().cpu() @ w.double().cpu().t() + (bias.double().cpu() if with_bias else 0)
+    assert_matches(y, activation_refs(0.01)[activation](z), dtype)
+
+    nb = batch or 2
+    a = randn(rng, *((m, k) if broadcast == "a" else (nb, m, k)), dtype=dtype, device=device)
+    b = randn(rng, *((k, n) if broadcast == "b" else (nb, k, n)), dtype=dtype, device=device)
+    assert_matches(st.dense_bmm(a, b), torch.matmul(a.double().cpu(), b.double().cpu()), dtype)
+
+    kw = dict(unsorted=True, duplicates=True, empty_rows=0.2)
+    A = st.from_list([random_csr(rng, m, k, density, **kw) for _ in range(nb)], shape=(m, k), device=device,
+                     dtype=dtype) if batch else st.from_scipy(random_csr(rng, m, k, density, **kw), device=device,
+                                                                  dtype=dtype)
+    lead = (nb,) if batch else ()
+    row = randn(rng, *lead, m, dtype=dtype, device=device)
+    col = randn(rng, k, dtype=dtype, device=device)
+    values_before = A.values.clone()
+    scaled = st.scale(A, row=row, col=col)
+    assert torch.equal(A.values, values_before)
+    ref = row.double().cpu().unsqueeze(-1) * st.to_dense(A).double().cpu() * col.double().cpu()
+    assert_matches(st.to_dense(scaled), ref, dtype)
+
