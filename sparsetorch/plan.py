@@ -39,7 +39,8 @@ def _route_for_skew(a, backend: str) -> str:
         return backend
     longest = int(torch.diff(a.crow_indices).max())
     mean = a.col_indices.numel() / rows
-    return "cusparse" if longest > SKEWED_ROW_LIMIT and mean < SKEWED_ROW_LIMIT else backend
+    fits_cusparse = a.col_indices.numel() <= rows * a.shape[-1]  # cuSPARSE refuses more entries than positions
+    return "cusparse" if fits_cusparse and longest > SKEWED_ROW_LIMIT and mean < SKEWED_ROW_LIMIT else backend
 
 
 class SpmmPlan:

@@ -4,6 +4,7 @@ import torch
 
 import sparsetorch as st
 from _helpers import random_csr
+from conftest import CUDA_READY
 
 ops = torch.ops.sparsetorch
 
@@ -231,3 +232,18 @@ def test_bias_act_backward_errors(device):
         ops.bias_act_backward(x.double(), x, None, None, "relu", 0.01, [True, False, False])
     with pytest.raises(ValueError, match="bias: expected shape \\(5,\\)"):
         ops.bias_act_backward(x, x, None, torch.zeros(3, device=device), "relu", 0.01, [True, False, True])
+
+
+@pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+def test_cusparse_refuses_more_entries_than_positions_clearly():
+    """A 2 x 2 matrix storing 5 entries (repeated columns): backend='cusparse' raises a ValueError that
+    says why; 'auto' and the own kernels sum the repeats."""
+    A = st.CSR(torch.tensor([0, 3, 5]), torch.tensor([0, 0, 1, 1, 1]), torch.ones(5), (2, 2)).to(device="cuda")
+    b = torch.ones(2, 300, device="cuda")  # n > 256: "auto" would otherwise pick cuSPARSE
+    with pytest.raises(ValueError, match="cuSPARSE refuses"):
+        st.spmm(A, b, backend="cusparse")
+    want = torch.tensor([[3.0], [2.0]], device="cuda").expand(2, 300)
+    for be in ("auto", "native", "tiled"):
+        torch.testing.assert_close(st.spmm(A, b, backend=be), want)
+    plan = st.SpmmPlan(A)
+    torch.testing.assert_close(plan(b), want)

@@ -68,6 +68,9 @@ class SpMatDescriptor {
   void create_csr(int64_t rows, int64_t cols, int64_t nnz, const at::Tensor& crow, const at::Tensor& col,
                   const at::Tensor& values) {
     TORCH_INTERNAL_ASSERT(d_ == nullptr);
+    TORCH_CHECK_VALUE(nnz <= rows * cols, "backend 'cusparse': A stores ", nnz, " entries in ", rows, " x ", cols,
+                      " positions (repeated columns); cuSPARSE refuses more entries than positions. Use "
+                      "backend 'native' or 'tiled' (they sum repeated columns), or merge the duplicates");
     SPARSETORCH_CUSPARSE_CHECK(cusparseCreateCsr(&d_, rows, cols, nnz, crow.data_ptr(), col.data_ptr(),
                                                  values.data_ptr(), cusparse_index(crow.scalar_type()),
                                                  cusparse_index(col.scalar_type()), CUSPARSE_INDEX_BASE_ZERO,

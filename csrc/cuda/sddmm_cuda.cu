@@ -196,7 +196,8 @@ at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const
   // 4096 at 10%, n = 1024: 830 vs 1095 us); native for half types and batches, which cuSPARSE lacks.
   // "tiled" names an SpMM kernel (the backward of a tiled spmm passes it on): SDDMM runs native.
   const bool cusparse_ok = !p.batched && (dtype == at::kFloat || dtype == at::kDouble);
-  const bool cusparse = cusparse_ok && (backend == SpmmBackend::Cusparse || (backend == SpmmBackend::Auto && p.n > 256));
+  const bool auto_cusparse = cusparse_ok && p.nnz_stride <= p.m * p.k;  // cuSPARSE refuses nnz > m k
+  const bool cusparse = cusparse_ok && (backend == SpmmBackend::Cusparse || (backend == SpmmBackend::Auto && auto_cusparse && p.n > 256));
   if (cusparse) {
     run_cusparse(p, crow, col, a, b, alpha, out);
     return out;

@@ -37,6 +37,8 @@ SpmmBackend choose_route(const SpmmProblem& p, at::ScalarType dtype, SpmmBackend
     return SpmmBackend::Tiled;
   }
   if (p.batched || half) return SpmmBackend::Native;
+  // cuSPARSE refuses more stored entries than positions (repeated columns); the own kernels sum them.
+  if (p.nnz_stride > p.m * p.k) return SpmmBackend::Native;
   return p.n <= 256 ? SpmmBackend::Native : SpmmBackend::Cusparse;
 }
 
