@@ -106,8 +106,10 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     the native CUDA kernel skips out-of-range entries (cuSPARSE's behaviour there is undefined).
 
     ``backend`` picks the CUDA route: ``"cusparse"`` (cusparseSpMM; batches as strided batch for one
-    shared pattern, else one block-diagonal product), ``"native"`` (sparsetorch's own kernel, epilogue
-    fused) or ``"auto"``. The CPU has a single OpenMP kernel and accepts any of the three.
+    shared pattern, else one block-diagonal product; refuses more stored entries than positions),
+    ``"native"`` (sparsetorch's row-group kernel, epilogue fused), ``"tiled"`` (sparsetorch's kernel
+    for long rows and wide B: B streamed through shared memory; any column order) or ``"auto"``
+    (measured rules, csrc/cuda/spmm_cuda.cu). The CPU has a single OpenMP kernel and accepts any of them.
 
     ``policy``: ``"sparse"`` (default) always runs a sparse kernel; ``"dense"`` expands A to a dense
     matrix and runs a dense GEMM (cuBLAS on CUDA), for matrices too dense to gain from sparsity;
@@ -165,7 +167,7 @@ def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backe
 
     ``a`` is (m, n) or (batch, m, n), ``b`` (k, n) or (batch, k, n); the result is batched when any
     operand is. This is the gradient of ``spmm`` with respect to A's values. ``backend``: "native"
-    (every dtype and batch layout; skips entries whose column is out of range) or "cusparse"
+    (every dtype and batch layout; skips entries whose column is out of range; "tiled" runs it too) or "cusparse"
     (cusparseSDDMM, for one unbatched float32/float64 matrix; other cases run native; like cuSPARSE
     SpMM, undefined on malformed indices: validate first). "auto" takes native for n <= 256 and
     cuSPARSE above where it applies (measured on the H100).
