@@ -247,3 +247,11 @@ def test_cusparse_refuses_more_entries_than_positions_clearly():
         torch.testing.assert_close(st.spmm(A, b, backend=be), want)
     plan = st.SpmmPlan(A)
     torch.testing.assert_close(plan(b), want)
+
+
+def test_int32_conversion_refused_when_it_would_wrap():
+    """CSR.to(index_dtype=int32) with more than 2^31 - 1 columns raises instead of wrapping."""
+    A = st.CSR(torch.tensor([0, 1]), torch.tensor([2**31 + 3]), torch.ones(1), (1, 2**31 + 5))
+    with pytest.raises(ValueError, match="int32 cannot index"):
+        A.to(index_dtype=torch.int32)
+    assert A.col_indices.dtype == torch.int64
