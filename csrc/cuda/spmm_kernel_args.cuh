@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
 #include "common/activation.h"
@@ -67,6 +68,25 @@ bool vector_access_ok(const NativeArgs<scalar_t, index_t>& a, int vec) {
             is_aligned(a.out, 16);
   if (a.accumulate) ok = ok && is_aligned(a.accumulate, 16);
   return ok;
+}
+
+// The common entry of the own SpMM kernels: contiguous index/value arrays, B with unit column stride,
+// dispatch on value and index dtype, then launch(args, aligned) where aligned says whether every B
+// row, out and accumulate start on a 16-byte boundary (16-byte accesses allowed).
+template <typename Launch>
+void run_native_kernel(const SpmmProblem& p, const at::Tensor& crow_in, const at::Tensor& col_in,
+                       const at::Tensor& values_in, const at::Tensor& dense_in, const at::Tensor& out,
+                       const SpmmEpilogue& epi, Launch&& launch) {
+  if (out.numel() == 0) return;
+  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
+  const at::Tensor dense = dense_in.stride(-1) == 1 ? dense_in : dense_in.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "spmm_own_kernel", [&] {
+    AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "spmm_own_kernel", [&] {
+      const auto args = make_native_args<scalar_t, index_t>(p, crow, col, values, dense, out, epi);
+      if (args.rows == 0) return;
+      launch(args, vector_access_ok(args, 16 / sizeof(scalar_t)));
+    });
+  });
 }
 
 // Writes the VEC outputs out[base .. base+VEC) (columns c0 .. c0+VEC) from the accumulators; one

@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <type_traits>
+
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 #include "cuda/spmm_kernel_args.cuh"
@@ -82,37 +84,32 @@ void launch(const NativeArgs<scalar_t, index_t>& args) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename scalar_t, typename index_t, int VEC>
-void launch_for_width(const NativeArgs<scalar_t, index_t>& args) {
-  switch (row_group_size(ceil_div(args.n, VEC))) {
-    case 8:
-      return launch<scalar_t, index_t, VEC, 8>(args);
-    case 16:
-      return launch<scalar_t, index_t, VEC, 16>(args);
-    default:
-      return launch<scalar_t, index_t, VEC, 32>(args);
+template <typename scalar_t, typename index_t>
+void launch_for_width(const NativeArgs<scalar_t, index_t>& args, bool aligned) {
+  auto with_group = [&](auto vec_tag) {
+    constexpr int V = decltype(vec_tag)::value;
+    switch (row_group_size(ceil_div(args.n, V))) {
+      case 8:
+        return launch<scalar_t, index_t, V, 8>(args);
+      case 16:
+        return launch<scalar_t, index_t, V, 16>(args);
+      default:
+        return launch<scalar_t, index_t, V, 32>(args);
+    }
+  };
+  if (aligned) {
+    with_group(std::integral_constant<int, 16 / sizeof(scalar_t)>{});
+  } else {
+    with_group(std::integral_constant<int, 1>{});
   }
 }
 
 }  // namespace
 
-void spmm_native(const SpmmProblem& p, const at::Tensor& crow_in, const at::Tensor& col_in,
-                 const at::Tensor& values_in, const at::Tensor& dense_in, const at::Tensor& out,
-                 const SpmmEpilogue& epi) {
-  if (out.numel() == 0) return;
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
-  const at::Tensor dense = dense_in.stride(-1) == 1 ? dense_in : dense_in.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "spmm_native", [&] {
-    AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "spmm_native", [&] {
-      const auto args = make_native_args<scalar_t, index_t>(p, crow, col, values, dense, out, epi);
-      if (args.rows == 0) return;
-      if (vector_access_ok(args, 16 / sizeof(scalar_t))) {
-        launch_for_width<scalar_t, index_t, 16 / sizeof(scalar_t)>(args);
-      } else {
-        launch_for_width<scalar_t, index_t, 1>(args);
-      }
-    });
-  });
+void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                 const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi) {
+  run_native_kernel(p, crow, col, values, dense, out, epi,
+                    [](const auto& args, bool aligned) { launch_for_width(args, aligned); });
 }
 
 }  // namespace cuda

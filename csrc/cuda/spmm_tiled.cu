@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 2) spmm_tiled_kernel(const NativeArg
   }
 }
 
-template <typename scalar_t, typename index_t, bool ALIGNED>
+template <bool ALIGNED, typename scalar_t, typename index_t>
 void launch(const NativeArgs<scalar_t, index_t>& args) {
   using S = TileShape<scalar_t>;
   const int64_t batch = args.rows / args.m;
@@ -262,23 +262,11 @@ void launch(const NativeArgs<scalar_t, index_t>& args) {
 
 }  // namespace
 
-void spmm_tiled(const SpmmProblem& p, const at::Tensor& crow_in, const at::Tensor& col_in,
-                const at::Tensor& values_in, const at::Tensor& dense_in, const at::Tensor& out,
-                const SpmmEpilogue& epi) {
-  if (out.numel() == 0) return;
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
-  const at::Tensor dense = dense_in.stride(-1) == 1 ? dense_in : dense_in.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "spmm_tiled", [&] {
-    AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "spmm_tiled", [&] {
-      const auto args = make_native_args<scalar_t, index_t>(p, crow, col, values, dense, out, epi);
-      if (args.rows == 0) return;
-      // cp.async moves 16 bytes: B's rows must start on 16-byte boundaries.
-      if (vector_access_ok(args, TileShape<scalar_t>::kVec)) {
-        launch<scalar_t, index_t, true>(args);
-      } else {
-        launch<scalar_t, index_t, false>(args);
-      }
-    });
+void spmm_tiled(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi) {
+  // cp.async moves 16 bytes: unaligned B rows take the scalar tile loader.
+  run_native_kernel(p, crow, col, values, dense, out, epi, [](const auto& args, bool aligned) {
+    aligned ? launch<true>(args) : launch<false>(args);
   });
 }
 
