@@ -107,7 +107,9 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
 
     ``backend`` picks the CUDA route: ``"cusparse"`` (cusparseSpMM; batches as strided batch for one
     shared pattern, else one block-diagonal product; refuses more stored entries than positions),
-    ``"native"`` (sparsetorch's row-group kernel, epilogue fused), ``"tiled"`` (sparsetorch's kernel
+    ``"native"`` (sparsetorch's row-group kernel, epilogue fused), ``"balanced"`` (sparsetorch's
+    kernel for skewed rows: each block splits the entries of its 32 rows evenly among its lanes, so a
+    long row is shared instead of serialised; deterministic), ``"tiled"`` (sparsetorch's kernel
     for long rows and wide B: B streamed through shared memory; any column order) or ``"auto"``
     (measured rules, csrc/cuda/spmm_cuda.cu). The CPU has a single OpenMP kernel and accepts any of them.
 
@@ -167,10 +169,10 @@ def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backe
 
     ``a`` is (m, n) or (batch, m, n), ``b`` (k, n) or (batch, k, n); the result is batched when any
     operand is. This is the gradient of ``spmm`` with respect to A's values. ``backend``: "native"
-    (every dtype and batch layout; skips entries whose column is out of range; "tiled" runs it too) or "cusparse"
-    (cusparseSDDMM, for one unbatched float32/float64 matrix; other cases run native; like cuSPARSE
-    SpMM, undefined on malformed indices: validate first). "auto" takes native for n <= 256 and
-    cuSPARSE above where it applies (measured on the H100).
+    (every dtype and batch layout; skips entries whose column is out of range; "balanced" and
+    "tiled" run it too) or "cusparse" (cusparseSDDMM, for one unbatched float32/float64 matrix;
+    other cases run native; like cuSPARSE SpMM, undefined on malformed indices: validate first).
+    "auto" takes native for n <= 256 and cuSPARSE above where it applies (measured on the H100).
     """
     csr = as_csr(A, device=a.device)
     values = ops.sddmm(csr.crow_indices, csr.col_indices, a, b, float(alpha), backend)

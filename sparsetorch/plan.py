@@ -6,6 +6,13 @@ different pattern per batch, the block-diagonal matrix that route multiplies is 
 instead of on every call. Each call is then a single op call; on the cuSPARSE route the op also
 reuses its cached descriptors and buffer size (csrc/cuda/spmm_cusparse.cu), so the per-call host
 overhead is the op dispatch plus the library call.
+
+With ``backend="auto"`` on CUDA the plan autotunes: the first call with a given width of B (and
+dtype / batch layout) times every applicable route (the row-group, balanced and tiled kernels,
+cuSPARSE) on that B and keeps the fastest for later calls. No single rule is right on every graph
+(benchmarks/results/h200/spmm_graphs_cuda.txt: on cora the balanced kernel is 2.1x cuSPARSE at
+n = 32, on pubmed cuSPARSE is 1.5x the balanced kernel at n = 512). The tuning call synchronises
+once; inside CUDA graph capture, or with ``autotune=False``, the measured rules below are used.
 """
 from __future__ import annotations
 
@@ -43,23 +50,56 @@ def _route_for_skew(a, backend: str) -> str:
     return "cusparse" if fits_cusparse and longest > SKEWED_ROW_LIMIT and mean < SKEWED_ROW_LIMIT else backend
 
 
+def _autotune_candidates(a, n: int) -> list:
+    """The routes worth timing for A (CUDA) and a B of width n."""
+    routes = ["native", "balanced"]
+    rows = a.crow_indices.shape[-1] - 1
+    nnz = a.col_indices.shape[-1]
+    if a.dtype != torch.float64 and n >= 256 and rows > 0 and nnz >= 64 * rows:
+        routes.append("tiled")  # B streamed through shared memory: pays off only on long rows
+    # cuSPARSE: one matrix, float32/float64 (its half-type SpMM is slow), at most one entry per position;
+    # a batch of patterns would be a block-diagonal copy per call.
+    if not a.batched and a.dtype in (torch.float32, torch.float64) and nnz <= rows * a.shape[-1]:
+        routes.append("cusparse")
+    return routes
+
+
+def _device_time(call, reps: int = 5) -> float:
+    """Device milliseconds of `reps` calls run back to back. A sleep kernel is queued first so the
+    host enqueues every call before the device reaches them: on small graphs (~10 us per call) the
+    host's launch time would otherwise be measured instead of the kernel's."""
+    call()  # warm-up: workspaces, descriptors
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # ~0.5 ms at 2 GHz: longer than enqueuing the calls below
+    start.record()
+    for _ in range(reps):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 class SpmmPlan:
     """``plan = SpmmPlan(A)``; ``plan(B)`` computes ``act(alpha * A @ B + beta * c + bias)``.
 
     ``values=`` on a call substitutes new values for A's pattern (e.g. trained weights) without
     re-planning; they must have the shape of ``A.values``. The plan keeps references to A's
     component tensors: do not modify them in place while the plan is in use.
+
+    ``autotune`` (default True; CUDA with ``backend="auto"`` only): the first call for each width,
+    dtype and batch layout of B times the applicable routes (5 calls each, one device sync) and
+    remembers the fastest; ``plan.routes`` shows what was chosen. Routes differ only in rounding.
     """
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
                  activation: Optional[str] = None, negative_slope: float = 0.01, backend: str = "auto",
-                 validate: bool = True, device=None, policy: str = "sparse"):
+                 validate: bool = True, device=None, policy: str = "sparse", autotune: bool = True):
         a = as_csr(A, device=device)
         if validate:
             validate_csr(a)
-        if backend not in ("auto", "cusparse", "native", "tiled"):
+        if backend not in ("auto", "cusparse", "native", "balanced", "tiled"):
             raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of auto, cusparse, native, "
-                             "tiled")
+                             "balanced, tiled")
         self.csr = a
         self.shape = a.shape
         self.alpha = float(alpha)
@@ -67,6 +107,8 @@ class SpmmPlan:
         self.activation = _activation_name(activation)
         self.negative_slope = float(negative_slope)
         self.backend = _route_for_skew(a, backend)
+        self.autotune = bool(autotune) and backend == "auto" and a.device.type == "cuda"
+        self.routes = {}  # (n, dtype, B batched) -> the route autotuning chose
         if policy not in ("auto", "sparse", "dense"):
             raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
         # Dense policy (see st.spmm): A is expanded once here; each call is one GEMM.
@@ -88,12 +130,35 @@ class SpmmPlan:
             return self._call_dense(B, beta, c, out, values)
         if self._block_diagonal is not None and (out is None or out.is_contiguous()):
             return self._block_diagonal(self, B, vals if values is not None else None, beta, c, out)
+        backend = self._route(B, vals)
         if out is not None:
             ops.spmm_out(a.crow_indices, a.col_indices, vals, B, out, self.alpha, float(beta), self.bias,
-                         self.activation, self.negative_slope, self.backend)
+                         self.activation, self.negative_slope, backend)
             return out
         return _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
-                        self.activation, self.negative_slope, self.backend)
+                        self.activation, self.negative_slope, backend)
+
+    def _route(self, B: torch.Tensor, vals: torch.Tensor) -> str:
+        if not self.autotune or not B.is_cuda or B.dtype != vals.dtype:
+            return self.backend  # (a dtype mismatch is reported by the op)
+        key = (B.shape[-1], B.dtype, B.dim() == 3)
+        route = self.routes.get(key)
+        if route is None:
+            if torch.cuda.is_current_stream_capturing():
+                return self.backend  # no timing (a sync) inside a capture: the rules
+            route = self.routes[key] = self._fastest(B, vals)
+        return route
+
+    def _fastest(self, B: torch.Tensor, vals: torch.Tensor) -> str:
+        """The candidate route with the shortest device time on this B (the product alone; the
+        epilogue is the same on every route)."""
+        a = self.csr
+        times = {}
+        with torch.no_grad():
+            for route in _autotune_candidates(a, B.shape[-1]):
+                times[route] = _device_time(lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None,
+                                                             0.0, None, "none", 0.01, route))
+        return min(times, key=times.get)
 
     def _call_dense(self, B, beta, c, out, values):
         from sparsetorch.functional import _spmm_dense
@@ -103,7 +168,7 @@ class SpmmPlan:
                            dense_a=self._dense if values is None else None)
 
     def __repr__(self) -> str:
-        route = "dense" if self._dense is not None else self.backend
+        route = "dense" if self._dense is not None else ("autotuned" if self.autotune else self.backend)
         return f"SpmmPlan({self.csr!r}, activation={self.activation!r}, route={route!r})"
 
 

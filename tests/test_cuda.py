@@ -20,7 +20,7 @@ def test_non_default_stream(rng):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         outs = {be: st.spmm(A, b, backend=be, bias=torch.zeros(64, device="cuda"), activation="none")
-                for be in ("cusparse", "native", "tiled")}
+                for be in ("cusparse", "native", "balanced", "tiled")}
         batched = st.spmm(st.from_list([a, a], device="cuda", dtype=torch.float32), b, backend="cusparse")
     side.synchronize()
     for out in outs.values():
@@ -35,7 +35,7 @@ def test_non_current_device():
     A = st.from_scipy(a, device="cuda:1", dtype=torch.float32)
     b = torch.randn(40, 8, device="cuda:1")
     with torch.cuda.device(0):
-        for be in ("cusparse", "native", "tiled"):
+        for be in ("cusparse", "native", "balanced", "tiled"):
             out = st.spmm(A, b, backend=be)
             assert out.device == torch.device("cuda:1")
             assert_matches(out, a @ b.double().cpu().numpy(), torch.float32)
@@ -60,11 +60,11 @@ def test_backends_agree(rng, layout, dtype):
         A = st.CSR(a.crow_indices, a.col_indices, values, (batch, m, k))
         b = randn(rng, batch, k, n, dtype=dtype, device="cuda")
     ref = st.spmm(A.to(device="cpu", dtype=torch.float64), b.double().cpu())
-    for be in ("cusparse", "native", "tiled", "auto"):
+    for be in ("cusparse", "native", "balanced", "tiled", "auto"):
         assert_matches(st.spmm(A, b, backend=be), ref, dtype)
 
 
-@pytest.mark.parametrize("backend", ["cusparse", "native", "tiled"])
+@pytest.mark.parametrize("backend", ["cusparse", "native", "balanced", "tiled"])
 def test_batch_count_above_65535(rng, backend):
     batch, m, k, n = 70_000, 3, 4, 4
     crow = torch.tensor([0, 1, 3, 4]).repeat(batch, 1)
@@ -85,11 +85,11 @@ def test_graph_with_a_million_rows(rng):
     b = randn(rng, n_nodes, n, dtype=torch.float32, device="cuda")
     ref = a @ b.double().cpu().numpy()
     A = st.from_scipy(a, device="cuda", dtype=torch.float32)
-    for be in ("cusparse", "native"):
+    for be in ("cusparse", "native", "balanced"):
         assert_matches(st.spmm(A, b, backend=be), ref, torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["native", "tiled"])
+@pytest.mark.parametrize("backend", ["native", "balanced", "tiled"])
 def test_native_kernel_survives_malformed_indices(backend):
     """Without validate=True the native kernels skip out-of-range entries instead of faulting; the
     CUDA context stays usable."""
@@ -116,12 +116,15 @@ def _coo_to_csr(rows, cols, vals, shape):
     return np.cumsum(crow), cols[order], vals[order]
 
 
+@pytest.mark.parametrize("backend", ["tiled", "balanced"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled", "repeats"])
-def test_tiled_kernel_entry_orders(rng, dtype, order):
+def test_own_kernel_entry_orders(rng, dtype, order, backend):
     """The tiled kernel consumes entries in storage order across its 32-column tiles: rows longer
     than a warp within one tile, columns going backwards across tiles (taken from global memory),
-    repeated columns within and across passes, and invalid rows/columns next to valid ones."""
+    repeated columns within and across passes, and invalid rows/columns next to valid ones. The
+    balanced kernel walks the same entries across row and slice boundaries (rows of 0..299 entries
+    in blocks of 32 rows)."""
     m, k, n = 45, 300, 72  # 10 tiles of B rows, a partial row block and column tile
     lengths = rng.integers(0, 200, size=m)
     lengths[:3] = [0, 299, 150]
@@ -147,7 +150,8 @@ def test_tiled_kernel_entry_orders(rng, dtype, order):
     A = st.CSR(torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val).to(dtype), (m, k)).to(device="cuda")
     col_before = A.col_indices.clone()
     for n_cols in (n, 64):  # n = 72: scalar path (not a multiple of the vector width for fp32)
-        out = st.spmm(A, b[:, :n_cols].contiguous(), backend="tiled", bias=torch.ones(n_cols, device="cuda", dtype=dtype))
+        out = st.spmm(A, b[:, :n_cols].contiguous(), backend=backend,
+                      bias=torch.ones(n_cols, device="cuda", dtype=dtype))
         assert_matches(out, ref[:, :n_cols] + 1.0, dtype)
     assert torch.equal(A.col_indices, col_before)
 
@@ -165,3 +169,72 @@ def test_tiled_kernel_pruned_weight_matches_native(rng, dtype):
         tiled, native = st.spmm(A, b, backend="tiled"), st.spmm(A, b, backend="native")
         assert_matches(tiled, ref, dtype)
         assert_matches(native, ref, dtype)
+
+
+def _skewed_csr(rng, m, k, longest, index_dtype, dtype):
+    """Power-law-like rows: mostly 0-6 entries, a few of hundreds, one of `longest` (cut by many
+    slice boundaries), runs of empty rows, unsorted and repeated columns."""
+    lengths = rng.integers(0, 7, size=m)
+    lengths[rng.choice(m, size=m // 20, replace=False)] = rng.integers(50, 400, size=m // 20)
+    lengths[m // 3] = longest
+    lengths[m // 2: m // 2 + 40] = 0
+    rows = np.repeat(np.arange(m), lengths)
+    cols = rng.integers(0, k, size=rows.size)
+    vals = rng.standard_normal(rows.size)
+    crow, col, val = _coo_to_csr(rows, cols, vals, (m, k))
+    a = sp.csr_matrix((val, col, crow), shape=(m, k))
+    A = st.CSR(torch.from_numpy(crow), torch.from_numpy(col), torch.from_numpy(val), (m, k))
+    return a, A.to(device="cuda", dtype=dtype, index_dtype=index_dtype)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_balanced_kernel_skewed_rows(rng, dtype, index_dtype):
+    """The load-balanced kernel on skewed rows: a 20,000-entry row shared by every group of its
+    block, rows cut by slice boundaries, empty rows between them, widths covering groups of 8, 16
+    and 32 lanes, several column passes and the scalar path; the fused epilogue (bias, activation,
+    beta * c) on the rows summed from partials; inputs unchanged."""
+    m, k = 1000, 700
+    a, A = _skewed_csr(rng, m, k, 20_000, index_dtype, dtype)
+    before = [t.clone() for t in (A.crow_indices, A.col_indices, A.values)]
+    for n in (8, 32, 64, 128, 300, 520):
+        b = randn(rng, k, n, dtype=dtype, device="cuda")
+        c = randn(rng, m, n, dtype=dtype, device="cuda")
+        bias = randn(rng, n, dtype=dtype, device="cuda")
+        prod = a @ b.double().cpu().numpy()
+        ref = np.maximum(0.5 * prod + 2.0 * c.double().cpu().numpy() + bias.double().cpu().numpy(), 0.0)
+        out = st.spmm(A, b, alpha=0.5, beta=2.0, c=c, bias=bias, activation="relu", backend="balanced")
+        assert_matches(out, ref, dtype)
+        assert_matches(st.spmm(A, b, backend="balanced"), prod, dtype)
+    for t, t0 in zip((A.crow_indices, A.col_indices, A.values), before):
+        assert torch.equal(t, t0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_balanced_kernel_deterministic_and_matches_native(rng, dtype):
+    """Rows cut between groups are summed in a fixed order: repeated calls are bitwise equal, and a
+    batch of different skewed patterns (blocks never straddle a batch) matches float64."""
+    a, A = _skewed_csr(rng, 2000, 500, 5_000, torch.int32, dtype)
+    b = randn(rng, 500, 96, dtype=dtype, device="cuda")
+    first = st.spmm(A, b, backend="balanced")
+    for _ in range(5):
+        assert torch.equal(st.spmm(A, b, backend="balanced"), first)
+    assert_matches(first, a @ b.double().cpu().numpy(), dtype)
+    mats = [_skewed_csr(rng, 300, 500, longest, torch.int64, dtype)[0] for longest in (0, 900, 3000)]
+    batch = st.from_list(mats, device="cuda", dtype=dtype)
+    bb = randn(rng, 3, 500, 40, dtype=dtype, device="cuda")
+    ref = np.stack([x @ bb[i].double().cpu().numpy() for i, x in enumerate(mats)])
+    assert_matches(st.spmm(batch, bb, backend="balanced"), ref, dtype)
+
+
+def test_balanced_kernel_survives_decreasing_row_pointers():
+    """A crow that goes down (malformed, not validated) is clamped to a non-decreasing sequence in
+    the kernel: no fault, no read outside the stored entries, the context stays usable."""
+    crow = torch.tensor([0, 4, 1, 3, 2, 6], device="cuda")
+    col = torch.tensor([0, 1, 2, 0, 1, 2], device="cuda")
+    values = torch.ones(6, device="cuda")
+    out = st.spmm((crow, col, values, (5, 3)), torch.ones(3, 4, device="cuda"), backend="balanced")
+    torch.cuda.synchronize()
+    assert out.shape == (5, 4)
+    assert out[0].tolist() == [4.0] * 4  # row 0 = entries [0, 4), all valid
+    assert out.sum().item() == 6 * 4.0  # every entry counted once, in some row

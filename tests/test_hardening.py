@@ -113,7 +113,7 @@ def test_threads_get_right_results(device, rng):
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 def test_cuda_graph_capture_of_the_sync_free_ops(rng):
-    """Captured once, replayed on new data: native and tiled SpMM (single and batched), native SDDMM,
+    """Captured once, replayed on new data: native, balanced and tiled SpMM (single and batched), native SDDMM,
     bias_act and the elementwise ops. (The cuSPARSE routes and validate=True are not claimed to be
     capturable.)"""
     a = st.from_scipy(random_csr(rng, 64, 48, 0.1, duplicates=True), device="cuda", dtype=torch.float32)
@@ -127,8 +127,10 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
         yb = st.spmm(batch, b, backend="native")
         yt = st.spmm(a, b, bias=bias, activation="relu", backend="tiled")
         ybt = st.spmm(batch, b, backend="tiled")
+        yl = st.spmm(a, b, bias=bias, activation="tanh", backend="balanced")
+        ybl = st.spmm(batch, b, backend="balanced")
         v = st.sddmm(a, g, b, backend="native").values
-        return st.mul(st.bias_act(y, scale=2.0, activation="silu"), 3.0), yb, yt, ybt, v
+        return st.mul(st.bias_act(y, scale=2.0, activation="silu"), 3.0), yb, yt, ybt, yl, ybl, v
 
     step()  # warm up (allocations, descriptors) outside the capture
     torch.cuda.synchronize()
@@ -144,8 +146,8 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
 
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
-@pytest.mark.parametrize("route", ["native", "tiled", "cusparse", "plan-native", "plan-tiled", "plan-cusparse",
-                                   "batched"])
+@pytest.mark.parametrize("route", ["native", "balanced", "tiled", "cusparse", "plan-native", "plan-balanced",
+                                   "plan-tiled", "plan-cusparse", "plan-auto", "batched"])
 def test_memory_flat_over_10000_calls(rng, route):
     a = st.from_scipy(random_csr(rng, 256, 256, 0.05), device="cuda", dtype=torch.float32)
     b = torch.randn(256, 32, device="cuda")
@@ -179,7 +181,7 @@ def _problems(draw):
     index_dtype = draw(hs.sampled_from([torch.int32, torch.int64]))
     seed = draw(hs.integers(0, 2**31 - 1))
     transposed_b = draw(hs.booleans())
-    backend = draw(hs.sampled_from(["auto", "native", "tiled", "cusparse"]))
+    backend = draw(hs.sampled_from(["auto", "native", "balanced", "tiled", "cusparse"]))
     return m, k, n, density, layout, dtype, index_dtype, seed, transposed_b, backend
 
 

@@ -46,7 +46,7 @@ def big():
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("backend", ["native", "tiled", "cusparse"])
+@pytest.mark.parametrize("backend", ["native", "balanced", "tiled", "cusparse"])
 def test_nnz_above_2_pow_31(big, backend):
     A, b, expected = big
     assert A.values.numel() > 2**31 and A.col_indices.dtype == torch.int64

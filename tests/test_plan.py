@@ -1,4 +1,5 @@
 """SpmmPlan and the cuSPARSE descriptor cache: reuse must never return stale results."""
+import numpy as np
 import pytest
 import torch
 
@@ -112,3 +113,77 @@ def test_plan_routes_skewed_rows_to_cusparse(device):
     assert uniform.backend == "auto"
     b = torch.randn(n, 8, device=device)
     torch.testing.assert_close(skewed(b), dense @ b)
+
+
+@pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+def test_plan_autotunes_once_per_width(rng, monkeypatch):
+    """backend="auto" on CUDA: the first call for a width times the candidate routes and keeps one;
+    later calls with that width reuse it (no timing), a new width or dtype is tuned on its own, and
+    every result is the product."""
+    from sparsetorch.plan import _autotune_candidates
+
+    a = random_csr(rng, 300, 200, 0.05)
+    A = st.from_scipy(a, device="cuda", dtype=torch.float32)
+    plan = st.SpmmPlan(A, bias=torch.ones(16, device="cuda"), activation="relu")
+    assert plan.autotune and plan.routes == {}
+    b = randn(rng, 200, 16, device="cuda")
+    assert_matches(plan(b), torch.relu(torch.from_numpy(a @ b.double().cpu().numpy()) + 1.0), torch.float32)
+    assert list(plan.routes) == [(16, torch.float32, False)]
+    assert plan.routes[(16, torch.float32, False)] in _autotune_candidates(A, 16)
+    assert set(_autotune_candidates(A, 16)) == {"native", "balanced", "cusparse"}
+
+    def no_timing(*args):
+        raise AssertionError("a width already tuned was timed again")
+
+    monkeypatch.setattr(plan, "_fastest", no_timing)
+    b2 = randn(rng, 200, 16, device="cuda")
+    assert_matches(plan(b2), torch.relu(torch.from_numpy(a @ b2.double().cpu().numpy()) + 1.0), torch.float32)
+    monkeypatch.undo()
+    plan.bias = None
+    plan.activation = "none"
+    b3 = randn(rng, 200, 40, device="cuda")
+    assert_matches(plan(b3), a @ b3.double().cpu().numpy(), torch.float32)
+    assert (40, torch.float32, False) in plan.routes
+
+
+@pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+def test_plan_autotune_off_in_capture_and_on_request(rng):
+    """autotune=False keeps the rules; during CUDA graph capture an untuned width uses the rules
+    instead of timing (a sync would break the capture), and the replay is correct."""
+    a = random_csr(rng, 128, 96, 0.1)
+    A = st.from_scipy(a, device="cuda", dtype=torch.float32)
+    assert st.SpmmPlan(A, autotune=False).autotune is False
+    assert st.SpmmPlan(A, backend="native").autotune is False
+    plan = st.SpmmPlan(A)
+    plan.backend = "native"  # the rule's route inside the capture (cuSPARSE is not claimed capturable)
+    b = randn(rng, 96, 32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        st.spmm(A, b, backend="native")  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = plan(b)
+    assert plan.routes == {}
+    b.copy_(randn(rng, 96, 32, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches(y, a @ b.double().cpu().numpy(), torch.float32)
+
+
+@pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+def test_plan_autotune_candidates():
+    """cuSPARSE only for one fp32/fp64 matrix with at most one entry per position; tiled only for
+    long rows and n >= 256 (not fp64)."""
+    from sparsetorch.plan import _autotune_candidates
+
+    long_rows = st.from_dense(torch.ones(64, 64, device="cuda"))
+    assert set(_autotune_candidates(long_rows, 256)) == {"native", "balanced", "tiled", "cusparse"}
+    assert "tiled" not in _autotune_candidates(long_rows, 128)
+    assert "tiled" not in _autotune_candidates(long_rows.to(dtype=torch.float64), 256)
+    assert "cusparse" not in _autotune_candidates(long_rows.to(dtype=torch.bfloat16), 256)
+    batch = st.from_list([random_csr(np.random.default_rng(0), 8, 8, 0.5)] * 2, device="cuda")
+    assert "cusparse" not in _autotune_candidates(batch, 32)
+    repeats = st.CSR(torch.tensor([0, 3]), torch.tensor([0, 0, 0]), torch.ones(3), (1, 2)).to(device="cuda")
+    assert "cusparse" not in _autotune_candidates(repeats, 32)

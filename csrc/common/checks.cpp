@@ -184,9 +184,10 @@ SpmmBackend parse_spmm_backend(const std::string& name) {
   if (name == "auto") return SpmmBackend::Auto;
   if (name == "cusparse") return SpmmBackend::Cusparse;
   if (name == "native") return SpmmBackend::Native;
+  if (name == "balanced") return SpmmBackend::Balanced;
   if (name == "tiled") return SpmmBackend::Tiled;
   TORCH_CHECK_VALUE(false, "backend: unknown SpMM backend '", name,
-                    "'; expected one of auto, cusparse, native, tiled");
+                    "'; expected one of auto, cusparse, native, balanced, tiled");
 }
 
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out) {

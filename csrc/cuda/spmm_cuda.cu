@@ -47,6 +47,8 @@ void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, co
   switch (choose_route(p, values.scalar_type(), backend)) {
     case SpmmBackend::Tiled:
       return spmm_tiled(p, crow, col, values, dense, out, epi);
+    case SpmmBackend::Balanced:
+      return spmm_balanced(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Cusparse:
       return spmm_cusparse(p, crow, col, values, dense, out, epi);
     default:

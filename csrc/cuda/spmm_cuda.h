@@ -25,6 +25,12 @@ struct SpmmEpilogue {
 void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                  const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
 
+// Own kernel for skewed rows: a block owns 32 rows and splits their entries evenly among its groups
+// of lanes; rows cut between groups are summed in shared memory in a fixed order (spmm_balanced.cu).
+// Same inputs, guarantees and epilogue as spmm_native.
+void spmm_balanced(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                   const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
+
 // Own kernel for long rows: blocks of 32-64 rows x 128-256 columns stream B through shared memory
 // in 32-row tiles and share each tile row among all of a warp's rows that use it (spmm_tiled.cu).
 // Same inputs, guarantees and epilogue as spmm_native; any column order, repeated columns summed.

@@ -1,11 +1,13 @@
-// What the native SpMM kernels (spmm_native.cu: a group of lanes per row; spmm_tiled.cu: B tiles
-// in shared memory) share: their argument block and the fused epilogue
+// What the native SpMM kernels (spmm_native.cu: a group of lanes per row; spmm_balanced.cu: a
+// block's entries split evenly among its groups; spmm_tiled.cu: B tiles in shared memory) share: their argument block and the fused epilogue
 // out = act(alpha * acc + beta * accumulate + bias).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
+
+#include <type_traits>
 
 #include "common/activation.h"
 #include "common/checks.h"
@@ -17,6 +19,8 @@ namespace cuda {
 
 template <typename scalar_t, typename index_t>
 struct NativeArgs {
+  using scalar_type = scalar_t;
+  using index_type = index_t;
   const index_t* crow;
   const index_t* col;
   const scalar_t* values;
@@ -87,6 +91,63 @@ void run_native_kernel(const SpmmProblem& p, const at::Tensor& crow_in, const at
       launch(args, vector_access_ok(args, 16 / sizeof(scalar_t)));
     });
   });
+}
+
+// The row-group style kernels hold a chunk of GROUP entries, one (column, value) per lane, and
+// broadcast them by shuffles. This fetches entries t .. t+K-1 of the chunk (count valid) and issues
+// their K B-row loads at once, so K gathers are in flight instead of one: entries past `count`,
+// columns outside [0, k) and inactive lanes (c0 >= n) get value 0 and a zero vector.
+template <typename scalar_t, int VEC, int K>
+struct GatheredRows {
+  using acc_t = at::opmath_type<scalar_t>;
+  Vec<scalar_t, VEC> b[K];
+  acc_t v[K];
+
+  template <int GROUP, typename index_t>
+  __device__ __forceinline__ void load(const NativeArgs<scalar_t, index_t>& a, const scalar_t* dense_b,
+                                       unsigned mask, int64_t my_col, acc_t my_val, int t, int count, int64_t c0,
+                                       bool active) {
+#pragma unroll
+    for (int u = 0; u < K; ++u) {
+      const int tu = t + u < GROUP ? t + u : GROUP - 1;
+      const int64_t c = __shfl_sync(mask, my_col, tu, GROUP);
+      v[u] = __shfl_sync(mask, my_val, tu, GROUP);
+      if (t + u < count && active && c >= 0 && c < a.k) {
+        b[u] = *reinterpret_cast<const Vec<scalar_t, VEC>*>(dense_b + c * a.ldb + c0);
+      } else {
+        v[u] = acc_t(0);
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) b[u].v[q] = scalar_t(0);
+      }
+    }
+  }
+  // acc += v[u] * b[u]
+  __device__ __forceinline__ void fma(int u, acc_t* acc) const {
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) acc[q] += v[u] * static_cast<acc_t>(b[u].v[q]);
+  }
+};
+
+// Calls launch(vec, group) with the compile-time vector width (16-byte accesses when `aligned`, else
+// one element) and group size (8, 16 or 32 lanes: the fewest covering n in one pass) of the
+// row-group style kernels (spmm_native.cu, spmm_balanced.cu).
+template <typename scalar_t, typename index_t, typename Launch>
+void dispatch_vec_and_group(const NativeArgs<scalar_t, index_t>& args, bool aligned, Launch&& launch) {
+  auto with_group = [&](auto vec) {
+    switch (row_group_size(ceil_div(args.n, decltype(vec)::value))) {
+      case 8:
+        return launch(vec, std::integral_constant<int, 8>{});
+      case 16:
+        return launch(vec, std::integral_constant<int, 16>{});
+      default:
+        return launch(vec, std::integral_constant<int, 32>{});
+    }
+  };
+  if (aligned) {
+    with_group(std::integral_constant<int, 16 / sizeof(scalar_t)>{});
+  } else {
+    with_group(std::integral_constant<int, 1>{});
+  }
 }
 
 // Writes the VEC outputs out[base .. base+VEC) (columns c0 .. c0+VEC) from the accumulators; one
