@@ -238,3 +238,21 @@ def test_balanced_kernel_survives_decreasing_row_pointers():
     assert out.shape == (5, 4)
     assert out[0].tolist() == [4.0] * 4  # row 0 = entries [0, 4), all valid
     assert out.sum().item() == 6 * 4.0  # every entry counted once, in some row
+
+
+def test_cusparse_takes_b_with_odd_strides_on_size_one_dims(rng):
+    """A k x 1 B whose unit dimension carries a stride other than 1 (b.t() of a 1 x k row, a reshape
+    of a batched B) counts as contiguous to torch; the cuSPARSE route copies it to fresh strides
+    (it used to hand cuSPARSE ld = k' < k and fail with 'invalid value')."""
+    a = random_csr(rng, 5, 6, 0.5)
+    A = st.from_scipy(a, device="cuda", dtype=torch.float32)
+    row = randn(rng, 1, 6, device="cuda")
+    b = row.t()  # (6, 1), strides (1, 6)
+    assert b.is_contiguous() and b.stride(-1) != 1
+    for be in ("cusparse", "native", "balanced", "auto"):
+        assert_matches(st.spmm(A, b, backend=be), a @ b.double().cpu().numpy(), torch.float32)
+    mats = [random_csr(rng, 1, 2, 0.5) for _ in range(3)]
+    batch = st.from_list(mats, device="cuda", dtype=torch.float32)
+    bb = randn(rng, 3, 1, 2, device="cuda").transpose(1, 2)  # (3, 2, 1), unit dim stride 2
+    ref = np.stack([x @ bb[i].double().cpu().numpy() for i, x in enumerate(mats)])
+    assert_matches(st.spmm(batch, bb, backend="cusparse"), ref, torch.float32)

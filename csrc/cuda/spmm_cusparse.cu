@@ -101,9 +101,12 @@ void cusparse_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tens
 // B goes to cuSPARSE row-major (C is row-major); anything else is copied first. A column-major B
 // (e.g. x.t() in a pruned linear layer) is accepted by cuSPARSE but was ~40x slower on the H100:
 // 4096 x 4096 at 50% density, n = 1024, fp32: 110 ms, against ~3 ms expected from row-major runs.
+// The copy is made with fresh strides: contiguous() keeps a tensor whose odd strides sit on size-1
+// dims (a k x 1 B with strides (1, 2) "is contiguous"), and cuSPARSE then rejected ld = 2 < k
+// (found by the hypothesis test on the H200).
 at::Tensor dense_for_cusparse(const at::Tensor& dense) {
   const bool row_major = dense.stride(-1) == 1 && dense.stride(-2) >= std::max<int64_t>(1, dense.size(-1));
-  return row_major ? dense : dense.contiguous();
+  return row_major ? dense : at::empty(dense.sizes(), dense.options()).copy_(dense);
 }
 
 int64_t index_limit(at::ScalarType t) {
