@@ -64,23 +64,31 @@ def _autotune_candidates(a, n: int) -> list:
     return routes
 
 
-def _device_time(call, reps: int = 5) -> float:
+def _device_time(call) -> float:
     """Median device milliseconds of one call with a cold L2, measured as triton's do_bench and the
     benchmark harness measure: the L2 is overwritten before each call, each call has its own pair
     of events. A sleep kernel is queued first so the host enqueues everything before the device
-    reaches it: on small graphs (~10 us per call) the host's launch time would otherwise be timed."""
+    reaches it: on small graphs (~10 us per call) the host's launch time would otherwise be timed.
+    Short calls get more repetitions (5 to 40, about 1 ms in all): 5 were too few to separate
+    routes 20% apart at ~20 us (G51 in the H200 harness run)."""
     call()  # warm-up: workspaces, descriptors
     l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 * 2**20)
     scratch = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    torch.cuda._sleep(1_000_000)  # ~0.5 ms at 2 GHz: longer than enqueuing the calls below
-    for start, end in events:
-        scratch.zero_()
-        start.record()
-        call()
-        end.record()
-    events[-1][1].synchronize()
-    return sorted(start.elapsed_time(end) for start, end in events)[reps // 2]
+
+    def timed(reps):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        torch.cuda._sleep(100_000 * reps)  # ~50 us per call at 2 GHz: longer than enqueuing it
+        for start, end in events:
+            scratch.zero_()
+            start.record()
+            call()
+            end.record()
+        events[-1][1].synchronize()
+        return sorted(start.elapsed_time(end) for start, end in events)[reps // 2]
+
+    first = timed(5)
+    reps = int(min(40, max(5, 1.0 / max(first, 1e-3))))
+    return first if reps == 5 else timed(reps)
 
 
 class SpmmPlan:
@@ -91,8 +99,8 @@ class SpmmPlan:
     component tensors: do not modify them in place while the plan is in use.
 
     ``autotune`` (default True; CUDA with ``backend="auto"`` only): the first call for each width,
-    dtype and batch layout of B times the applicable routes (median of 5 calls each with a cold L2,
-    one device sync) and remembers the fastest; ``plan.routes`` shows what was chosen. Routes differ only in rounding.
+    dtype and batch layout of B times the applicable routes (median of 5 to 40 calls each with a
+    cold L2, one device sync per route) and remembers the fastest; ``plan.routes`` shows what was chosen. Routes differ only in rounding.
     """
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
