@@ -12,7 +12,7 @@ dtype / batch layout) times every applicable route (the row-group, balanced and 
 cuSPARSE) on that B and keeps the fastest for later calls. No single rule is right on every graph
 (benchmarks/results/h200/spmm_graphs_cuda.txt: on cora the balanced kernel is 1.8x cuSPARSE at
 n = 32, on pubmed cuSPARSE is 1.6x the balanced kernel at n = 512). The tuning call synchronises
-once; inside CUDA graph capture, or with ``autotune=False``, the measured rules below are used.
+once per route; inside CUDA graph capture, or with ``autotune=False``, the measured rules below are used.
 """
 from __future__ import annotations
 
@@ -64,16 +64,14 @@ def _autotune_candidates(a, n: int) -> list:
     return routes
 
 
-def _device_time(call) -> float:
+def _device_time(call, scratch: torch.Tensor) -> float:
     """Median device milliseconds of one call with a cold L2, measured as triton's do_bench and the
-    benchmark harness measure: the L2 is overwritten before each call, each call has its own pair
-    of events. A sleep kernel is queued first so the host enqueues everything before the device
-    reaches it: on small graphs (~10 us per call) the host's launch time would otherwise be timed.
-    Short calls get more repetitions (5 to 40, about 1 ms in all): 5 were too few to separate
-    routes 20% apart at ~20 us (G51 in the H200 harness run)."""
+    benchmark harness measure: the L2 is overwritten (`scratch`, twice its size, is zeroed) before
+    each call, each call has its own pair of events. A sleep kernel is queued first so the host
+    enqueues everything before the device reaches it: on small graphs (~10 us per call) the host's
+    launch time would otherwise be timed. Short calls get more repetitions (5 to 40, about 1 ms in
+    all): 5 were too few to separate routes 20% apart at ~20 us (G51 in the H200 harness run)."""
     call()  # warm-up: workspaces, descriptors
-    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 * 2**20)
-    scratch = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
 
     def timed(reps):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
@@ -100,7 +98,8 @@ class SpmmPlan:
 
     ``autotune`` (default True; CUDA with ``backend="auto"`` only): the first call for each width,
     dtype and batch layout of B times the applicable routes (median of 5 to 40 calls each with a
-    cold L2, one device sync per route) and remembers the fastest; ``plan.routes`` shows what was chosen. Routes differ only in rounding.
+    cold L2, one device sync per route) and remembers the fastest; ``plan.routes`` shows what was
+    chosen. Routes differ only in rounding.
     """
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
@@ -165,11 +164,13 @@ class SpmmPlan:
         """The candidate route with the shortest device time on this B (the product alone; the
         epilogue is the same on every route)."""
         a = self.csr
+        l2 = getattr(torch.cuda.get_device_properties(B.device), "L2_cache_size", 50 * 2**20)
+        scratch = torch.empty(2 * l2, dtype=torch.int8, device=B.device)
         times = {}
         with torch.no_grad():
             for route in _autotune_candidates(a, B.shape[-1]):
                 times[route] = _device_time(lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None,
-                                                             0.0, None, "none", 0.01, route))
+                                                             0.0, None, "none", 0.01, route), scratch)
         return min(times, key=times.get)
 
     def _call_dense(self, B, beta, c, out, values):

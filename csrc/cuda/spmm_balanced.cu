@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(kThreads) spmm_balanced_kernel(const NativeArg
 }
 
 template <typename scalar_t, typename index_t, int VEC, int GROUP>
-void launch(const NativeArgs<scalar_t, index_t>& args) {
+void launch(const NativeArgs<scalar_t, index_t>& args, std::integral_constant<int, VEC>,
+            std::integral_constant<int, GROUP>) {
   const int64_t row_blocks = ceil_div(args.m, kRowsPerBlock);
   const int64_t col_tiles = ceil_div(args.n, GROUP * VEC);
   const int64_t total_blocks = (args.rows / args.m) * row_blocks * col_tiles;
@@ -198,13 +199,8 @@ void launch(const NativeArgs<scalar_t, index_t>& args) {
 
 void spmm_balanced(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi) {
-  run_native_kernel(p, crow, col, values, dense, out, epi, [](const auto& args, bool aligned) {
-    using Args = std::decay_t<decltype(args)>;
-    dispatch_vec_and_group(args, aligned, [&](auto vec, auto group) {
-      launch<typename Args::scalar_type, typename Args::index_type, decltype(vec)::value, decltype(group)::value>(
-          args);
-    });
-  });
+  run_row_group_kernel(p, crow, col, values, dense, out, epi,
+                       [](const auto& args, auto vec, auto group) { launch(args, vec, group); });
 }
 
 }  // namespace cuda

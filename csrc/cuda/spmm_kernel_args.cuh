@@ -19,8 +19,6 @@ namespace cuda {
 
 template <typename scalar_t, typename index_t>
 struct NativeArgs {
-  using scalar_type = scalar_t;
-  using index_type = index_t;
   const index_t* crow;
   const index_t* col;
   const scalar_t* values;
@@ -148,6 +146,17 @@ void dispatch_vec_and_group(const NativeArgs<scalar_t, index_t>& args, bool alig
   } else {
     with_group(std::integral_constant<int, 1>{});
   }
+}
+
+// The entry of the row-group style kernels: run_native_kernel, then launch(args, vec, group) with the
+// compile-time vector width and group size from dispatch_vec_and_group.
+template <typename Launch>
+void run_row_group_kernel(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                          const at::Tensor& values, const at::Tensor& dense, const at::Tensor& out,
+                          const SpmmEpilogue& epi, Launch&& launch) {
+  run_native_kernel(p, crow, col, values, dense, out, epi, [&](const auto& args, bool aligned) {
+    dispatch_vec_and_group(args, aligned, [&](auto vec, auto group) { launch(args, vec, group); });
+  });
 }
 
 // Writes the VEC outputs out[base .. base+VEC) (columns c0 .. c0+VEC) from the accumulators; one

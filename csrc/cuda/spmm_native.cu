@@ -77,7 +77,8 @@ __global__ void __launch_bounds__(kThreads) spmm_row_group_kernel(const NativeAr
 }
 
 template <typename scalar_t, typename index_t, int VEC, int GROUP>
-void launch(const NativeArgs<scalar_t, index_t>& args) {
+void launch(const NativeArgs<scalar_t, index_t>& args, std::integral_constant<int, VEC>,
+            std::integral_constant<int, GROUP>) {
   constexpr int kGroupsPerBlock = kThreads / GROUP;
   const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 64;
   const int64_t items = args.rows * ceil_div(args.n, GROUP * VEC);
@@ -91,13 +92,8 @@ void launch(const NativeArgs<scalar_t, index_t>& args) {
 
 void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                  const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi) {
-  run_native_kernel(p, crow, col, values, dense, out, epi, [](const auto& args, bool aligned) {
-    using Args = std::decay_t<decltype(args)>;
-    dispatch_vec_and_group(args, aligned, [&](auto vec, auto group) {
-      launch<typename Args::scalar_type, typename Args::index_type, decltype(vec)::value, decltype(group)::value>(
-          args);
-    });
-  });
+  run_row_group_kernel(p, crow, col, values, dense, out, epi,
+                       [](const auto& args, auto vec, auto group) { launch(args, vec, group); });
 }
 
 }  // namespace cuda
