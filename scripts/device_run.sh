@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [graphs] [sddmm] [examples] [ffn] [harness] [sanitizer]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [densify] [graphs] [sddmm] [examples] [ffn] [harness] [sanitizer]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
 #   backward; tiled: the tiled SpMM density sweep (TILED_ARGS=--quick); graphs: every SpMM backend on the
-#   graph suite (GRAPHS_ARGS=--quick); examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
+#   graph suite (GRAPHS_ARGS=--quick); densify: the densify route against the others (DENSIFY_ARGS=--quick); examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sparsetorch-out}
@@ -57,6 +57,9 @@ if want bench; then
 fi
 if [[ "$what" == *" tiled "* ]]; then
   python3 benchmarks/spmm_tiled_cuda.py --out "$OUT" ${TILED_ARGS:-} 2>&1 | tee "$OUT/tiled.log" | tail -60 || rc=1
+fi
+if [[ "$what" == *" densify "* ]]; then
+  python3 benchmarks/spmm_densify_cuda.py --out "$OUT" ${DENSIFY_ARGS:-} 2>&1 | tee "$OUT/densify.log" | tail -100 || rc=1
 fi
 if [[ "$what" == *" graphs "* ]]; then
   python3 benchmarks/spmm_graphs_cuda.py --out "$OUT" ${GRAPHS_ARGS:-} 2>&1 | tee "$OUT/graphs.log" | tail -80 || rc=1

@@ -110,8 +110,12 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     ``"native"`` (sparsetorch's row-group kernel, epilogue fused), ``"balanced"`` (sparsetorch's
     kernel for skewed rows: each block splits the entries of its 32 rows evenly among its lanes, so a
     long row is shared instead of serialised; deterministic), ``"tiled"`` (sparsetorch's kernel
-    for long rows and wide B: B streamed through shared memory; any column order) or ``"auto"``
-    (measured rules, csrc/cuda/spmm_cuda.cu). The CPU has a single OpenMP kernel and accepts any of them.
+    for long rows and wide B: B streamed through shared memory; any column order), ``"densify"`` (A
+    expanded to a dense matrix on the GPU, one cuBLAS GEMM with fp32 accumulation and TF32 off: for
+    A more than a few percent dense, above all in bf16/fp16 on tensor cores; O(batch*m*k) memory;
+    same results as the sparse routes up to rounding, NaN/Inf in B included: a device-side check
+    reruns the row-group kernel when B is not finite) or ``"auto"`` (measured rules,
+    csrc/cuda/spmm_cuda.cu). The CPU has a single OpenMP kernel and accepts any of them.
 
     ``policy``: ``"sparse"`` (default) always runs a sparse kernel; ``"dense"`` expands A to a dense
     matrix and runs a dense GEMM (cuBLAS on CUDA), for matrices too dense to gain from sparsity;

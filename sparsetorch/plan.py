@@ -9,7 +9,7 @@ overhead is the op dispatch plus the library call.
 
 With ``backend="auto"`` on CUDA the plan autotunes: the first call with a given width of B (and
 dtype / batch layout) times every applicable route (the row-group, balanced and tiled kernels,
-cuSPARSE) on that B and keeps the fastest for later calls. No single rule is right on every graph
+cuSPARSE, A densified + cuBLAS GEMM) on that B and keeps the fastest for later calls. No single rule is right on every graph
 (benchmarks/results/h200/spmm_graphs_cuda.txt: on cora the balanced kernel is 1.8x cuSPARSE at
 n = 32, on pubmed cuSPARSE is 1.6x the balanced kernel at n = 512). The tuning call synchronises
 once per route; inside CUDA graph capture, or with ``autotune=False``, the measured rules below are used.
@@ -33,6 +33,14 @@ from sparsetorch.functional import _activation_name, _prefers_dense, _spmm_op
 # 1.4x), cuSPARSE faster from 99 (citeseer 1.2x, cora 1.9x, ca-CondMat 2x, power-law 100k with a
 # 13,503-entry row 25x). Only a plan sees the row lengths without a device sync per call.
 SKEWED_ROW_LIMIT = 64
+
+SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "tiled", "densify")
+
+# The densify route (A expanded, one cuBLAS GEMM) is timed only where the dense copy of A stays
+# small: at most DENSIFY_MAX_BYTES, and A at least 1/DENSIFY_MAX_EXPANSION dense (below that the
+# GEMM's m*k*n work cannot catch up with the sparse kernels' nnz*n).
+DENSIFY_MAX_BYTES = 1 << 30
+DENSIFY_MAX_EXPANSION = 512
 
 
 def _route_for_skew(a, backend: str) -> str:
@@ -61,6 +69,10 @@ def _autotune_candidates(a, n: int) -> list:
     # a batch of patterns would be a block-diagonal copy per call.
     if not a.batched and a.dtype in (torch.float32, torch.float64) and nnz <= rows * a.shape[-1]:
         routes.append("cusparse")
+    positions = (a.shape[0] if a.batched else 1) * rows * a.shape[-1]
+    if (0 < positions <= DENSIFY_MAX_EXPANSION * a.values.numel()
+            and positions * a.values.element_size() <= DENSIFY_MAX_BYTES):
+        routes.append("densify")  # A expanded + one GEMM: wins on dense-ish A, above all on tensor cores
     return routes
 
 
@@ -108,9 +120,9 @@ class SpmmPlan:
         a = as_csr(A, device=device)
         if validate:
             validate_csr(a)
-        if backend not in ("auto", "cusparse", "native", "balanced", "tiled"):
-            raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of auto, cusparse, native, "
-                             "balanced, tiled")
+        if backend not in SPMM_BACKENDS:
+            raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of "
+                             f"{', '.join(SPMM_BACKENDS)}")
         self.csr = a
         self.shape = a.shape
         self.alpha = float(alpha)

@@ -20,7 +20,7 @@ def test_non_default_stream(rng):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         outs = {be: st.spmm(A, b, backend=be, bias=torch.zeros(64, device="cuda"), activation="none")
-                for be in ("cusparse", "native", "balanced", "tiled")}
+                for be in ("cusparse", "native", "balanced", "tiled", "densify")}
         batched = st.spmm(st.from_list([a, a], device="cuda", dtype=torch.float32), b, backend="cusparse")
     side.synchronize()
     for out in outs.values():
@@ -35,7 +35,7 @@ def test_non_current_device():
     A = st.from_scipy(a, device="cuda:1", dtype=torch.float32)
     b = torch.randn(40, 8, device="cuda:1")
     with torch.cuda.device(0):
-        for be in ("cusparse", "native", "balanced", "tiled"):
+        for be in ("cusparse", "native", "balanced", "tiled", "densify"):
             out = st.spmm(A, b, backend=be)
             assert out.device == torch.device("cuda:1")
             assert_matches(out, a @ b.double().cpu().numpy(), torch.float32)
@@ -60,11 +60,11 @@ def test_backends_agree(rng, layout, dtype):
         A = st.CSR(a.crow_indices, a.col_indices, values, (batch, m, k))
         b = randn(rng, batch, k, n, dtype=dtype, device="cuda")
     ref = st.spmm(A.to(device="cpu", dtype=torch.float64), b.double().cpu())
-    for be in ("cusparse", "native", "balanced", "tiled", "auto"):
+    for be in ("cusparse", "native", "balanced", "tiled", "densify", "auto"):
         assert_matches(st.spmm(A, b, backend=be), ref, dtype)
 
 
-@pytest.mark.parametrize("backend", ["cusparse", "native", "balanced", "tiled"])
+@pytest.mark.parametrize("backend", ["cusparse", "native", "balanced", "tiled", "densify"])
 def test_batch_count_above_65535(rng, backend):
     batch, m, k, n = 70_000, 3, 4, 4
     crow = torch.tensor([0, 1, 3, 4]).repeat(batch, 1)
@@ -89,7 +89,7 @@ def test_graph_with_a_million_rows(rng):
         assert_matches(st.spmm(A, b, backend=be), ref, torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["native", "balanced", "tiled"])
+@pytest.mark.parametrize("backend", ["native", "balanced", "tiled", "densify"])
 def test_native_kernel_survives_malformed_indices(backend):
     """Without validate=True the native kernels skip out-of-range entries instead of faulting; the
     CUDA context stays usable."""

@@ -243,7 +243,7 @@ def test_cusparse_refuses_more_entries_than_positions_clearly():
     with pytest.raises(ValueError, match="cuSPARSE refuses"):
         st.spmm(A, b, backend="cusparse")
     want = torch.tensor([[3.0], [2.0]], device="cuda").expand(2, 300)
-    for be in ("auto", "native", "balanced", "tiled"):
+    for be in ("auto", "native", "balanced", "tiled", "densify"):
         torch.testing.assert_close(st.spmm(A, b, backend=be), want)
     plan = st.SpmmPlan(A)
     torch.testing.assert_close(plan(b), want)

@@ -113,7 +113,7 @@ def test_threads_get_right_results(device, rng):
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 def test_cuda_graph_capture_of_the_sync_free_ops(rng):
-    """Captured once, replayed on new data: native, balanced and tiled SpMM (single and batched), native SDDMM,
+    """Captured once, replayed on new data: native, balanced, tiled and densify SpMM (single and batched), native SDDMM,
     bias_act and the elementwise ops. (The cuSPARSE routes and validate=True are not claimed to be
     capturable.)"""
     a = st.from_scipy(random_csr(rng, 64, 48, 0.1, duplicates=True), device="cuda", dtype=torch.float32)
@@ -129,8 +129,10 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
         ybt = st.spmm(batch, b, backend="tiled")
         yl = st.spmm(a, b, bias=bias, activation="tanh", backend="balanced")
         ybl = st.spmm(batch, b, backend="balanced")
+        yd = st.spmm(a, b, bias=bias, activation="silu", backend="densify")
+        ybd = st.spmm(batch, b, backend="densify")
         v = st.sddmm(a, g, b, backend="native").values
-        return st.mul(st.bias_act(y, scale=2.0, activation="silu"), 3.0), yb, yt, ybt, yl, ybl, v
+        return st.mul(st.bias_act(y, scale=2.0, activation="silu"), 3.0), yb, yt, ybt, yl, ybl, yd, ybd, v
 
     step()  # warm up (allocations, descriptors) outside the capture
     torch.cuda.synchronize()
@@ -146,7 +148,7 @@ def test_cuda_graph_capture_of_the_sync_free_ops(rng):
 
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
-@pytest.mark.parametrize("route", ["native", "balanced", "tiled", "cusparse", "plan-native", "plan-balanced",
+@pytest.mark.parametrize("route", ["native", "balanced", "tiled", "cusparse", "densify", "plan-native", "plan-balanced",
                                    "plan-tiled", "plan-cusparse", "plan-auto", "batched"])
 def test_memory_flat_over_10000_calls(rng, route):
     a = st.from_scipy(random_csr(rng, 256, 256, 0.05), device="cuda", dtype=torch.float32)
@@ -181,7 +183,7 @@ def _problems(draw):
     index_dtype = draw(hs.sampled_from([torch.int32, torch.int64]))
     seed = draw(hs.integers(0, 2**31 - 1))
     transposed_b = draw(hs.booleans())
-    backend = draw(hs.sampled_from(["auto", "native", "balanced", "tiled", "cusparse"]))
+    backend = draw(hs.sampled_from(["auto", "native", "balanced", "tiled", "cusparse", "densify"]))
     return m, k, n, density, layout, dtype, index_dtype, seed, transposed_b, backend
 
 

@@ -1,4 +1,4 @@
-// Shared CUDA helpers: status checks that name the failing call, dtype mapping for cuSPARSE,
+// Shared CUDA helpers: cuSPARSE / cuBLAS status checks that name the failing call, dtype mapping for cuSPARSE,
 // RAII holders for cuSPARSE descriptors, and aligned vector types for 16-byte accesses.
 #pragma once
 
@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cusparse.h>
 
@@ -19,6 +20,13 @@
     const cusparseStatus_t status_ = (call);                                                         \
     TORCH_CHECK(status_ == CUSPARSE_STATUS_SUCCESS, "cuSPARSE call ", #call, " failed: ",            \
                 cusparseGetErrorString(status_), " (status ", static_cast<int>(status_), ")");        \
+  } while (0)
+
+#define SPARSETORCH_CUBLAS_CHECK(call)                                                                    \
+  do {                                                                                                   \
+    const cublasStatus_t status_ = (call);                                                               \
+    TORCH_CHECK(status_ == CUBLAS_STATUS_SUCCESS, "cuBLAS call ", #call, " failed: ",                    \
+                cublasGetStatusString(status_), " (status ", static_cast<int>(status_), ")");             \
   } while (0)
 
 namespace sparsetorch {

@@ -16,13 +16,6 @@
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 
-#define SPARSETORCH_CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                                   \
-    const cublasStatus_t status_ = (call);                                                               \
-    TORCH_CHECK(status_ == CUBLAS_STATUS_SUCCESS, "cuBLAS call ", #call, " failed: ",                    \
-                cublasGetStatusString(status_), " (status ", static_cast<int>(status_), ")");             \
-  } while (0)
-
 namespace sparsetorch {
 namespace cuda {
 namespace {

@@ -6,11 +6,14 @@
 //  - one matrix: native for n <= 256 (random 100k x 100k, 20/row: 2.5x cuSPARSE at n = 32, 1.07x
 //    at n = 128), cuSPARSE above (1.04x native at n = 512);
 //  - half types: native (cuSPARSE's bf16/fp16 CSR SpMM is slow, DESIGN.md);
-//  - long rows and wide B (pruned weights): the tiled kernel, see choose_route.
+//  - long rows and wide B (pruned weights): the tiled kernel, see choose_route;
+//  - A more than a few percent dense: the densify route, see prefers_densify.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <limits>
 
 #include "common/activation.h"
 #include "common/checks.h"
@@ -28,8 +31,38 @@ constexpr int64_t kTiledMinN = 1024;
 constexpr int64_t kTiledMinRowLength = 640;
 constexpr int64_t kTiledMinRowLengthHalf = 1280;
 
+// "auto" takes the densify route (A expanded + one cuBLAS GEMM) above a density that falls with the
+// width of B. From benchmarks/results/h200/spmm_densify_cuda.txt (uniform 4096 x 4096, H200): densify
+// over the best sparse route at n = 64 / 256 / 1024 crosses 1.0x at about 3.5% / 2% / 1% in bf16 and
+// fp16 (10% at n = 1024: 80.7 us, 7.5x the row-group kernel, 9.0x torch.sparse.mm), 17% / 12% / 10%
+// in fp32 (SGEMM on CUDA cores) and 8% / 5.5% / 4% in fp64 against "auto"'s old choice. The thresholds
+// sit above those crossovers; A must have at least 2^20 positions (below, launch overheads decide)
+// and its dense copy must stay within kDensifyMaxBytes.
+constexpr int64_t kDensifyMinPositions = int64_t(1) << 20;
+constexpr int64_t kDensifyMaxBytes = int64_t(1) << 30;
+
+double densify_threshold(at::ScalarType dtype, int64_t n) {
+  const int bucket = n < 128 ? 0 : n < 512 ? 1 : 2;
+  static constexpr double kHalf[3] = {0.05, 0.03, 0.015};
+  static constexpr double kFloat[3] = {0.25, 0.15, 0.12};
+  static constexpr double kDouble[3] = {0.10, 0.07, 0.05};
+  if (dtype == at::kHalf || dtype == at::kBFloat16) return kHalf[bucket];
+  return dtype == at::kFloat ? kFloat[bucket] : kDouble[bucket];
+}
+
+bool prefers_densify(const SpmmProblem& p, at::ScalarType dtype) {
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  if (p.m > kIntMax || p.k > kIntMax || p.n > kIntMax) return false;  // cuBLAS's int dimensions
+  const int64_t positions = p.m * p.k;
+  if (positions < kDensifyMinPositions) return false;
+  const int64_t a_batches = p.pattern_batched || p.values_batched ? p.batch : 1;
+  if (a_batches * positions > kDensifyMaxBytes / static_cast<int64_t>(c10::elementSize(dtype))) return false;
+  return static_cast<double>(p.nnz_stride) >= densify_threshold(dtype, p.n) * static_cast<double>(positions);
+}
+
 SpmmBackend choose_route(const SpmmProblem& p, at::ScalarType dtype, SpmmBackend backend) {
   if (backend != SpmmBackend::Auto) return backend;
+  if (prefers_densify(p, dtype)) return SpmmBackend::Densify;
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
   const int64_t mean_row_length = p.m > 0 ? p.nnz_stride / p.m : 0;
   if (dtype != at::kDouble && p.n >= kTiledMinN &&
@@ -49,6 +82,8 @@ void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, co
       return spmm_tiled(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Balanced:
       return spmm_balanced(p, crow, col, values, dense, out, epi);
+    case SpmmBackend::Densify:
+      return spmm_densify(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Cusparse:
       return spmm_cusparse(p, crow, col, values, dense, out, epi);
     default:

@@ -25,6 +25,19 @@ struct SpmmEpilogue {
 void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                  const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
 
+// spmm_native, decided on the device: the kernel does nothing while the int32 flag `run_flag` (one
+// element, on the GPU) is 0, so a route can order a fallback without a host sync.
+void spmm_native_if(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi,
+                    const at::Tensor& run_flag);
+
+// A expanded to a dense matrix in shared-memory chunks, then one cuBLAS GEMM (fp32 accumulation, no
+// TF32), then the epilogue (spmm_densify.cu). Same results as the sparse routes up to rounding, also
+// for NaN/Inf in B: a device-side check of B orders spmm_native_if over the output when B holds a
+// non-finite value (a dense product would spread it through A's structural zeros). O(batch*m*k) memory.
+void spmm_densify(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                  const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
+
 // Own kernel for skewed rows: a block owns 32 rows and splits their entries evenly among its groups
 // of lanes; rows cut between groups are summed in shared memory in a fixed order (spmm_balanced.cu).
 // Same inputs, guarantees and epilogue as spmm_native.

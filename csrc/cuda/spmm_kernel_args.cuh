@@ -31,6 +31,7 @@ struct NativeArgs {
   int64_t crow_bstride, col_bstride, val_bstride, dense_bstride, ldb;
   double alpha, beta, negative_slope;
   Activation act;
+  const int* run_only_if;  // nullptr, or a device flag: the row-group kernel does nothing while it is 0
 };
 
 // crow, col, values contiguous; dense with unit column stride; out contiguous in the output shape.
@@ -60,6 +61,7 @@ NativeArgs<scalar_t, index_t> make_native_args(const SpmmProblem& p, const at::T
   args.beta = epi.beta;
   args.negative_slope = epi.negative_slope;
   args.act = epi.act;
+  args.run_only_if = nullptr;
   return args;
 }
 

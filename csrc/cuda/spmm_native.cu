@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kThreads) spmm_row_group_kernel(const NativeAr
   constexpr int kGroupsPerBlock = kThreads / GROUP;
   const int lane = threadIdx.x % GROUP;
   const unsigned mask = group_lane_mask<GROUP>();
+  if (a.run_only_if != nullptr && *a.run_only_if == 0) return;  // spmm_native_if: decided on the device
 
   // Work items are (row, column tile) pairs, the tiles of a row on neighbouring groups: a graph with
   // few rows and a wide B still fills the GPU (Erdos971, 472 rows, n = 512: 4 items per row).
@@ -94,6 +95,17 @@ void spmm_native(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor&
                  const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi) {
   run_row_group_kernel(p, crow, col, values, dense, out, epi,
                        [](const auto& args, auto vec, auto group) { launch(args, vec, group); });
+}
+
+void spmm_native_if(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi,
+                    const at::Tensor& run_flag) {
+  TORCH_INTERNAL_ASSERT(run_flag.scalar_type() == at::kInt && run_flag.numel() == 1 && run_flag.is_cuda());
+  run_row_group_kernel(p, crow, col, values, dense, out, epi, [&](const auto& args, auto vec, auto group) {
+    auto guarded = args;
+    guarded.run_only_if = run_flag.data_ptr<int>();
+    launch(guarded, vec, group);
+  });
 }
 
 }  // namespace cuda
