@@ -86,7 +86,7 @@ if [[ "$what" == *" sanitizer "* ]]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
   if [ -n "$SAN" ]; then
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_cuda.py tests/test_hardening.py -k "not memory_flat and not properties" > "$OUT/sanitizer.log" 2>&1
+      tests/test_cuda.py tests/test_hardening.py tests/test_densify.py -k "not memory_flat and not properties" > "$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer exit: $?" | tee -a "$OUT/sanitizer.log"
     grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -3
   else

@@ -141,6 +141,9 @@ def test_auto_takes_densify_on_dense_ish_a_and_keeps_sparse_semantics(rng):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = st.spmm(A, b)
         torch.cuda.synchronize()
-    assert any("densify_kernel" in e.name for e in prof.events()), "auto did not take the densify route"
+    names = [e.name for e in prof.events()]
+    if not any("kernel" in name for name in names):
+        pytest.skip("no CUDA activity recorded (CUPTI unavailable, e.g. under compute-sanitizer)")
+    assert any("densify_kernel" in name for name in names), "auto did not take the densify route"
     assert torch.isfinite(out).all()
     assert_matches(out, a @ torch.nan_to_num(b).double().cpu().numpy(), torch.bfloat16)

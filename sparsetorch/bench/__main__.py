@@ -3,7 +3,8 @@ on the best device present (CUDA if available, else the CPU).
 
 Suites (--suites, comma-separated; default: all of the first four):
   density      A (4096 x 4096 on CUDA, 1024 on the CPU) at 50% .. 0.1% density @ B: sparsetorch vs dense
-               matmul in fp32 (TF32 off), TF32 and bf16, and torch.sparse.mm; the crossover densities.
+               matmul in fp32 (TF32 off), TF32 and bf16, and torch.sparse.mm (fp32; bf16 on CUDA); the
+               crossover densities.
   graphs       random and power-law graphs (100k nodes; 1M with --full), the real matrices and Planetoid
                graphs of ../shared/data, feature widths 32..512: vs torch.sparse.mm, cupy and
                torch_geometric where installed (SciPy on the CPU).

@@ -79,6 +79,17 @@ def headlines(rows: List[dict]) -> List[str]:
             continue
         lines.append(f"density sweep: sparsetorch (fp32) beats {impl} below {100 * d:.3g}% density"
                      if d > 0 else f"density sweep: {impl} is faster at every density measured")
+    times16 = defaultdict(dict)  # impl -> density -> ms, the bf16 rows of the density sweep
+    for r in rows:
+        if r["suite"] == "density" and r["impl"] in ("sparsetorch bf16", "torch.sparse.mm bf16"):
+            times16[r["impl"]][r["density"]] = r["time_ms"]
+    ratios16 = {d: t / times16["sparsetorch bf16"][d] for d, t in times16["torch.sparse.mm bf16"].items()
+                if d in times16["sparsetorch bf16"]}
+    if ratios16:
+        at10 = f", {ratios16[0.1]:.2f}x at 10%" if 0.1 in ratios16 else ""
+        lines.append(f"density sweep: sparsetorch bf16 {geomean(list(ratios16.values())):.2f}x geomean over "
+                     f"torch.sparse.mm bf16 (min {min(ratios16.values()):.2f}x, max {max(ratios16.values()):.2f}x"
+                     f"{at10}, {len(ratios16)} densities)")
     for suite, baselines in (("graphs", ("torch.sparse.mm", "cupy", "torch_geometric", "scipy")),
                              ("batched", ("block-diagonal torch.sparse.mm", "loop of torch.sparse.mm",
                                           "dense bmm fp32", "dense bmm tf32"))):

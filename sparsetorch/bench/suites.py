@@ -46,6 +46,18 @@ def gemm_model(m: int, k: int, n: int, value: int, batch: int = 1):
     return batch * (m * k + k * n + m * n) * value, 2.0 * batch * m * k * n
 
 
+def densify_model(nnz: int, m: int, k: int, n: int, value: int, index: int):
+    """The densify route (A expanded, then a dense GEMM): A written and read densely, its entries read
+    once, B read twice (the NaN/Inf check, the GEMM), out written; dense GEMM flops."""
+    return 2 * m * k * value + nnz * (index + value) + 2 * k * n * value + m * n * value, 2.0 * m * k * n
+
+
+def plan_route(plan, b: torch.Tensor) -> str:
+    """The route a SpmmPlan takes for `b` (autotuned by this call on CUDA): floors follow the route."""
+    plan(b)
+    return next(iter(plan.routes.values()), plan.backend)
+
+
 def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor, rotate_bytes: int) -> List[dict]:
     """impls: name -> (fn(B) -> out, list of B copies or None, bytes, flops, rate key, dtype label).
     Every output is checked before timing; B is rotated through its copies while timing."""
@@ -101,8 +113,10 @@ def density_suite(ctx: Context) -> List[Job]:
             sb, sf = spmm_model(nnz, m, m, n, 4, 4)
             gb, gf = gemm_model(m, m, n, 4)
             work = sb
+            routes = {"float32": plan_route(plan, B32)}
+            ob, of = densify_model(nnz, m, m, n, 4, 4) if routes["float32"] == "densify" else (sb, sf)
             impls = {
-                "sparsetorch": (lambda b: plan(b), copies(ctx, B32, work), sb, sf, "float32", "float32"),
+                "sparsetorch": (lambda b: plan(b), copies(ctx, B32, work), ob, of, "float32", "float32"),
                 "torch.sparse.mm": (lambda b: torch.sparse.mm(a_torch, b), copies(ctx, B32, work), sb, sf,
                                     "float32", "float32"),
                 "dense fp32": (lambda b: dense32 @ b, copies(ctx, B32, gb), gb, gf, "float32", "float32"),
@@ -119,15 +133,22 @@ def density_suite(ctx: Context) -> List[Job]:
                 impls["dense bf16"] = (lambda b: dense16 @ b, copies(ctx, B16, gb // 2), gb // 2, gf, "bfloat16",
                                        "bfloat16")
                 sb16, _ = spmm_model(nnz, m, m, n, 2, 4)
-                impls["sparsetorch bf16"] = (lambda b: plan16(b), copies(ctx, B16, sb16), sb16, sf, "float32",
+                # A sparse kernel's flops run on CUDA cores (fp32 FMA rate); the densify route's on tensor cores.
+                routes["bfloat16"] = plan_route(plan16, B16)
+                ob16, of16, rate16 = ((*densify_model(nnz, m, m, n, 2, 4), "bfloat16") if routes["bfloat16"] == "densify"
+                                      else (sb16, sf, "float32"))
+                impls["sparsetorch bf16"] = (lambda b: plan16(b), copies(ctx, B16, sb16), ob16, of16, rate16,
                                              "bfloat16")
+                a_torch16 = st.to_torch(A16)
+                impls["torch.sparse.mm bf16"] = (lambda b: torch.sparse.mm(a_torch16, b), copies(ctx, B16, sb16),
+                                                 sb16, sf, "float32", "bfloat16")
             else:
                 import scipy.sparse  # noqa: F401
 
                 a_sp, b_np = st.to_scipy(A32), B32.numpy()
                 impls["scipy"] = (lambda: a_sp @ b_np, None, sb, sf, "float32", "float32")
             base = {"suite": "density", "case": f"{m}x{m} @ {m}x{n}, {100 * d:g}%", "density": d, "m": m, "n": n,
-                    "nnz": nnz}
+                    "nnz": nnz, "sparsetorch_routes": routes}
             return measure(ctx, base, impls, ref, work)
 
         return run
