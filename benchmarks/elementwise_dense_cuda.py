@@ -10,15 +10,13 @@ the dense GEMM's (linear interpolation between measured densities).
     python benchmarks/elementwise_dense_cuda.py --out benchmarks/results/<device>
 """
 import argparse
-import json
-import os
-import time
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
 import sparsetorch as st
+from _results import run_meta, write_results
 
 torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -163,12 +161,8 @@ def main():
         else:
             c = r["crossover_density"]
             print(f"{r['dtype']:15s} crossover density: {'n/a' if c is None else f'{100 * c:.2f}%'}")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-        tag = "" if args.suites == ap.get_default("suites") else "_" + args.suites.replace(",", "_")
-        with open(os.path.join(args.out, f"elementwise_dense_cuda{tag}.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+    tag = "" if args.suites == ap.get_default("suites") else "_" + args.suites.replace(",", "_")
+    write_results(args.out, f"elementwise_dense_cuda{tag}.json", run_meta(), results)
 
 
 if __name__ == "__main__":

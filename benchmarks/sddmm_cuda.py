@@ -9,13 +9,12 @@ over the copy bandwidth measured here.
 """
 import argparse
 import json
-import os
-import time
 
 import torch
 import triton.testing
 
 import sparsetorch as st
+from _results import run_meta, write_results
 
 
 def bench(fn):
@@ -78,12 +77,7 @@ def main():
                     row["torch_backward_error"] = str(e)[:200]
             results.append(row)
             print(json.dumps(row))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                "copy_GBps": copy_bw / 1e9}
-        with open(os.path.join(args.out, "sddmm_cuda.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_results(args.out, "sddmm_cuda.json", run_meta(copy_GBps=copy_bw / 1e9), results)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ flops = 2 * nnz * n.
     python benchmarks/spmm_cuda.py --out benchmarks/results/<device>
 """
 import argparse
-import json
-import os
 import platform
 import time
 
@@ -20,6 +18,7 @@ import torch
 import triton.testing
 
 import sparsetorch as st
+from _results import run_meta, write_results
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -196,11 +195,8 @@ def main():
     graph_suite(bw, peak, results)
     batched_suite(bw, peak, results)
     latency_suite(results)
-    meta = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "build": st.build_info(),
-        "copy_bandwidth_GBps": bw / 1e9, "fp32_peak_TFLOPs": peak / 1e12, "host": platform.node(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    meta = run_meta(build=st.build_info(), copy_bandwidth_GBps=bw / 1e9, fp32_peak_TFLOPs=peak / 1e12,
+                    host=platform.node())
     print(f"device {meta['device']}: copy {bw / 1e9:.0f} GB/s, fp32 GEMM (TF32 off) {peak / 1e12:.1f} TFLOP/s")
     for r in results:
         if "ms" in r:
@@ -208,10 +204,7 @@ def main():
                   f"  floor {r['floor_ms'] * 1e3:7.1f} us ({100 * r['of_floor']:5.1f}%)  {r['GBps']:7.0f} GB/s")
         else:
             print(f"{r['suite'][:28]:28s} {r['case']:58s} {r['us_per_call']:9.1f} us/call (host)")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "spmm_cuda.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_results(args.out, "spmm_cuda.json", meta, results)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,12 @@ over the dense GEMM rate of the dtype (tensor cores for the half types; TF32 off
     python benchmarks/spmm_densify_cuda.py --out benchmarks/results/h200
 """
 import argparse
-import json
-import os
-import time
 
 import torch
 import triton.testing
 
 import sparsetorch as st
+from _results import ceiling_meta, measure_ceilings, write_results
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -41,14 +39,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="bf16 and fp32 at n = 1024 only")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    x = torch.empty(2**26, device="cuda")
-    copy_bw = 2 * x.numel() * 4 / bench(lambda: x.clone())
-    del x
-    rates = {}
-    for dt in DTYPES:
-        p = torch.randn(8192, 8192, device="cuda", dtype=dt)
-        rates[dt] = 2 * 8192**3 / bench(lambda: p @ p)
-    del p
+    copy_bw, rates = measure_ceilings(bench, DTYPES)
     m = k = 4096
     densities = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
     widths = (1024,) if args.quick else (64, 256, 1024)
@@ -97,15 +88,10 @@ def main():
                                                                                  "dense GEMM") if name in times),
                       flush=True)
                 del a, dense_a, t_sparse, ref
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "copy_GBps": copy_bw / 1e9,
-            "gemm_TFLOPs": {str(k_).replace("torch.", ""): v / 1e12 for k_, v in rates.items()},
-            "note": "x = that implementation's time / densify's (> 1: densify faster); dense GEMM = A already dense"}
+    meta = ceiling_meta(copy_bw, rates, "x = that implementation's time / densify's (> 1: densify faster); "
+                        "dense GEMM = A already dense")
     print(meta)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "spmm_densify_cuda.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_results(args.out, "spmm_densify_cuda.json", meta, results)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import time
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ import torch
 import sparsetorch as st
 from sparsetorch.bench.suites import power_law_graph, random_graph, real_graphs, spmm_model
 from sparsetorch.bench.timing import Rotating, make_timer, measure_ceilings, relative_error, rotation
+from _results import run_meta, write_results
 
 BACKENDS = ("native", "balanced", "cusparse")
 
@@ -99,12 +99,9 @@ def main():
                "best_over_torch_geomean": geomean("best_over_torch"),
                "balanced_over_native_geomean": geomean("balanced_over_native")}
     print(json.dumps(summary, indent=1))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "date": time.strftime("%Y-%m-%d"), "copy_Bps": ceil.bandwidth, "sgemm_flops": ceil.gemm["float32"]}
-        with open(os.path.join(args.out, "spmm_graphs_cuda.json"), "w") as f:
-            json.dump({"meta": meta, "summary": summary, "rows": results}, f, indent=1)
+    write_results(args.out, "spmm_graphs_cuda.json",
+                  run_meta(copy_Bps=ceil.bandwidth, sgemm_flops=ceil.gemm["float32"]), results, results_key="rows",
+                  summary=summary)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,12 @@ cores').
     python benchmarks/spmm_tiled_cuda.py --out benchmarks/results/h100
 """
 import argparse
-import json
-import os
-import time
 
 import torch
 import triton.testing
 
 import sparsetorch as st
+from _results import ceiling_meta, measure_ceilings, write_results
 
 
 def bench(fn):
@@ -43,15 +41,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    x = torch.empty(2**26, device="cuda")
-    copy_bw = 2 * x.numel() * 4 / bench(lambda: x.clone())
-    del x
+    copy_bw, rates = measure_ceilings(bench, (torch.float32, torch.bfloat16))
     m = k = 4096
-    rates = {}
-    for dt in (torch.float32, torch.bfloat16):
-        p = torch.randn(8192, 8192, device="cuda", dtype=dt)
-        rates[dt] = 2 * 8192**3 / bench(lambda: p @ p)
-    del p
     densities = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.3, 0.5]
     widths = (1024,) if args.quick else (64, 256, 1024)
     results = []
@@ -98,15 +89,9 @@ def main():
                       f"({flops / t / 1e12:5.1f} TFLOP/s, floor {floor * 1e6:6.1f} us = {floor / t:4.0%})  "
                       + "  ".join(f"{name} {times[name] / t:5.2f}x" for name in times if name != "tiled"),
                       flush=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "copy_GBps": copy_bw / 1e9,
-            "gemm_TFLOPs": {str(k_).replace("torch.", ""): v / 1e12 for k_, v in rates.items()},
-            "note": "x = that implementation's time / tiled's (> 1: tiled faster)"}
+    meta = ceiling_meta(copy_bw, rates, "x = that implementation's time / tiled's (> 1: tiled faster)")
     print(meta)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "spmm_tiled_cuda.json"), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+    write_results(args.out, "spmm_tiled_cuda.json", meta, results)
 
 
 if __name__ == "__main__":
