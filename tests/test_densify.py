@@ -147,3 +147,13 @@ def test_auto_takes_densify_on_dense_ish_a_and_keeps_sparse_semantics(rng):
     assert any("densify_kernel" in name for name in names), "auto did not take the densify route"
     assert torch.isfinite(out).all()
     assert_matches(out, a @ torch.nan_to_num(b).double().cpu().numpy(), torch.bfloat16)
+
+
+def test_b_row_stride_beyond_int32_is_copied(rng):
+    """cuBLAS takes int leading dimensions: a k = 1 B whose (unused) row stride is 2^31 + 5 goes to a
+    fresh copy instead of a truncated ld."""
+    a = random_csr(rng, 30, 1, 0.5)
+    flat = randn(rng, 12, device="cuda")
+    b = flat.as_strided((1, 12), (2**31 + 5, 1))
+    assert_matches(st.spmm(st.from_scipy(a, device="cuda", dtype=torch.float32), b, backend="densify"),
+                   a @ flat.double().cpu().numpy()[None, :], torch.float32)

@@ -221,8 +221,9 @@ void spmm_densify(const SpmmProblem& p, const at::Tensor& crow_in, const at::Ten
                     "backend 'densify': cuBLAS takes dimensions below 2^31; got batch ", p.batch, ", m ", p.m,
                     ", k ", p.k, ", n ", p.n, ". Use backend 'native'");
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
-  // cuBLAS needs unit column stride and a row stride >= n (a fresh copy otherwise; see dense_for_cusparse).
-  const bool usable = dense_in.stride(-1) == 1 && dense_in.stride(-2) >= p.n;
+  // cuBLAS needs unit column stride and a row stride in [n, 2^31) (a fresh copy otherwise; see
+  // dense_for_cusparse for the odd strides torch allows on size-1 dims).
+  const bool usable = dense_in.stride(-1) == 1 && dense_in.stride(-2) >= p.n && dense_in.stride(-2) <= kIntMax;
   const at::Tensor dense = usable ? dense_in : at::empty(dense_in.sizes(), dense_in.options()).copy_(dense_in);
 
   const int64_t a_batches = p.pattern_batched || p.values_batched ? p.batch : 1;
