@@ -33,6 +33,12 @@ struct SpmmProblem {
   std::vector<int64_t> out_shape() const {
     return batched ? std::vector<int64_t>{batch, m, n} : std::vector<int64_t>{m, n};
   }
+  // Element offsets between batches of crow / col / values (0: shared by every batch).
+  int64_t crow_bstride() const { return pattern_batched ? m + 1 : 0; }
+  int64_t col_bstride() const { return pattern_batched ? nnz_stride : 0; }
+  int64_t val_bstride() const { return values_batched ? nnz_stride : 0; }
+  // How many different matrices A the batch holds (1 when one A serves every batch).
+  int64_t a_batches() const { return pattern_batched || values_batched ? batch : 1; }
 };
 
 SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
@@ -62,6 +68,9 @@ struct SddmmProblem {
   std::vector<int64_t> out_shape() const {
     return batched ? std::vector<int64_t>{batch, nnz_stride} : std::vector<int64_t>{nnz_stride};
   }
+  // Element offsets between batches of crow / col (0: one pattern for every batch).
+  int64_t crow_bstride() const { return pattern_batched ? m + 1 : 0; }
+  int64_t col_bstride() const { return pattern_batched ? nnz_stride : 0; }
 };
 SddmmProblem check_sddmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& a,
                               const at::Tensor& b);

@@ -20,8 +20,7 @@ void sddmm_cpu_kernel(const SddmmProblem& p, const at::Tensor& crow, const at::T
                       const at::Tensor& b, double alpha_in, const at::Tensor& out) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t m = p.m, k = p.k, n = p.n, L = p.nnz_stride;
-  const int64_t crow_bstride = p.pattern_batched ? m + 1 : 0;
-  const int64_t col_bstride = p.pattern_batched ? L : 0;
+  const int64_t crow_bstride = p.crow_bstride(), col_bstride = p.col_bstride();
   const int64_t a_bstride = p.a_batched ? m * n : 0;
   const int64_t b_bstride = p.b_batched ? k * n : 0;
   const index_t* crow_ptr = crow.data_ptr<index_t>();

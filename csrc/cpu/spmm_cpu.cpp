@@ -81,9 +81,7 @@ void spmm_cpu_kernel(const SpmmProblem& p, const at::Tensor& crow, const at::Ten
                      const at::Tensor& bias, const Epilogue& epi) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t m = p.m, k = p.k, n = p.n, L = p.nnz_stride;
-  const int64_t crow_bstride = p.pattern_batched ? m + 1 : 0;
-  const int64_t col_bstride = p.pattern_batched ? L : 0;
-  const int64_t val_bstride = p.values_batched ? L : 0;
+  const int64_t crow_bstride = p.crow_bstride(), col_bstride = p.col_bstride(), val_bstride = p.val_bstride();
   const int64_t dense_bstride = p.dense_batched ? dense.stride(0) : 0;
   const int64_t ldb = dense.stride(-2);
 

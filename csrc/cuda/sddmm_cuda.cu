@@ -118,8 +118,8 @@ void launch_native(const SddmmProblem& p, const at::Tensor& crow, const at::Tens
   args.k = p.k;
   args.n = p.n;
   args.L = p.nnz_stride;
-  args.crow_bstride = p.pattern_batched ? p.m + 1 : 0;
-  args.col_bstride = p.pattern_batched ? p.nnz_stride : 0;
+  args.crow_bstride = p.crow_bstride();
+  args.col_bstride = p.col_bstride();
   args.a_bstride = p.a_batched ? p.m * p.n : 0;
   args.b_bstride = p.b_batched ? p.k * p.n : 0;
   args.out_bstride = p.batched ? p.nnz_stride : 0;

@@ -131,17 +131,11 @@ __global__ void __launch_bounds__(kThreads) spmm_balanced_kernel(const NativeArg
       int row = row_of_entry(s_crow, nrows, s0);
       int64_t row_end = s_crow[row + 1];
       for (int64_t chunk = s0; chunk < s1; chunk += GROUP) {
-        const int64_t j = chunk + lane;
-        int64_t my_col = -1;
-        acc_t my_val = acc_t(0);
-        if (j < s1) {
-          my_col = col_b[j];
-          my_val = static_cast<acc_t>(val_b[j]);
-        }
-        const int count = s1 - chunk < GROUP ? static_cast<int>(s1 - chunk) : GROUP;
+        const EntryChunk<GROUP, scalar_t, index_t> entries(col_b, val_b, chunk, s1, lane);
+        const int count = entries.count;
         for (int t = 0; t < count; t += kInFlight) {
           GatheredRows<scalar_t, VEC, kInFlight> g;
-          g.template load<GROUP>(a, dense_b, mask, my_col, my_val, t, count, c0, active);
+          g.template load<GROUP>(a, dense_b, mask, entries.col, entries.val, t, count, c0, active);
 #pragma unroll
           for (int u = 0; u < kInFlight; ++u) {
             if (t + u >= count) break;

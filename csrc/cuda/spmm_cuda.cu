@@ -55,8 +55,7 @@ bool prefers_densify(const SpmmProblem& p, at::ScalarType dtype) {
   if (p.m > kIntMax || p.k > kIntMax || p.n > kIntMax) return false;  // cuBLAS's int dimensions
   const int64_t positions = p.m * p.k;
   if (positions < kDensifyMinPositions) return false;
-  const int64_t a_batches = p.pattern_batched || p.values_batched ? p.batch : 1;
-  if (a_batches * positions > kDensifyMaxBytes / static_cast<int64_t>(c10::elementSize(dtype))) return false;
+  if (p.a_batches() * positions > kDensifyMaxBytes / static_cast<int64_t>(c10::elementSize(dtype))) return false;
   return static_cast<double>(p.nnz_stride) >= densify_threshold(dtype, p.n) * static_cast<double>(positions);
 }
 

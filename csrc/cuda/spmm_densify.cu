@@ -141,8 +141,7 @@ void densify(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col
       DensifyArgs<scalar_t, index_t> a{crow.data_ptr<index_t>(), col.data_ptr<index_t>(),
                                        values.data_ptr<scalar_t>(), dense_a.data_ptr<scalar_t>(),
                                        dense_a.size(0), p.m, p.k, p.nnz_stride,
-                                       p.pattern_batched ? p.m + 1 : 0, p.pattern_batched ? p.nnz_stride : 0,
-                                       p.values_batched ? p.nnz_stride : 0};
+                                       p.crow_bstride(), p.col_bstride(), p.val_bstride()};
       const int64_t items = a.batches * p.m * ceil_div(p.k, kChunkBytes / sizeof(acc_t));
       const auto blocks = static_cast<unsigned>(grid_for(items, 16));
       const auto stream = at::cuda::getCurrentCUDAStream();
@@ -226,8 +225,7 @@ void spmm_densify(const SpmmProblem& p, const at::Tensor& crow_in, const at::Ten
   const bool usable = dense_in.stride(-1) == 1 && dense_in.stride(-2) >= p.n && dense_in.stride(-2) <= kIntMax;
   const at::Tensor dense = usable ? dense_in : at::empty(dense_in.sizes(), dense_in.options()).copy_(dense_in);
 
-  const int64_t a_batches = p.pattern_batched || p.values_batched ? p.batch : 1;
-  const at::Tensor dense_a = at::empty({a_batches, p.m, p.k}, values.options());
+  const at::Tensor dense_a = at::empty({p.a_batches(), p.m, p.k}, values.options());
   densify(p, crow, col, values, dense_a);
 
   // beta * accumulate rides on cuBLAS's beta; the fallback below needs the caller's accumulate, so

@@ -52,9 +52,9 @@ NativeArgs<scalar_t, index_t> make_native_args(const SpmmProblem& p, const at::T
   args.k = p.k;
   args.n = p.n;
   args.L = p.nnz_stride;
-  args.crow_bstride = p.pattern_batched ? p.m + 1 : 0;
-  args.col_bstride = p.pattern_batched ? p.nnz_stride : 0;
-  args.val_bstride = p.values_batched ? p.nnz_stride : 0;
+  args.crow_bstride = p.crow_bstride();
+  args.col_bstride = p.col_bstride();
+  args.val_bstride = p.val_bstride();
   args.dense_bstride = p.dense_batched ? dense.stride(0) : 0;
   args.ldb = dense.stride(-2);
   args.alpha = epi.alpha;
@@ -93,8 +93,25 @@ void run_native_kernel(const SpmmProblem& p, const at::Tensor& crow_in, const at
   });
 }
 
-// The row-group style kernels hold a chunk of GROUP entries, one (column, value) per lane, and
-// broadcast them by shuffles. This fetches entries t .. t+K-1 of the chunk (count valid) and issues
+// The row-group style kernels hold a chunk of GROUP entries, one (column, value) per lane: lane l
+// takes entry chunk + l of [chunk, stop) (column -1, value 0 past stop); count is how many are valid.
+template <int GROUP, typename scalar_t, typename index_t>
+struct EntryChunk {
+  using acc_t = at::opmath_type<scalar_t>;
+  int64_t col = -1;
+  acc_t val = acc_t(0);
+  int count;
+  __device__ __forceinline__ EntryChunk(const index_t* col_b, const scalar_t* val_b, int64_t chunk, int64_t stop,
+                                        int lane)
+      : count(stop - chunk < GROUP ? static_cast<int>(stop - chunk) : GROUP) {
+    if (chunk + lane < stop) {
+      col = col_b[chunk + lane];
+      val = static_cast<acc_t>(val_b[chunk + lane]);
+    }
+  }
+};
+
+// They broadcast a chunk's entries by shuffles. This fetches entries t .. t+K-1 of the chunk (count valid) and issues
 // their K B-row loads at once, so K gathers are in flight instead of one: entries past `count`,
 // columns outside [0, k) and inactive lanes (c0 >= n) get value 0 and a zero vector.
 template <typename scalar_t, int VEC, int K>

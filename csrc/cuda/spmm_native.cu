@@ -56,18 +56,11 @@ __global__ void __launch_bounds__(kThreads) spmm_row_group_kernel(const NativeAr
     for (int v = 0; v < VEC; ++v) acc[v] = acc_t(0);
 
     for (int64_t chunk = start; chunk < stop; chunk += GROUP) {
-      const int64_t j = chunk + lane;
-      int64_t my_col = -1;
-      acc_t my_val = acc_t(0);
-      if (j < stop) {
-        my_col = col_b[j];
-        my_val = static_cast<acc_t>(val_b[j]);
-      }
-      const int count = stop - chunk < GROUP ? static_cast<int>(stop - chunk) : GROUP;
+      const EntryChunk<GROUP, scalar_t, index_t> entries(col_b, val_b, chunk, stop, lane);
       constexpr int K = in_flight<GROUP>();
-      for (int t = 0; t < count; t += K) {
+      for (int t = 0; t < entries.count; t += K) {
         GatheredRows<scalar_t, VEC, K> g;
-        g.template load<GROUP>(a, dense_b, mask, my_col, my_val, t, count, c0, active);
+        g.template load<GROUP>(a, dense_b, mask, entries.col, entries.val, t, entries.count, c0, active);
 #pragma unroll
         for (int u = 0; u < K; ++u) g.fma(u, acc);  // entries past count add zero
       }
