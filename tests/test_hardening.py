@@ -324,6 +324,18 @@ def test_linear_dense_bmm_and_scale_properties(device, problem):
     values_before = A.values.clone()
     scaled = st.scale(A, row=row, col=col)
     assert torch.equal(A.values, values_before)
-    ref = row.double().cpu().unsqueeze(-1) * st.to_dense(A).double().cpu() * col.double().cpu()
-    assert_matches(st.to_dense(scaled), ref, dtype)
+    # Entry by entry (scale keeps the pattern): densifying would sum repeated columns in the low
+    # precision, and a near-cancelling pair then has an error far above the dtype's relative tolerance
+    # (hypothesis found one in bf16 on the H200).
+    assert torch.equal(scaled.col_indices, A.col_indices)
+    crows = A.crow_indices.cpu().long().reshape(-1, m + 1)
+    got, want = [], []
+    for bi, crow_b in enumerate(crows):
+        nnz_b = int(crow_b[-1])
+        rows = torch.repeat_interleave(torch.arange(m), torch.diff(crow_b))
+        cols = A.col_indices.cpu().long().reshape(len(crows), -1)[bi, :nnz_b]
+        vals = A.values.cpu().double().reshape(len(crows), -1)[bi, :nnz_b]
+        want.append(row.cpu().double().reshape(len(crows), m)[bi, rows] * vals * col.cpu().double()[cols])
+        got.append(scaled.values.reshape(len(crows), -1)[bi, :nnz_b])
+    assert_matches(torch.cat(got), torch.cat(want), dtype)
 
