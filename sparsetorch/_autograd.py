@@ -9,6 +9,7 @@ sparsetorch's own kernels where there is one:
   ``grad_C = beta * gz``; ``grad_bias = gz`` summed over rows. With an activation, z is recomputed
   by one more spmm; the Python wrappers (st.spmm, SpmmPlan, the layers) avoid that by running the
   activation as a separate op whenever autograd is recording.
+* spmm_blocked (SpmmPlan's "blocked" route): as spmm, A's CSR is among its inputs.
 * sddmm ``v = alpha * (a @ b^T)`` at A's entries: ``grad_a = alpha * A(v') @ b`` and
   ``grad_b = alpha * A(v')^T @ a``, both spmm.
 * linear, dense_bmm, binary, binary_scalar, csr_scale; bias_act and activation through the fused
@@ -51,10 +52,9 @@ def _spmm_setup(ctx, inputs, output):
                                                                             negative_slope, backend)
 
 
-def _spmm_backward(ctx, grad):
+def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
+    """(grad_values, grad_dense, grad_accumulate, grad_bias) of spmm, each None unless needed."""
     crow, col, values, dense, accumulate, bias = ctx.saved_tensors
-    need_values, need_dense = _needs(ctx, 2), _needs(ctx, 3)
-    need_acc, need_bias = _needs(ctx, 5), _needs(ctx, 7)
     alpha, beta = ctx.alpha, ctx.beta
     gz = grad.contiguous()
     if ctx.activation != "none":
@@ -74,10 +74,34 @@ def _spmm_backward(ctx, grad):
         g_acc = gz * beta if beta != 0.0 else torch.zeros_like(accumulate)
     if need_bias:
         g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
+    return g_values, g_dense, g_acc, g_bias
+
+
+def _spmm_backward(ctx, grad):
+    g_values, g_dense, g_acc, g_bias = _spmm_grads(ctx, grad, _needs(ctx, 2), _needs(ctx, 3), _needs(ctx, 5),
+                                                   _needs(ctx, 7))
     return None, None, g_values, g_dense, None, g_acc, None, g_bias, None, None, None
 
 
 torch.library.register_autograd("sparsetorch::spmm", _spmm_backward, setup_context=_spmm_setup)
+
+
+# spmm_blocked: the same product (A also given as CSR), so the same gradients; the blocked layout
+# (tile_ptr, block_col, block_values) is derived from the CSR values and gets none.
+def _spmm_blocked_setup(ctx, inputs, output):
+    crow, col, values, _, _, _, dense, alpha, accumulate, beta, bias, activation, negative_slope = inputs
+    _spmm_setup(ctx, (crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, "auto"),
+                output)
+
+
+def _spmm_blocked_backward(ctx, grad):
+    g_values, g_dense, g_acc, g_bias = _spmm_grads(ctx, grad, _needs(ctx, 2), _needs(ctx, 6), _needs(ctx, 8),
+                                                   _needs(ctx, 10))
+    return None, None, g_values, None, None, None, g_dense, None, g_acc, None, g_bias, None, None
+
+
+torch.library.register_autograd("sparsetorch::spmm_blocked", _spmm_blocked_backward,
+                                setup_context=_spmm_blocked_setup)
 
 
 # --- sddmm -------------------------------------------------------------------------------------

@@ -31,6 +31,13 @@ def _spmm_out_fake(crow_indices, col_indices, values, dense, out, alpha=1.0, bet
     return None
 
 
+@torch.library.register_fake("sparsetorch::spmm_blocked")
+def _spmm_blocked_fake(crow_indices, col_indices, values, tile_ptr, block_col, block_values, dense, alpha=1.0,
+                       accumulate=None, beta=0.0, bias=None, activation="none", negative_slope=0.01):
+    torch._check(values.dtype == dense.dtype, lambda: "values and dense must have the same dtype")
+    return dense.new_empty((crow_indices.shape[-1] - 1, dense.shape[-1]))
+
+
 @torch.library.register_fake("sparsetorch::sddmm")
 def _sddmm_fake(crow_indices, col_indices, a, b, alpha=1.0, backend="auto"):
     torch._check(a.dtype == b.dtype, lambda: "a and b must have the same dtype")

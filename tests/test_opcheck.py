@@ -73,6 +73,15 @@ def samples(rng, device):
     yield ops.binary_scalar, (g(4, 5), 2.0, "div"), {}
     yield ops.linear, (g(3, 8), g(6, 8), g(6)), dict(activation="gelu")
     yield ops.dense_bmm, (g(3, 4, 5), g(5, 2)), {}
+    import sparsetorch as st
+    from sparsetorch._blocked import BlockedLayout
+
+    layout = BlockedLayout(st.CSR(crow, col, values, (9, 7)))
+    fvalues = values.clone().requires_grad_()
+    yield ops.spmm_blocked, (crow, col, fvalues, layout.tile_ptr, layout.block_col, layout.block_values(values),
+                             torch.randn(7, 5, device=device, requires_grad=True)), dict(
+        alpha=0.5, accumulate=torch.randn(9, 5, device=device, requires_grad=True), beta=2.0,
+        bias=torch.randn(5, device=device, requires_grad=True), activation="silu")
     yield ops.csr_scale, (dcrow, dcol, dvalues, torch.rand(9, device=device, dtype=torch.float64,
                                                             requires_grad=True), g(7)), {}
 

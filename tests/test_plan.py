@@ -175,11 +175,13 @@ def test_plan_autotune_off_in_capture_and_on_request(rng):
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 def test_plan_autotune_candidates():
     """cuSPARSE only for one fp32/fp64 matrix with at most one entry per position; tiled only for
-    long rows and n >= 256 (not fp64)."""
+    long rows and n >= 256 (not fp64); blocked for one fp32 matrix of >= 2% density and a 2-D B."""
     from sparsetorch.plan import _autotune_candidates
 
     long_rows = st.from_dense(torch.ones(64, 64, device="cuda"))
-    assert set(_autotune_candidates(long_rows, 256)) == {"native", "balanced", "tiled", "cusparse", "densify"}
+    assert set(_autotune_candidates(long_rows, 256)) == {"native", "balanced", "tiled", "cusparse", "densify",
+                                                         "blocked"}
+    assert "blocked" not in _autotune_candidates(long_rows, 256, 3)
     assert "tiled" not in _autotune_candidates(long_rows, 128)
     assert "tiled" not in _autotune_candidates(long_rows.to(dtype=torch.float64), 256)
     assert "cusparse" not in _autotune_candidates(long_rows.to(dtype=torch.bfloat16), 256)

@@ -56,6 +56,11 @@ void spmm_tiled(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& 
 void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
 
+// An int32 flag (one element, on the GPU) set to 1 when B (batches of k x n, any row stride) holds a
+// NaN or an infinity; no host sync (spmm_densify.cu). Routes that multiply structural zeros (densify,
+// blocked) pass it to spmm_native_if so that such a B gets the sparse routes' result.
+at::Tensor nonfinite_flag(const at::Tensor& dense, int64_t batches, int64_t k, int64_t n);
+
 // In place: out = act(out + bias) (elementwise_cuda.cu).
 void bias_act_inplace_cuda(const at::Tensor& out, const at::Tensor& bias, Activation act, double negative_slope);
 

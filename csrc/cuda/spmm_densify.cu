@@ -156,27 +156,6 @@ void densify(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col
   });
 }
 
-at::Tensor nonfinite_flag(const at::Tensor& dense, int64_t batches, int64_t k, int64_t n) {
-  at::Tensor flag = at::zeros({1}, dense.options().dtype(at::kInt));
-  const int64_t rows = batches * k;
-  const int64_t bstride = batches > 1 ? dense.stride(0) : 0;
-  const bool flat = dense.stride(-2) == n && (batches == 1 || bstride == k * n);
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dense.scalar_type(), "spmm_densify_check", [&] {
-    constexpr int kVec = 16 / sizeof(scalar_t);
-    const int64_t total = rows * n;
-    if (flat && total % kVec == 0 && is_aligned(dense.data_ptr(), 16)) {
-      flag_nonfinite_flat_kernel<scalar_t, kVec>
-          <<<static_cast<unsigned>(grid_for(ceil_div(total / kVec, kThreads), 4)), kThreads, 0, stream>>>(
-              dense.data_ptr<scalar_t>(), total / kVec, flag.data_ptr<int>());
-    } else {
-      flag_nonfinite_rows_kernel<scalar_t><<<static_cast<unsigned>(grid_for(rows, 16)), kThreads, 0, stream>>>(
-          dense.data_ptr<scalar_t>(), rows, n, dense.stride(-2), k, bstride, flag.data_ptr<int>());
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-  return flag;
-}
 
 // out (batch, m, n) = alpha * A (a_batches, m, k) @ B + beta * out, all row-major, as the
 // column-major product out^T = B^T A^T. a_batches == 1 or B unbatched: batch stride 0 (broadcast).
@@ -206,6 +185,28 @@ void gemm(const SpmmProblem& p, const at::Tensor& dense_a, const at::Tensor& den
 }
 
 }  // namespace
+
+at::Tensor nonfinite_flag(const at::Tensor& dense, int64_t batches, int64_t k, int64_t n) {
+  at::Tensor flag = at::zeros({1}, dense.options().dtype(at::kInt));
+  const int64_t rows = batches * k;
+  const int64_t bstride = batches > 1 ? dense.stride(0) : 0;
+  const bool flat = dense.stride(-2) == n && (batches == 1 || bstride == k * n);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dense.scalar_type(), "spmm_densify_check", [&] {
+    constexpr int kVec = 16 / sizeof(scalar_t);
+    const int64_t total = rows * n;
+    if (flat && total % kVec == 0 && is_aligned(dense.data_ptr(), 16)) {
+      flag_nonfinite_flat_kernel<scalar_t, kVec>
+          <<<static_cast<unsigned>(grid_for(ceil_div(total / kVec, kThreads), 4)), kThreads, 0, stream>>>(
+              dense.data_ptr<scalar_t>(), total / kVec, flag.data_ptr<int>());
+    } else {
+      flag_nonfinite_rows_kernel<scalar_t><<<static_cast<unsigned>(grid_for(rows, 16)), kThreads, 0, stream>>>(
+          dense.data_ptr<scalar_t>(), rows, n, dense.stride(-2), k, bstride, flag.data_ptr<int>());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return flag;
+}
 
 void spmm_densify(const SpmmProblem& p, const at::Tensor& crow_in, const at::Tensor& col_in,
                   const at::Tensor& values_in, const at::Tensor& dense_in, const at::Tensor& out,

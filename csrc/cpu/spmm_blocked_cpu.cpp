@@ -1,0 +1,91 @@
+// spmm_blocked on the CPU: the reference for the CUDA kernel and what a CPU SpmmPlan with
+// backend="blocked" runs. One task per group of four rows (at::parallel_for); each block's column of
+// B is multiplied into the four accumulator rows, then the epilogue alpha * acc + beta * C + bias ->
+// activation. The layout is described in common/blocked_layout.h.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "common/activation.h"
+#include "common/blocked_layout.h"
+
+namespace sparsetorch {
+namespace {
+
+at::Tensor spmm_blocked_cpu(const at::Tensor& crow, const at::Tensor& col_indices, const at::Tensor& values,
+                            const at::Tensor& tile_ptr, const at::Tensor& block_col, const at::Tensor& block_values,
+                            const at::Tensor& dense, double alpha, const std::optional<at::Tensor>& accumulate,
+                            double beta, const std::optional<at::Tensor>& bias, c10::string_view activation,
+                            double negative_slope) {
+  const BlockedProblem p = check_blocked_args(crow, col_indices, values, tile_ptr, block_col, block_values, dense,
+                                              accumulate, bias);
+  // A block multiplies its zeros too, and 0 * inf is NaN where the sparse routes skip the position:
+  // a B holding NaN/Inf goes to the CSR kernel.
+  if (!at::isfinite(dense).all().item<bool>()) {
+    static const auto spmm = c10::Dispatcher::singleton().findSchemaOrThrow("sparsetorch::spmm", "").typed<
+        at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                   const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, c10::string_view,
+                   double, c10::string_view)>();
+    return spmm.call(crow, col_indices, values, dense, alpha, accumulate, beta, bias, activation, negative_slope,
+                     "auto");
+  }
+  const Activation act = parse_activation(std::string(activation));
+  const at::Tensor ptr_c = tile_ptr.contiguous(), col_c = block_col.contiguous();
+  const at::Tensor val_c = block_values.contiguous(), b_c = dense.contiguous();
+  const at::Tensor acc_c = accumulate.has_value() && beta != 0.0 ? accumulate->contiguous() : at::Tensor();
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({p.m, p.n}, dense.options());
+  const int32_t* ptr = ptr_c.data_ptr<int32_t>();
+  const int32_t* col = col_c.data_ptr<int32_t>();
+  const float* val = val_c.data_ptr<float>();
+  const float* b = b_c.data_ptr<float>();
+  const float* c = acc_c.defined() ? acc_c.data_ptr<float>() : nullptr;
+  const float* bias_p = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  const int64_t n = p.n, k = p.k, chunks = blocked_chunks(p.k), groups = blocked_groups(p.m);
+  const float slope = static_cast<float>(negative_slope);
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(kBlockRows * n);
+    for (int64_t g = begin; g < end; ++g) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      const int64_t tile = g / kTileGroups, in_tile = g % kTileGroups;
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const int64_t slot = (tile * chunks + ch) * kTileGroups + in_tile;
+        TORCH_CHECK_INDEX(ptr[slot] >= 0 && ptr[slot] <= ptr[slot + 1] && ptr[slot + 1] <= p.blocks,
+                          "tile_ptr: span ", slot, " [", ptr[slot], ", ", ptr[slot + 1], ") is outside [0, ",
+                          p.blocks, "]");
+        for (int64_t e = ptr[slot]; e < ptr[slot + 1]; ++e) {
+          const int64_t kk = ch * kChunkCols + col[e];
+          TORCH_CHECK_INDEX(col[e] >= 0 && col[e] < kChunkCols && kk < k, "block_col: entry ", e, " is ", col[e],
+                            ", outside its chunk of columns");
+          const float* brow = b + kk * n;
+          for (int64_t r = 0; r < kBlockRows; ++r) {
+            const float a = val[e * kBlockRows + r];
+            float* accr = acc.data() + r * n;
+            for (int64_t q = 0; q < n; ++q) accr[q] += a * brow[q];
+          }
+        }
+      }
+      for (int64_t r = 0; r < kBlockRows; ++r) {
+        const int64_t row = g * kBlockRows + r;
+        if (row >= p.m) break;
+        for (int64_t q = 0; q < n; ++q) {
+          float z = static_cast<float>(alpha) * acc[r * n + q];
+          if (c != nullptr) z += static_cast<float>(beta) * c[row * n + q];
+          if (bias_p != nullptr) z += bias_p[q];
+          o[row * n + q] = apply_activation(act, z, slope);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CPU, m) { m.impl("spmm_blocked", &spmm_blocked_cpu); }
+
+}  // namespace sparsetorch
