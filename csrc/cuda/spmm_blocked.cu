@@ -14,10 +14,10 @@
 // tile's blocks of that chunk (contiguous in the layout) are copied to shared memory with cp.async,
 // double-buffered, one __syncthreads per chunk. Per block a warp reads the column and four values
 // (broadcast) and two float4 of the B row, then issues 32 FMAs.
-// Measured on the H200 (benchmarks/results/h200/spmm_blocked_cuda.txt): 4096 x 4096 @ 4096 x 1024 at
-// 25% density in ~0.70 ms against 0.68 ms for cuBLAS SGEMM; ncu: 69% of issue slots busy, L1/shared
-// 76% busy (10 shared wavefronts per block against 8 cycles of FMAs), ~9% lost to uneven work
-// between warps at the per-chunk barrier.
+// Measured on the H200 (benchmarks/results/h200/spmm_blocked_cuda.txt, NOTES.md "The blocked route"):
+// 4096 x 4096 @ 4096 x 1024 at 25% density 0.72-0.75 ms against 0.68 ms for cuBLAS SGEMM, 1.03x SGEMM
+// at 20%, 1.56x at 10%; ncu (prototype): 69% of issue slots busy, L1/shared 76% busy (10 shared
+// wavefronts per block against 8 cycles of FMAs), ~9% lost to uneven work at the per-chunk barrier.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
