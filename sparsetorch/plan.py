@@ -172,7 +172,7 @@ class SpmmPlan:
             return self._block_diagonal(self, B, vals if values is not None else None, beta, c, out)
         backend = self._route(B, vals)
         if backend == "blocked":
-            return self._call_blocked(B, vals, values is not None, beta, c, out)
+            return self._call_blocked(B, vals, beta, c, out)
         if out is not None:
             ops.spmm_out(a.crow_indices, a.col_indices, vals, B, out, self.alpha, float(beta), self.bias,
                          self.activation, self.negative_slope, backend)
@@ -180,21 +180,22 @@ class SpmmPlan:
         return _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
                         self.activation, self.negative_slope, backend)
 
-    def _blocked_layout(self) -> BlockedLayout:
+    def _blocked_operands(self, vals):
+        """(layout, block values for vals): the layout built once; the block values of A's own
+        values kept, substituted values scattered per call."""
         if self._blocked is None:
             self._blocked = BlockedLayout(self.csr)
-        return self._blocked
+        if vals is not self.csr.values:
+            return self._blocked, self._blocked.block_values(vals)
+        if self._blocked_values is None:
+            self._blocked_values = self._blocked.block_values(vals)
+        return self._blocked, self._blocked_values
 
-    def _call_blocked(self, B, vals, substituted, beta, c, out):
+    def _call_blocked(self, B, vals, beta, c, out):
         if B.dim() != 2:
             raise ValueError(f"backend 'blocked': expected a 2-D B, got shape {tuple(B.shape)}")
-        layout, a = self._blocked_layout(), self.csr
-        if substituted:
-            block_values = layout.block_values(vals)
-        else:
-            if self._blocked_values is None:
-                self._blocked_values = layout.block_values(vals)
-            block_values = self._blocked_values
+        layout, block_values = self._blocked_operands(vals)
+        a = self.csr
         accumulate = out if out is not None and beta != 0.0 else c
         act = self.activation
         split = act != "none" and _records_grad(vals, B, accumulate, self.bias)  # as _spmm_op
@@ -229,8 +230,7 @@ class SpmmPlan:
         with torch.no_grad():
             for route in _autotune_candidates(a, B.shape[-1], B.dim()):
                 if route == "blocked":
-                    layout = self._blocked_layout()
-                    block_values = layout.block_values(vals)
+                    layout, block_values = self._blocked_operands(vals)
                     call = lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.tile_ptr,  # noqa: E731
                                                     layout.block_col, block_values, B)
                 else:

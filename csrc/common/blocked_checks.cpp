@@ -6,7 +6,7 @@
 
 namespace sparsetorch {
 
-BlockedProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+SpmmProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                                   const at::Tensor& tile_ptr, const at::Tensor& block_col,
                                   const at::Tensor& block_values, const at::Tensor& dense,
                                   const std::optional<at::Tensor>& accumulate, const std::optional<at::Tensor>& bias) {
@@ -29,17 +29,12 @@ BlockedProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col,
                         block_values.size(0) == block_col.size(0),
                     "block_values: expected shape (", block_col.size(0), ", ", kBlockRows, "), got ",
                     block_values.sizes());
-  BlockedProblem p;
-  p.spmm = sp;
-  p.m = sp.m;
-  p.k = sp.k;
-  p.n = sp.n;
-  p.blocks = block_col.size(0);
-  const int64_t slots = blocked_tiles(p.m) * blocked_chunks(p.k) * kTileGroups + 1;
-  TORCH_CHECK_VALUE(tile_ptr.size(0) == slots, "tile_ptr: expected ", slots, " entries for ", p.m, " rows and ",
-                    p.k, " columns (the layout of sparsetorch/_blocked.py), got ", tile_ptr.size(0));
-  TORCH_CHECK_VALUE(p.blocks < (int64_t{1} << 31), "block_col: at most 2^31 - 1 blocks, got ", p.blocks);
-  return p;
+  const int64_t slots = blocked_tiles(sp.m) * blocked_chunks(sp.k) * kTileGroups + 1;
+  TORCH_CHECK_VALUE(tile_ptr.size(0) == slots, "tile_ptr: expected ", slots, " entries for ", sp.m, " rows and ",
+                    sp.k, " columns (the layout of sparsetorch/_blocked.py), got ", tile_ptr.size(0));
+  TORCH_CHECK_VALUE(block_col.size(0) < (int64_t{1} << 31), "block_col: at most 2^31 - 1 blocks, got ",
+                    block_col.size(0));
+  return sp;
 }
 
 }  // namespace sparsetorch

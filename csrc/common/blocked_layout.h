@@ -16,7 +16,12 @@
 // density, 2.7 at 50%).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
+#include <optional>
+
+#include "common/checks.h"
 
 namespace sparsetorch {
 
@@ -28,28 +33,13 @@ inline int64_t blocked_groups(int64_t rows) { return (rows + kBlockRows - 1) / k
 inline int64_t blocked_tiles(int64_t rows) { return (blocked_groups(rows) + kTileGroups - 1) / kTileGroups; }
 inline int64_t blocked_chunks(int64_t cols) { return (cols + kChunkCols - 1) / kChunkCols; }
 
-}  // namespace sparsetorch
-
-#include <ATen/ATen.h>
-
-#include <optional>
-
-#include "common/checks.h"
-
-namespace sparsetorch {
-
-// The shape of one spmm_blocked call: out (m, n) = act(alpha * A @ dense + beta * accumulate + bias)
-// with A (m, k) given as CSR and in the blocked layout above, dense (k, n). O(1) checks (the layout
-// is built by sparsetorch/_blocked.py; its contents are not re-validated per call, the CUDA kernel
-// clamps what it reads to its shared-memory stages): dtypes, devices, dims, and tile_ptr's length
-// against m and k. ValueError / TypeError naming the argument.
-struct BlockedProblem {
-  SpmmProblem spmm;  // the CSR's problem (for the fallback on a non-finite B)
-  int64_t m = 0, k = 0, n = 0, blocks = 0;
-};
-
-// check_spmm_args on the CSR (unbatched, float32), then the layout against it.
-BlockedProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+// The checks of one spmm_blocked call, out (m, n) = act(alpha * A @ dense + beta * accumulate + bias)
+// with A (m, k) given as CSR and in the blocked layout above, dense (k, n): check_spmm_args on the CSR
+// (one unbatched matrix, float32), then O(1) checks of the layout against it (dtypes, devices, dims,
+// tile_ptr's length for m and k). Its contents are not re-validated per call (sparsetorch/_blocked.py
+// builds it; the CUDA kernel clamps what it reads to its shared-memory stages). ValueError /
+// TypeError naming the argument. Returns the CSR's problem.
+SpmmProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                                   const at::Tensor& tile_ptr, const at::Tensor& block_col,
                                   const at::Tensor& block_values, const at::Tensor& dense,
                                   const std::optional<at::Tensor>& accumulate, const std::optional<at::Tensor>& bias);

@@ -20,7 +20,7 @@ at::Tensor spmm_blocked_cpu(const at::Tensor& crow, const at::Tensor& col_indice
                             const at::Tensor& dense, double alpha, const std::optional<at::Tensor>& accumulate,
                             double beta, const std::optional<at::Tensor>& bias, c10::string_view activation,
                             double negative_slope) {
-  const BlockedProblem p = check_blocked_args(crow, col_indices, values, tile_ptr, block_col, block_values, dense,
+  const SpmmProblem p = check_blocked_args(crow, col_indices, values, tile_ptr, block_col, block_values, dense,
                                               accumulate, bias);
   // A block multiplies its zeros too, and 0 * inf is NaN where the sparse routes skip the position:
   // a B holding NaN/Inf goes to the CSR kernel.
@@ -45,6 +45,7 @@ at::Tensor spmm_blocked_cpu(const at::Tensor& crow, const at::Tensor& col_indice
   const float* c = acc_c.defined() ? acc_c.data_ptr<float>() : nullptr;
   const float* bias_p = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
   float* o = out.data_ptr<float>();
+  const int64_t blocks = block_col.size(0);
   const int64_t n = p.n, k = p.k, chunks = blocked_chunks(p.k), groups = blocked_groups(p.m);
   const float slope = static_cast<float>(negative_slope);
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -54,9 +55,9 @@ at::Tensor spmm_blocked_cpu(const at::Tensor& crow, const at::Tensor& col_indice
       const int64_t tile = g / kTileGroups, in_tile = g % kTileGroups;
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const int64_t slot = (tile * chunks + ch) * kTileGroups + in_tile;
-        TORCH_CHECK_INDEX(ptr[slot] >= 0 && ptr[slot] <= ptr[slot + 1] && ptr[slot + 1] <= p.blocks,
+        TORCH_CHECK_INDEX(ptr[slot] >= 0 && ptr[slot] <= ptr[slot + 1] && ptr[slot + 1] <= blocks,
                           "tile_ptr: span ", slot, " [", ptr[slot], ", ", ptr[slot + 1], ") is outside [0, ",
-                          p.blocks, "]");
+                          blocks, "]");
         for (int64_t e = ptr[slot]; e < ptr[slot + 1]; ++e) {
           const int64_t kk = ch * kChunkCols + col[e];
           TORCH_CHECK_INDEX(col[e] >= 0 && col[e] < kChunkCols && kk < k, "block_col: entry ", e, " is ", col[e],

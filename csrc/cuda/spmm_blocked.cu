@@ -168,15 +168,10 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
                              const at::Tensor& dense, double alpha, const std::optional<at::Tensor>& accumulate,
                              double beta, const std::optional<at::Tensor>& bias, c10::string_view activation,
                              double negative_slope) {
-  const BlockedProblem p = check_blocked_args(crow, col_indices, values, tile_ptr, block_col, block_values, dense,
-                                              accumulate, bias);
-  SpmmEpilogue epi;
-  epi.alpha = alpha;
-  epi.beta = beta;
-  if (accumulate.has_value() && beta != 0.0) epi.accumulate = accumulate->contiguous();
-  if (bias.has_value()) epi.bias = bias->contiguous();
-  epi.act = parse_activation(std::string(activation));
-  epi.negative_slope = negative_slope;
+  const SpmmProblem p = check_blocked_args(crow, col_indices, values, tile_ptr, block_col, block_values, dense,
+                                           accumulate, bias);
+  const SpmmEpilogue epi = make_epilogue(alpha, beta, accumulate.has_value() ? accumulate->contiguous() : at::Tensor(),
+                                         bias, activation, negative_slope);
   const c10::cuda::CUDAGuard guard(dense.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(prop->major >= 8 && prop->sharedMemPerBlockOptin >= kSharedBytes, "spmm_blocked: needs ",
@@ -211,7 +206,7 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
   // A block multiplies its zeros too (0 * inf = NaN where the sparse routes skip the position): the
   // row-group kernel recomputes the output on the device when B holds a NaN or an infinity.
   if (p.m > 0 && p.n > 0 && p.k > 0) {
-    spmm_native_if(p.spmm, crow.contiguous(), col_indices.contiguous(), values.contiguous(), dense, out, epi,
+    spmm_native_if(p, crow.contiguous(), col_indices.contiguous(), values.contiguous(), dense, out, epi,
                    nonfinite_flag(dense, 1, p.k, p.n));
   }
   return out;

@@ -21,6 +21,20 @@
 
 namespace sparsetorch {
 namespace cuda {
+
+SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumulate,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation,
+                           double negative_slope) {
+  SpmmEpilogue epi;
+  epi.alpha = alpha;
+  epi.beta = beta;
+  if (beta != 0.0) epi.accumulate = accumulate;  // beta == 0: never read (NaN in it does not leak)
+  if (bias.has_value()) epi.bias = bias->contiguous();
+  epi.act = parse_activation(std::string(activation));
+  epi.negative_slope = negative_slope;
+  return epi;
+}
+
 namespace {
 
 // "auto" takes the tiled kernel for long rows and wide B. From benchmarks/results/h200/spmm_tiled_cuda
@@ -90,18 +104,6 @@ void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, co
   }
 }
 
-SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumulate,
-                           const std::optional<at::Tensor>& bias, c10::string_view activation,
-                           double negative_slope) {
-  SpmmEpilogue epi;
-  epi.alpha = alpha;
-  epi.beta = beta;
-  if (beta != 0.0) epi.accumulate = accumulate;  // beta == 0: never read (NaN in it does not leak)
-  if (bias.has_value()) epi.bias = bias->contiguous();
-  epi.act = parse_activation(std::string(activation));
-  epi.negative_slope = negative_slope;
-  return epi;
-}
 
 at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
                      double alpha, const std::optional<at::Tensor>& accumulate, double beta,

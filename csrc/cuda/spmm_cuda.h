@@ -18,6 +18,12 @@ struct SpmmEpilogue {
   double negative_slope = 0.01;
 };
 
+// The op arguments as an epilogue: `accumulate` (contiguous, the output's shape; may be `out`) is kept
+// only when beta != 0, so NaN in an ignored accumulate cannot leak; bias made contiguous.
+SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumulate,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation,
+                           double negative_slope);
+
 // Own kernel: a group of 8-32 lanes per output row, 16-byte loads of B rows, fp32 accumulation for
 // half types, the epilogue fused. Takes every batch layout directly (per-batch patterns, shared
 // pattern, broadcasts) without copies. Entries with a column outside [0, k) and row spans outside
