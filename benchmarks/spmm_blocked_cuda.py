@@ -1,12 +1,13 @@
-"""The blocked route (SpmmPlan(A, backend="blocked"): 4-row blocks, float32) against the other routes
+"""The blocked route (SpmmPlan(A, backend="blocked"): 8-row strips of row pairs, float32) against the other routes
 and cuBLAS SGEMM (TF32 off) on a uniformly random 4096 x 4096 A (the harness's density suite
 pattern) times a dense 4096 x n, in one run; every output is checked against a float64 product first.
 
 Two floors per row, with the ceilings measured here:
   useful   = 2 nnz n / the SGEMM rate (what a sparse kernel running at cuBLAS's rate would take);
-  blocked  = the shared-memory bound of the kernel: 10 wavefronts of 128 bytes per block per 256
-             columns (B row 8, values 1, column 1), at 128 bytes per clock per SM, the SM clock taken
-             from the SGEMM rate measured here (FP32 peak = 256 flop/clock/SM).
+  blocked  = the shared-memory bound of the kernel: per 256 columns, 9 wavefronts of 128 bytes per
+             block (B row 8, column 1) and 1 per stored pair (its two values, broadcast), at 128
+             bytes per clock per SM, the SM clock taken from the SGEMM rate measured here (FP32
+             peak = 256 flop/clock/SM).
 
     python benchmarks/spmm_blocked_cuda.py --out benchmarks/results/h200
 """
@@ -64,8 +65,8 @@ def main():
                 times[name] = bench(fn)
             nnz = a.values.numel()
             useful_floor = 2.0 * nnz * n / rates[torch.float32]
-            blocked_floor = layout.blocks * math.ceil(n / 256) * 10 / (sms * clock)
-            row = {"n": n, "density": d, "nnz": nnz, "blocks": layout.blocks, "fill": layout.fill,
+            blocked_floor = (9 * layout.blocks + layout.pairs) * math.ceil(n / 256) / (sms * clock)
+            row = {"n": n, "density": d, "nnz": nnz, "blocks": layout.blocks, "pairs": layout.pairs, "fill": layout.fill,
                    "useful_floor_us": useful_floor * 1e6, "blocked_floor_us": blocked_floor * 1e6,
                    "us": {k_: v * 1e6 for k_, v in times.items()}}
             results.append(row)
@@ -76,7 +77,7 @@ def main():
                   f"{blocked_floor / t:4.0%})  vs blocked: {others}", flush=True)
     meta = ceiling_meta(copy_bw, rates, "fp32 SGEMM rate with TF32 off; clock = SGEMM rate / (256 flop/clk/SM)")
     meta["clock_ghz_upper_bound"] = clock / 1e9
-    write_results(args.out, "spmm_blocked_cuda", meta, results)
+    write_results(args.out, "spmm_blocked_cuda.json", meta, results)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,13 @@ TORCH_LIBRARY(sparsetorch, m) {
       "spmm_out(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, Tensor(a!) out, "
       "float alpha=1., float beta=0., Tensor? bias=None, str activation=\"none\", "
       "float negative_slope=0.01, str backend=\"auto\") -> ()");
-  // spmm of one unbatched float32 A given twice: as CSR and in the 4-row blocked layout SpmmPlan
+  // spmm of one unbatched float32 A given twice: as CSR and in the 8-row strip layout SpmmPlan
   // builds from it (common/blocked_layout.h, sparsetorch/_blocked.py), which the product runs on.
   // The CSR serves the checks, autograd and a B holding NaN/Inf (recomputed on the CSR so that
   // structural zeros stay zeros). The layout must be the one built from this CSR.
   m.def(
-      "spmm_blocked(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor tile_ptr, Tensor block_col, "
-      "Tensor block_values, Tensor dense, float alpha=1., Tensor? accumulate=None, float beta=0., "
+      "spmm_blocked(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor run_ptr, Tensor block_col, "
+      "Tensor pair_values, Tensor dense, float alpha=1., Tensor? accumulate=None, float beta=0., "
       "Tensor? bias=None, str activation=\"none\", float negative_slope=0.01) -> Tensor");
   // Sampled dense-dense product: out[j] = alpha * dot(a[row(j), :], b[col[j], :]) for each stored
   // entry of the pattern, i.e. (a @ b^T) at A's entries (the gradient of spmm w.r.t. A's values).

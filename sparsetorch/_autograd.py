@@ -87,7 +87,7 @@ torch.library.register_autograd("sparsetorch::spmm", _spmm_backward, setup_conte
 
 
 # spmm_blocked: the same product (A also given as CSR), so the same gradients; the blocked layout
-# (tile_ptr, block_col, block_values) is derived from the CSR values and gets none.
+# (run_ptr, block_col, pair_values) is derived from the CSR values and gets none.
 def _spmm_blocked_setup(ctx, inputs, output):
     crow, col, values, _, _, _, dense, alpha, accumulate, beta, bias, activation, negative_slope = inputs
     _spmm_setup(ctx, (crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, "auto"),

@@ -1,9 +1,11 @@
-"""The 4-row blocked layout of A that SpmmPlan's "blocked" route multiplies (csrc/common/blocked_layout.h).
+"""The strip layout of A that SpmmPlan's "blocked" route multiplies (csrc/common/blocked_layout.h).
 
-Rows are taken four at a time; for every column where any of the four has an entry, one block holds
-their four values (zeros for the rows without one, repeated columns summed). Blocks are ordered by
-(tile of 32 groups, 64-column chunk, group, column), so that a CUDA thread block finds one chunk's
-blocks of its 128 rows in one contiguous span. Built once per plan on A's device (a sort of the
+Rows are taken eight at a time (a strip), each strip as four pairs of rows. For every column where a
+strip has an entry, one block holds the column and the values of the pairs with an entry there (a
+zero for a pair's row without one; repeated columns summed); which pairs is the block's pattern.
+Blocks are ordered by (tile of 16 strips, 64-column chunk, strip, pattern, column), so that a CUDA
+thread block finds one chunk's blocks of its 128 rows in one contiguous span, and each warp runs the
+blocks of one pattern with code made for it. Built once per plan on A's device (a sort of the
 entries); the values are scattered again only when a call substitutes new ones.
 """
 from __future__ import annotations
@@ -12,12 +14,17 @@ import torch
 
 from sparsetorch._validate import validate_csr
 
-# Must match csrc/common/blocked_layout.h (the op checks tile_ptr's length against them).
-BLOCK_ROWS = 4
-TILE_GROUPS = 32
+# Must match csrc/common/blocked_layout.h (the op checks run_ptr's shape against them).
+STRIP_ROWS = 8
+STRIP_PAIRS = STRIP_ROWS // 2
+PATTERNS = 2 ** STRIP_PAIRS
+TILE_STRIPS = 16
 CHUNK_COLS = 64
-# Dynamic shared memory the CUDA kernel needs per thread block (csrc/cuda/spmm_blocked.cu, kSharedBytes).
-SHARED_BYTES = 2 * (CHUNK_COLS * 256 * 4 + TILE_GROUPS * CHUNK_COLS * 20 + (TILE_GROUPS + 1) * 4)
+# Dynamic shared memory the CUDA kernel needs per thread block (csrc/cuda/spmm_blocked.cu, kSharedBytes):
+# two stages of a 64 x 256 B tile, the pairs and block columns of one tile's chunk, two run-start rows.
+_STAGE_BLOCKS = TILE_STRIPS * CHUNK_COLS
+SHARED_BYTES = 2 * (CHUNK_COLS * 256 * 4 + _STAGE_BLOCKS * STRIP_PAIRS * 8 + _STAGE_BLOCKS * 4
+                    + 2 * (TILE_STRIPS * PATTERNS + 1) * 4)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -25,8 +32,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class BlockedLayout:
-    """A (one unbatched CSR matrix) in the blocked layout: ``tile_ptr``, ``block_col`` (int32) and
-    ``block_values(values)`` (float32, (blocks, 4)); ``blocks`` is their count."""
+    """A (one unbatched CSR matrix) in the strip layout: ``run_ptr`` ((2, runs + 1): each run's first
+    block and first pair), ``block_col`` (int32) and ``pair_values(values)`` (float32, (pairs, 2));
+    ``blocks`` and ``pairs`` are their counts."""
 
     def __init__(self, a):
         if a.crow_indices.dim() != 1 or a.values.dim() != 1:
@@ -38,38 +46,51 @@ class BlockedLayout:
         nnz = int(crow[-1]) if m > 0 else 0
         rows = torch.repeat_interleave(torch.arange(m, device=device), torch.diff(crow), output_size=nnz)
         cols = a.col_indices[:nnz].long()
-        group = rows // BLOCK_ROWS
-        keys, inverse = torch.unique(group * k + cols, sorted=True, return_inverse=True)
-        block_group, block_col = keys // max(k, 1), keys % max(k, 1)
-        chunks, tiles = _ceil_div(k, CHUNK_COLS), _ceil_div(_ceil_div(m, BLOCK_ROWS), TILE_GROUPS)
-        slot = ((block_group // TILE_GROUPS) * chunks + block_col // CHUNK_COLS) * TILE_GROUPS + block_group % TILE_GROUPS
-        order = torch.argsort(slot, stable=True)  # keys are sorted by (group, column): columns stay in order
+        keys, entry_block = torch.unique((rows // STRIP_ROWS) * k + cols, sorted=True, return_inverse=True)
+        blocks = keys.numel()
+        strip, col = keys // max(k, 1), keys % max(k, 1)
+        entry_pair = (rows % STRIP_ROWS) // 2
+        present = torch.zeros(blocks, STRIP_PAIRS, dtype=torch.bool, device=device)
+        present[entry_block, entry_pair] = True
+        pattern = (present.long() << torch.arange(STRIP_PAIRS, device=device)).sum(1)
+        chunks, tiles = _ceil_div(k, CHUNK_COLS), _ceil_div(_ceil_div(m, STRIP_ROWS), TILE_STRIPS)
+        runs = tiles * chunks * TILE_STRIPS * PATTERNS
+        run = (((strip // TILE_STRIPS) * chunks + col // CHUNK_COLS) * TILE_STRIPS + strip % TILE_STRIPS) * PATTERNS \
+            + pattern
+        order = torch.argsort(run, stable=True)  # keys are sorted by (strip, column): columns stay in order
         position = torch.empty_like(order)
-        position[order] = torch.arange(order.numel(), device=device)
-        tile_ptr = torch.zeros(tiles * chunks * TILE_GROUPS + 1, dtype=torch.int64, device=device)
-        torch.cumsum(torch.bincount(slot, minlength=tiles * chunks * TILE_GROUPS), 0, out=tile_ptr[1:])
-        if keys.numel() >= 2**31:
-            raise ValueError(f"backend 'blocked': A needs {keys.numel()} blocks; at most 2^31 - 1")
+        position[order] = torch.arange(blocks, device=device)
+        run_ptr = torch.zeros(2, runs + 1, dtype=torch.int64, device=device)
+        torch.cumsum(torch.bincount(run, minlength=runs), 0, out=run_ptr[0, 1:])
+        pairs_per_block = present.sum(1)
+        pairs_per_run = torch.zeros(runs, dtype=torch.int64, device=device).index_add_(0, run, pairs_per_block)
+        torch.cumsum(pairs_per_run, 0, out=run_ptr[1, 1:])
+        present = present[order]
+        pairs = int(pairs_per_block.sum())
+        if max(blocks, pairs) >= 2**31:
+            raise ValueError(f"backend 'blocked': A needs {blocks} blocks and {pairs} pairs; at most 2^31 - 1")
+        # Pairs numbered in storage order: block after block, pairs of a block in ascending j.
+        pair_id = (torch.cumsum(present.flatten().long(), 0) - 1).view(blocks, STRIP_PAIRS)
         self.shape = (m, k)
         self.nnz = nnz
-        self.blocks = keys.numel()
-        self.tile_ptr = tile_ptr.int()
-        self.block_col = (block_col % CHUNK_COLS)[order].int()
-        self._entry_block = position[inverse]  # block of each stored entry
-        self._entry_row = rows % BLOCK_ROWS      # its row within the block
+        self.blocks = blocks
+        self.pairs = pairs
+        self.run_ptr = run_ptr.int()
+        self.block_col = (col % CHUNK_COLS)[order].int()
+        self._entry_pair = pair_id[position[entry_block], entry_pair]  # pair of each stored entry
+        self._entry_row = rows % 2                                     # its row within the pair
 
-    def block_values(self, values: torch.Tensor) -> torch.Tensor:
-        """The blocks' values for A's entries holding ``values`` (repeated columns summed)."""
-        out = torch.zeros(self.blocks, BLOCK_ROWS, dtype=torch.float32, device=values.device)
+    def pair_values(self, values: torch.Tensor) -> torch.Tensor:
+        """The pairs' values for A's entries holding ``values`` (repeated columns summed)."""
+        out = torch.zeros(self.pairs, 2, dtype=torch.float32, device=values.device)
         with torch.no_grad():
-            out.index_put_((self._entry_block, self._entry_row), values[:self.nnz].to(torch.float32),
-                           accumulate=True)
+            out.index_put_((self._entry_pair, self._entry_row), values[:self.nnz].to(torch.float32), accumulate=True)
         return out
 
     @property
     def fill(self) -> float:
-        """Stored entries per block position (1.0: no zeros multiplied)."""
-        return self.nnz / max(1, BLOCK_ROWS * self.blocks)
+        """Stored entries per value stored (1.0: no zeros multiplied)."""
+        return self.nnz / max(1, 2 * self.pairs)
 
 
 def blocked_applies(a, b_dim: int) -> bool:

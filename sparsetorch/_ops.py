@@ -32,7 +32,7 @@ def _spmm_out_fake(crow_indices, col_indices, values, dense, out, alpha=1.0, bet
 
 
 @torch.library.register_fake("sparsetorch::spmm_blocked")
-def _spmm_blocked_fake(crow_indices, col_indices, values, tile_ptr, block_col, block_values, dense, alpha=1.0,
+def _spmm_blocked_fake(crow_indices, col_indices, values, run_ptr, block_col, pair_values, dense, alpha=1.0,
                        accumulate=None, beta=0.0, bias=None, activation="none", negative_slope=0.01):
     torch._check(values.dtype == dense.dtype, lambda: "values and dense must have the same dtype")
     return dense.new_empty((crow_indices.shape[-1] - 1, dense.shape[-1]))

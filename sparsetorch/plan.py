@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from sparsetorch._blocked import BLOCK_ROWS, BlockedLayout, blocked_applies
+from sparsetorch._blocked import STRIP_ROWS, BlockedLayout, blocked_applies
 from sparsetorch._ops import ops
 from sparsetorch._validate import validate_csr
 from sparsetorch.csr import as_csr
@@ -45,10 +45,10 @@ PLAN_BACKENDS = SPMM_BACKENDS + ("blocked",)
 DENSIFY_MAX_BYTES = 1 << 30
 DENSIFY_MAX_EXPANSION = 512
 
-# The blocked route (4-row blocks, float32) is timed from this density up: it multiplies the zeros of
-# its blocks, 1 - (1 - d)^4 of the positions, so it can only win where rows are long and dense-ish
-# (H200, 4096 x 4096 @ 4096 x 1024: 1.7x cuBLAS SGEMM at 10%, 1.1x at 20%; the other sparse
-# routes lose to SGEMM from 9%).
+# The blocked route (8-row strips, float32) is timed from this density up: it multiplies the zero of
+# a pair of rows with one entry, 1 - (1 - d)^2 of the positions, so it can only win where rows are
+# long and dense-ish (H200, 4096 x 4096 @ 4096 x 1024: 1.75x cuBLAS SGEMM at 10%, 1.14x at 25%; the
+# other sparse routes lose to SGEMM from 9%).
 BLOCKED_MIN_DENSITY = 0.02
 
 
@@ -82,8 +82,8 @@ def _autotune_candidates(a, n: int, b_dim: int = 2) -> list:
     if (0 < positions <= DENSIFY_MAX_EXPANSION * a.values.numel()
             and positions * a.values.element_size() <= DENSIFY_MAX_BYTES):
         routes.append("densify")  # A expanded + one GEMM: wins on dense-ish A, above all on tensor cores
-    if (n >= 64 and rows >= BLOCK_ROWS and nnz >= BLOCKED_MIN_DENSITY * positions and blocked_applies(a, b_dim)):
-        routes.append("blocked")  # 4-row blocks: each B element loaded feeds four rows (float32)
+    if (n >= 64 and rows >= STRIP_ROWS and nnz >= BLOCKED_MIN_DENSITY * positions and blocked_applies(a, b_dim)):
+        routes.append("blocked")  # 8-row strips: each B element loaded feeds several rows (float32)
     return routes
 
 
@@ -135,7 +135,7 @@ class SpmmPlan:
             raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of "
                              f"{', '.join(PLAN_BACKENDS)}")
         if backend == "blocked" and not blocked_applies(a, 2):
-            raise ValueError(f"backend 'blocked': needs one unbatched float32 matrix A (and a GPU with 213 KB of "
+            raise ValueError(f"backend 'blocked': needs one unbatched float32 matrix A (and a GPU with 204 KB of "
                              f"shared memory per block, Hopper); got A of shape {a.shape}, dtype {a.dtype} on "
                              f"{a.device}")
         self.csr = a
@@ -153,7 +153,7 @@ class SpmmPlan:
         self._dense = a.to_dense() if policy == "dense" or (policy == "auto" and _prefers_dense(a)) else None
         self._block_diagonal = None
         self._blocked = None          # BlockedLayout, built when the blocked route is first timed or taken
-        self._blocked_values = None   # its block values for A's own values
+        self._blocked_values = None   # its pair values for A's own values
         if backend == "cusparse" and a.crow_indices.dim() == 2 and a.crow_indices.is_cuda:
             self._block_diagonal = _BlockDiagonal(a)
 
@@ -181,25 +181,25 @@ class SpmmPlan:
                         self.activation, self.negative_slope, backend)
 
     def _blocked_operands(self, vals):
-        """(layout, block values for vals): the layout built once; the block values of A's own
+        """(layout, pair values for vals): the layout built once; the pair values of A's own
         values kept, substituted values scattered per call."""
         if self._blocked is None:
             self._blocked = BlockedLayout(self.csr)
         if vals is not self.csr.values:
-            return self._blocked, self._blocked.block_values(vals)
+            return self._blocked, self._blocked.pair_values(vals)
         if self._blocked_values is None:
-            self._blocked_values = self._blocked.block_values(vals)
+            self._blocked_values = self._blocked.pair_values(vals)
         return self._blocked, self._blocked_values
 
     def _call_blocked(self, B, vals, beta, c, out):
         if B.dim() != 2:
             raise ValueError(f"backend 'blocked': expected a 2-D B, got shape {tuple(B.shape)}")
-        layout, block_values = self._blocked_operands(vals)
+        layout, pair_values = self._blocked_operands(vals)
         a = self.csr
         accumulate = out if out is not None and beta != 0.0 else c
         act = self.activation
         split = act != "none" and _records_grad(vals, B, accumulate, self.bias)  # as _spmm_op
-        res = ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.tile_ptr, layout.block_col, block_values,
+        res = ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr, layout.block_col, pair_values,
                                B, self.alpha, accumulate, float(beta), self.bias, "none" if split else act,
                                self.negative_slope)
         if split:
@@ -230,9 +230,9 @@ class SpmmPlan:
         with torch.no_grad():
             for route in _autotune_candidates(a, B.shape[-1], B.dim()):
                 if route == "blocked":
-                    layout, block_values = self._blocked_operands(vals)
-                    call = lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.tile_ptr,  # noqa: E731
-                                                    layout.block_col, block_values, B)
+                    layout, pair_values = self._blocked_operands(vals)
+                    call = lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr,  # noqa: E731
+                                                    layout.block_col, pair_values, B)
                 else:
                     call = lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None,  # noqa: E731
                                             0.0, None, "none", 0.01, route)

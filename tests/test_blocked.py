@@ -1,8 +1,9 @@
-"""SpmmPlan's "blocked" route (sparsetorch/_blocked.py, csrc/*/spmm_blocked*): A in 4-row blocks,
-float32, on the CPU (reference kernel) and CUDA. Checked against float64 SciPy / dense products:
-ragged shapes (rows not a multiple of 4, columns not of 64, widths not of 4, several tiles of
-rows and of columns), empty rows, nnz = 0, unsorted and repeated columns, int32/int64 indices,
-non-contiguous B, the epilogue, substituted values, NaN/Inf in B, autograd, errors."""
+"""SpmmPlan's "blocked" route (sparsetorch/_blocked.py, csrc/*/spmm_blocked*): A in 8-row strips of
+row pairs, float32, on the CPU (reference kernel) and CUDA. Checked against float64 SciPy / dense
+products: ragged shapes (rows not a multiple of 8, columns not of 64, widths not of 4, several tiles
+of rows and of columns), sparse and dense strips (every pattern of pairs), empty rows, nnz = 0,
+unsorted and repeated columns, int32/int64 indices, non-contiguous B, the epilogue, substituted
+values, NaN/Inf in B, autograd, errors, a corrupted layout (an error on the CPU, no fault on CUDA)."""
 import numpy as np
 import pytest
 import torch
@@ -10,12 +11,12 @@ import torch
 import sparsetorch as st
 from _helpers import assert_matches, randn, random_csr, rounded
 from conftest import CUDA_READY, INDEX_DTYPES
-from sparsetorch._blocked import BLOCK_ROWS, CHUNK_COLS, BlockedLayout
+from sparsetorch._blocked import CHUNK_COLS, PATTERNS, STRIP_PAIRS, STRIP_ROWS, TILE_STRIPS, BlockedLayout
 from sparsetorch.plan import _autotune_candidates
 
 ops = torch.ops.sparsetorch
 
-SHAPES = [(1, 1, 1), (7, 65, 5), (130, 200, 260), (257, 129, 64), (64, 1000, 8)]
+SHAPES = [(1, 1, 1), (7, 65, 5), (130, 200, 260), (257, 129, 64), (64, 1000, 8), (13, 64, 33)]
 
 
 def _dense_ref(a, b, alpha=1.0, beta=0.0, c=None, bias=None, act=None):
@@ -30,13 +31,18 @@ def _dense_ref(a, b, alpha=1.0, beta=0.0, c=None, bias=None, act=None):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-def test_blocked_matches_scipy(device, rng, shape, index_dtype):
+@pytest.mark.parametrize("density", [0.2, 0.6])
+def test_blocked_matches_scipy(device, rng, shape, index_dtype, density):
     m, k, n = shape
-    a = rounded(random_csr(rng, m, k, 0.2, unsorted=True, duplicates=True, empty_rows=0.2), torch.float32)
+    a = rounded(random_csr(rng, m, k, density, unsorted=True, duplicates=True, empty_rows=0.2), torch.float32)
     A = st.from_scipy(a, device=device, dtype=torch.float32, index_dtype=index_dtype)
     b = randn(rng, k, n, device=device)
     plan = st.SpmmPlan(A, backend="blocked")
-    assert_matches(plan(b), _dense_ref(a, b), torch.float32)
+    out = plan(b)
+    assert_matches(out, _dense_ref(a, b), torch.float32)
+    # On CUDA these shapes have fewer output tiles than SMs, so the chunks are split among thread
+    # blocks and the partial products summed: in a fixed order, so calls agree bit for bit.
+    assert torch.equal(out, plan(b))
 
 
 @pytest.mark.parametrize("act", [None, "relu", "gelu"])
@@ -74,23 +80,33 @@ def test_blocked_noncontiguous_b_and_inputs_unchanged(device, rng):
 
 
 def test_blocked_layout_holds_a(rng):
-    """Expanding the layout gives A back (repeated columns summed); spans and columns are in range."""
+    """Expanding the layout gives A back (repeated columns summed); runs are in order, each block
+    stores as many pairs as its pattern says, columns lie in their chunk."""
     m, k = 133, 300
     a = random_csr(rng, m, k, 0.15, unsorted=True, duplicates=True, empty_rows=0.1)
     A = st.from_scipy(a, dtype=torch.float32)
     layout = BlockedLayout(A)
-    ptr, cols = layout.tile_ptr.long(), layout.block_col.long()
-    assert torch.all(ptr[1:] >= ptr[:-1]) and int(ptr[-1]) == layout.blocks
+    block_ptr, pair_ptr = layout.run_ptr.long()
+    cols = layout.block_col.long()
+    pairs = layout.pair_values(A.values).double()
+    assert torch.all(block_ptr[1:] >= block_ptr[:-1]) and int(block_ptr[-1]) == layout.blocks
+    assert int(pair_ptr[-1]) == layout.pairs == pairs.shape[0]
     assert torch.all((cols >= 0) & (cols < CHUNK_COLS))
-    values = layout.block_values(A.values)
     chunks = -(-k // CHUNK_COLS)
-    dense = torch.zeros(-(-m // BLOCK_ROWS) * BLOCK_ROWS, k, dtype=torch.float64)
-    for slot in range(ptr.numel() - 1):
-        tile, rest = divmod(slot, chunks * 32)
-        chunk, group_in_tile = divmod(rest, 32)
-        group = tile * 32 + group_in_tile
-        for e in range(int(ptr[slot]), int(ptr[slot + 1])):
-            dense[group * BLOCK_ROWS:(group + 1) * BLOCK_ROWS, chunk * CHUNK_COLS + int(cols[e])] += values[e].double()
+    dense = torch.zeros(-(-m // STRIP_ROWS) * STRIP_ROWS, k, dtype=torch.float64)
+    for run in range(block_ptr.numel() - 1):
+        rest, pattern = divmod(run, PATTERNS)
+        rest, strip_in_tile = divmod(rest, TILE_STRIPS)
+        tile, chunk = divmod(rest, chunks)
+        strip = tile * TILE_STRIPS + strip_in_tile
+        stored = [j for j in range(STRIP_PAIRS) if pattern >> j & 1]
+        assert int(pair_ptr[run + 1] - pair_ptr[run]) == len(stored) * int(block_ptr[run + 1] - block_ptr[run])
+        pair = int(pair_ptr[run])
+        for e in range(int(block_ptr[run]), int(block_ptr[run + 1])):
+            for j in stored:
+                row = strip * STRIP_ROWS + 2 * j
+                dense[row:row + 2, chunk * CHUNK_COLS + int(cols[e])] += pairs[pair]
+                pair += 1
     torch.testing.assert_close(dense[:m], torch.from_numpy(rounded(a, torch.float32).toarray()), rtol=1e-6, atol=1e-6)
     assert 0 < layout.fill <= 1
 
@@ -148,8 +164,8 @@ def test_blocked_opcheck(device, rng):
     a = random_csr(rng, 10, 70, 0.3)
     A = st.from_scipy(a, device=device, dtype=torch.float32)
     layout = BlockedLayout(A)
-    args = (A.crow_indices, A.col_indices, A.values.clone().requires_grad_(True), layout.tile_ptr, layout.block_col,
-            layout.block_values(A.values), randn(rng, 70, 8, device=device).requires_grad_(True))
+    args = (A.crow_indices, A.col_indices, A.values.clone().requires_grad_(True), layout.run_ptr, layout.block_col,
+            layout.pair_values(A.values), randn(rng, 70, 8, device=device).requires_grad_(True))
     torch.library.opcheck(ops.spmm_blocked, args)
 
 
@@ -166,12 +182,49 @@ def test_blocked_errors(device, rng):
         plan(randn(rng, 16, 3, device=device).double())
     A = st.from_scipy(a, device=device, dtype=torch.float32)
     layout = BlockedLayout(A)
-    with pytest.raises(ValueError, match="tile_ptr"):
-        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.tile_ptr[:-1], layout.block_col,
-                         layout.block_values(A.values), randn(rng, 16, 3, device=device))
-    with pytest.raises(ValueError, match="block_values"):
-        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.tile_ptr, layout.block_col,
-                         layout.block_values(A.values)[:, :2], randn(rng, 16, 3, device=device))
+    b = randn(rng, 16, 3, device=device)
+    pairs = layout.pair_values(A.values)
+    with pytest.raises(ValueError, match="run_ptr"):
+        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.run_ptr[:, :-1], layout.block_col, pairs, b)
+    with pytest.raises(ValueError, match="run_ptr"):
+        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.run_ptr[0], layout.block_col, pairs, b)
+    with pytest.raises(TypeError, match="run_ptr"):
+        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.run_ptr.long(), layout.block_col, pairs, b)
+    with pytest.raises(ValueError, match="pair_values"):
+        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.run_ptr, layout.block_col, pairs[:, :1], b)
+    with pytest.raises(TypeError, match="pair_values"):
+        ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.run_ptr, layout.block_col, pairs.double(), b)
+
+
+def test_blocked_corrupt_layout(device, rng):
+    """The CPU kernel checks the layout's contents (IndexError); the CUDA kernel clamps what it reads
+    to the arrays and its shared-memory stages, so a corrupted layout gives a wrong product, never a
+    fault (the process survives and later work runs)."""
+    m, k, n = 300, 200, 40
+    A = st.from_scipy(random_csr(rng, m, k, 0.3), device=device, dtype=torch.float32)
+    layout = BlockedLayout(A)
+    pairs, b = layout.pair_values(A.values), randn(rng, k, n, device=device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    corrupt = [
+        (torch.randint(-2**31, 2**31 - 1, layout.run_ptr.shape, generator=g, dtype=torch.int64).int(), layout.block_col),
+        (layout.run_ptr.flip(1).contiguous(), layout.block_col),
+        (layout.run_ptr * 7, layout.block_col),
+        (layout.run_ptr, layout.block_col + 1000),
+        (layout.run_ptr, -layout.block_col - 1),
+    ]
+    for run_ptr, block_col in corrupt:
+        run_ptr, block_col = run_ptr.to(device), block_col.to(device)
+        if device == "cpu":
+            with pytest.raises(IndexError):
+                ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, run_ptr, block_col, pairs, b)
+        else:
+            ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, run_ptr, block_col, pairs, b)
+            torch.cuda.synchronize()
+    # a misaligned (4-byte offset) pair_values is copied, not read 8 bytes at a time from a bad address
+    shifted = torch.empty(pairs.numel() + 1, device=device)[1:].view(-1, 2)
+    shifted.copy_(pairs)
+    out = ops.spmm_blocked(A.crow_indices, A.col_indices, A.values, layout.run_ptr, layout.block_col, shifted, b)
+    assert_matches(out, _dense_ref(rounded(A.to_scipy(), torch.float32), b), torch.float32)
 
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs a CUDA device and a CUDA build of sparsetorch")

@@ -78,7 +78,7 @@ def samples(rng, device):
 
     layout = BlockedLayout(st.CSR(crow, col, values, (9, 7)))
     fvalues = values.clone().requires_grad_()
-    yield ops.spmm_blocked, (crow, col, fvalues, layout.tile_ptr, layout.block_col, layout.block_values(values),
+    yield ops.spmm_blocked, (crow, col, fvalues, layout.run_ptr, layout.block_col, layout.pair_values(values),
                              torch.randn(7, 5, device=device, requires_grad=True)), dict(
         alpha=0.5, accumulate=torch.randn(9, 5, device=device, requires_grad=True), beta=2.0,
         bias=torch.randn(5, device=device, requires_grad=True), activation="silu")
