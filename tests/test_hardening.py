@@ -307,7 +307,7 @@ def test_linear_dense_bmm_and_scale_properties(device, problem):
     bias = randn(rng, n, dtype=dtype, device=device) if with_bias else None
     y = st.linear(x, w, bias, activation=activation)
     z = x.double().cpu() @ w.double().cpu().t() + (bias.double().cpu() if with_bias else 0)
-    assert_matches(y, activation_refs(0.01)[activation](z), dtype)
+    assert_matches(y, activation_refs(0.01)[activation](z), dtype, input_scale=z)
 
     nb = batch or 2
     a = randn(rng, *((m, k) if broadcast == "a" else (nb, m, k)), dtype=dtype, device=device)
