@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -56,6 +57,18 @@ def plan_route(plan, b: torch.Tensor) -> str:
     """The route a SpmmPlan takes for `b` (autotuned by this call on CUDA): floors follow the route."""
     plan(b)
     return next(iter(plan.routes.values()), plan.backend)
+
+
+def host_time_per_call(fn, b: torch.Tensor, reps: int = 200) -> float:
+    """Seconds the host spends per call of fn(b) on a CUDA stream that keeps up (no sync inside)."""
+    fn(b)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn(b)
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / reps
 
 
 def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor, rotate_bytes: int) -> List[dict]:
@@ -241,7 +254,15 @@ def graph_suite(ctx: Context) -> List[Job]:
                 for label, fn in extra.items():
                     impls[label] = (fn, copies(ctx, B, sb), sb, sf, "float32", "float32")
                 base = {"suite": "graphs", "case": f"{name}, n={n}", "graph": name, "n": n, "m": m, "nnz": nnz}
-                rows += measure(ctx, base, impls, ref, sb)
+                measured = measure(ctx, base, impls, ref, sb)
+                for r in measured:
+                    if ctx.cuda and r["impl"] in ("sparsetorch", "torch.sparse.mm"):
+                        # Host time per call: a call's time includes it where it exceeds the device
+                        # time (and the L2 flush before each timed call), as on small graphs.
+                        r["host_us_per_call"] = host_time_per_call(impls[r["impl"]][0], B) * 1e6
+                    if r["impl"] == "sparsetorch":
+                        r["sparsetorch_route"] = plan.routes.get((n, torch.float32, False), plan.backend)
+                rows += measured
             return rows
 
         return run
