@@ -47,7 +47,7 @@ DENSIFY_MAX_EXPANSION = 512
 
 # The blocked route (8-row strips, float32) is timed from this density up: it multiplies the zero of
 # a pair of rows with one entry, 1 - (1 - d)^2 of the positions, so it can only win where rows are
-# long and dense-ish (H200, 4096 x 4096 @ 4096 x 1024: 1.75x cuBLAS SGEMM at 10%, 1.14x at 25%; the
+# long and dense-ish (H200, 4096 x 4096 @ 4096 x 1024: 1.78x cuBLAS SGEMM at 10%, 1.16x at 25%; the
 # other sparse routes lose to SGEMM from 9%).
 BLOCKED_MIN_DENSITY = 0.02
 
