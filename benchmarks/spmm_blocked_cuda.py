@@ -18,19 +18,12 @@ import torch
 import triton.testing
 
 import sparsetorch as st
-from _results import ceiling_meta, measure_ceilings, write_results
+from _results import ceiling_meta, measure_ceilings, uniform_csr, write_results
 from sparsetorch._blocked import BlockedLayout
 
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
-
-
-def uniform(m, k, density, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mask = torch.rand(m, k, device="cuda", generator=g) < density
-    dense = torch.randn(m, k, device="cuda", generator=g) * mask
-    return st.from_torch(dense.to_sparse_csr())
 
 
 def main():
@@ -50,7 +43,7 @@ def main():
     for n in widths:
         b = torch.randn(k, n, device="cuda")
         for d in densities:
-            a = uniform(m, k, d, seed=int(d * 1e4) + n)
+            a = uniform_csr(m, k, d, seed=int(d * 1e4) + n)
             ref = a.to(dtype=torch.float64).to_dense() @ b.double()
             dense_a = a.to_dense()
             layout = BlockedLayout(a)

@@ -17,20 +17,13 @@ import torch
 import triton.testing
 
 import sparsetorch as st
-from _results import ceiling_meta, measure_ceilings, write_results
+from _results import ceiling_meta, measure_ceilings, uniform_csr, write_results
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e-3
-
-
-def uniform(m, k, density, dtype, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mask = torch.rand(m, k, device="cuda", generator=g) < density
-    dense = torch.where(mask, torch.randn(m, k, device="cuda", generator=g), 0.0).to(dtype)
-    return st.from_dense(dense).to(index_dtype=torch.int32)
 
 
 def main():
@@ -49,7 +42,7 @@ def main():
         for dtype in dtypes:
             b = torch.randn(k, n, device="cuda", dtype=dtype)
             for d in densities:
-                a = uniform(m, k, d, dtype, seed=int(d * 1e4) + n)
+                a = uniform_csr(m, k, d, seed=int(d * 1e4) + n, dtype=dtype)
                 ref = a.to(dtype=torch.float64).to_dense() @ b.double()
                 dense_a = a.to_dense()
                 t_sparse = a.to_torch()

@@ -28,6 +28,7 @@
 
 #include "common/activation.h"
 #include "common/blocked_layout.h"
+#include "cuda/cp_async.cuh"
 #include "cuda/spmm_cuda.h"
 
 namespace sparsetorch {
@@ -68,26 +69,13 @@ struct BlockedArgs {
   int chunks_per_split;  // thread blocks (.., .., z) multiply chunks [z * chunks_per_split, ..)
 };
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(src));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
-}
-
 // One run: the blocks [b0, b1) of pattern P of a warp's strip, their pairs from p0 on (all staged).
 template <int P>
 __device__ __forceinline__ void multiply_run(float (&acc)[kStripRows][kF4PerLane * 4], const float4* b_tile,
                                              const int* cols, const float2* pairs, int b0, int b1, int p0,
                                              int staged_pairs, int lane) {
   constexpr int kPairs = pattern_pairs(P);
-  b1 = min(b1, b0 + max(staged_pairs - p0, 0) / kPairs);  // a bad layout cannot read past the staged pairs
+  b1 = min(b1, b0 + (staged_pairs - p0) / kPairs);  // a bad layout cannot read past the staged pairs (p0 <= staged)
   const float2* pv = pairs + p0;
 #pragma unroll kUnroll
   for (int e = b0; e < b1; ++e) {
@@ -161,21 +149,17 @@ __global__ void __launch_bounds__(kThreads) spmm_blocked_kernel(const BlockedArg
     float4* dst = b_stage + s * kBStage + threadIdx.x;
 #pragma unroll
     for (int pass = 0; pass < kChunk / kRowsPerPass; ++pass) {
-      if (b_col_in && b_row0 + pass * kRowsPerPass < rows_in) {
-        cp_async16(dst, src);
-      } else {
-        *dst = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+      cp_async_16(dst, src, b_col_in && b_row0 + pass * kRowsPerPass < rows_in);  // else zeros
       src += kRowsPerPass * a.n;
       dst += kThreads;
     }
-    for (int i = threadIdx.x; i < nb; i += kThreads) cp_async4(c_stage + s * kMaxBlocks + i, a.block_col + first_b + i);
-    for (int i = threadIdx.x; i < np; i += kThreads) cp_async8(p_stage + s * kMaxPairs + i, a.pair_values + first_p + i);
+    for (int i = threadIdx.x; i < nb; i += kThreads) cp_async_4(c_stage + s * kMaxBlocks + i, a.block_col + first_b + i);
+    for (int i = threadIdx.x; i < np; i += kThreads) cp_async_8(p_stage + s * kMaxPairs + i, a.pair_values + first_p + i);
     if (threadIdx.x <= kRuns) {
       rb_stage[s * (kRuns + 1) + threadIdx.x] = min(max(__ldg(a.block_ptr + run0 + threadIdx.x) - first_b, 0), nb);
       rp_stage[s * (kRuns + 1) + threadIdx.x] = min(max(__ldg(a.pair_ptr + run0 + threadIdx.x) - first_p, 0), np);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   };
 
   float acc[kStripRows][kF4PerLane * 4];
@@ -188,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) spmm_blocked_kernel(const BlockedArg
   const int end_chunk = min(a.chunks, first_chunk + a.chunks_per_split);
   if (first_chunk < end_chunk) stage(first_chunk, 0);
   for (int chunk = first_chunk; chunk < end_chunk; ++chunk) {
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    cp_async_wait_all();
     __syncthreads();  // chunk's stage is complete, and every warp is done with the other stage
     const int s = (chunk - first_chunk) & 1;
     if (chunk + 1 < end_chunk) stage(chunk + 1, s ^ 1);
@@ -245,7 +229,7 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
   const int64_t sms = prop->multiProcessorCount;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({sms / std::max<int64_t>(1, tiles * column_tiles),
                                                                  kMaxSplits, chunks}));
-  const int64_t chunks_per_split = (chunks + splits - 1) / std::max<int64_t>(1, splits);
+  const int64_t chunks_per_split = (chunks + splits - 1) / splits;
   const at::Tensor ptr_c = run_ptr.contiguous(), col_c = block_col.contiguous();
   at::Tensor val_c = pair_values.contiguous();
   if (reinterpret_cast<uintptr_t>(val_c.data_ptr()) % 8 != 0) val_c = val_c.clone();  // pairs copied 8 bytes at a time

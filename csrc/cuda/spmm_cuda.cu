@@ -104,7 +104,6 @@ void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, co
   }
 }
 
-
 at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
                      double alpha, const std::optional<at::Tensor>& accumulate, double beta,
                      const std::optional<at::Tensor>& bias, c10::string_view activation, double negative_slope,

@@ -19,6 +19,7 @@
 
 #include <limits>
 
+#include "cuda/cp_async.cuh"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 #include "cuda/spmm_kernel_args.cuh"
@@ -42,14 +43,6 @@ struct TileShape {
   static constexpr int kStage = kTileK * kTileN;                 // elements per shared-memory stage
 };
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool copy) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = copy ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // Column of lane's chunk q within the block's column tile.
 template <typename scalar_t>
