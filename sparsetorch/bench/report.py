@@ -12,7 +12,7 @@ NOTES = [
     "`x vs ours` is that implementation's time divided by sparsetorch's (fp32, `SpmmPlan` with "
     "backend \"auto\") in the same case: above 1, sparsetorch is faster. Elementwise rows compare within a dtype.",
     "`floor` is max(bytes / copy bandwidth, flops / GEMM rate) with the byte and flop models of "
-    "sparsetorch/bench/suites.py and both ceilings measured in the same run; `of floor` is floor / time.",
+    "sparsetorch/bench/suites/common.py and both ceilings measured in the same run; `of floor` is floor / time.",
     "Every output was checked against a float64 reference (cuSPARSE in float64 for the graphs on CUDA, "
     "dense float64 products elsewhere) before it was timed; the dense operand is rotated through copies "
     "when one call's inputs would otherwise still sit in L2.",

@@ -1,0 +1,21 @@
+"""The benchmark suites, one module each. A suite is a function ``suite(ctx) -> list of jobs``; a job
+builds its inputs, checks every implementation's output against a float64 reference, times it, and
+returns rows (see common.py for the byte/flop models and the row format).
+
+To add a suite: a module here with its function, and one line in SUITES below.
+"""
+from sparsetorch.bench.suites.batched import batched_suite
+from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_model, measure, spmm_model
+from sparsetorch.bench.suites.density import density_suite
+from sparsetorch.bench.suites.elementwise import elementwise_suite
+from sparsetorch.bench.suites.graphs import graph_suite, power_law_graph, random_graph, real_graphs
+
+SUITES = {
+    "density": density_suite,
+    "graphs": graph_suite,
+    "batched": batched_suite,
+    "elementwise": elementwise_suite,
+}
+
+__all__ = ["SUITES", "Context", "Job", "densify_model", "gemm_model", "measure", "spmm_model", "power_law_graph",
+           "random_graph", "real_graphs"]

@@ -1,0 +1,96 @@
+"""The benchmark suites. Each suite returns a list of jobs (one per case); a job builds its inputs,
+checks every implementation's output against a float64 reference, times it, and returns rows.
+
+Byte and flop models (the floor of a row is max(bytes / copy bandwidth, flops / GEMM rate), both
+measured in the same run; sparse kernels are held to the fp32 CUDA-core/AVX rate of the dtype's
+GEMM, dense GEMMs to their own dtype's rate):
+  SpMM  C (m x n) = A (m x k, nnz) @ B (k x n):  bytes = nnz * (index + value) + (m + 1) * index
+        + min(nnz, k) * n * value (each referenced row of B read once) + m * n * value (C written);
+        flops = 2 * nnz * n. A batch sums this over its matrices.
+  GEMM  bytes = (m*k + k*n + m*n) * value;  flops = 2 * m * k * n (per batch).
+  elementwise: bytes = (inputs read + output written) * value; flops ignored.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from sparsetorch.bench.timing import Ceilings, Rotating, check, rotation
+
+Job = Callable[[], List[dict]]
+TOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 3e-2, "float16": 1e-2, "float64": 1e-10}
+
+
+class Context:
+    def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, data_root: Optional[str]):
+        self.device, self.timer, self.ceilings, self.quick = device, timer, ceilings, quick
+        self.data_root = data_root
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def spmm_model(nnz: int, m: int, k: int, n: int, value: int, index: int, batch: int = 1):
+    return (nnz * (index + value) + batch * (m + 1) * index + min(nnz, batch * k) * n * value
+            + batch * m * n * value, 2.0 * nnz * n)
+
+
+def gemm_model(m: int, k: int, n: int, value: int, batch: int = 1):
+    return batch * (m * k + k * n + m * n) * value, 2.0 * batch * m * k * n
+
+
+def densify_model(nnz: int, m: int, k: int, n: int, value: int, index: int):
+    """The densify route (A expanded, then a dense GEMM): A written and read densely, its entries read
+    once, B read twice (the NaN/Inf check, the GEMM), out written; dense GEMM flops."""
+    return 2 * m * k * value + nnz * (index + value) + 2 * k * n * value + m * n * value, 2.0 * m * k * n
+
+
+def plan_route(plan, b: torch.Tensor) -> str:
+    """The route a SpmmPlan takes for `b` (autotuned by this call on CUDA): floors follow the route."""
+    plan(b)
+    return next(iter(plan.routes.values()), plan.backend)
+
+
+def host_time_per_call(fn, b: torch.Tensor, reps: int = 200) -> float:
+    """Seconds the host spends per call of fn(b) on a CUDA stream that keeps up (no sync inside)."""
+    fn(b)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn(b)
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / reps
+
+
+def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor, rotate_bytes: int) -> List[dict]:
+    """impls: name -> (fn(B) -> out, list of B copies or None, bytes, flops, rate key, dtype label).
+    Every output is checked before timing; B is rotated through its copies while timing."""
+    rows = []
+    for name, (fn, inputs, nbytes, flops, rate_key, dtype_label) in impls.items():
+        try:
+            out = fn(*inputs[0]) if inputs else fn()
+        except Exception as e:  # noqa: BLE001 - a baseline that cannot run this case is reported, not fatal
+            if name.startswith(("sparsetorch", "st.")):
+                raise
+            print(f"\n{base['suite']} {base['case']}: {name} failed ({type(e).__name__}: {str(e)[:120]}); left out")
+            continue
+        err = check(out, ref, f"{base['suite']} {base['case']}: {name}", TOL[dtype_label])
+        del out
+        timed = Rotating(fn, inputs) if inputs else fn
+        seconds = ctx.timer(timed)
+        floor = ctx.ceilings.floor(nbytes, flops, rate_key)
+        rows.append({**base, "impl": name, "dtype": dtype_label, "time_ms": seconds * 1e3,
+                     "GBps": nbytes / seconds / 1e9, "GFLOPs": flops / seconds / 1e9, "floor_ms": floor * 1e3,
+                     "of_floor": floor / seconds, "rel_err": err})
+    return rows
+
+
+def copies(ctx: Context, tensor: torch.Tensor, working_set: int) -> List[tuple]:
+    count = rotation(ctx.device, working_set)
+    return [(tensor,)] + [(tensor.clone(),) for _ in range(count - 1)]
+
+

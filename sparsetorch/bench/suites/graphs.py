@@ -1,0 +1,142 @@
+"""Graphs: random, power-law, the real matrices and Planetoid graphs of ../shared/data."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+import sparsetorch as st
+from sparsetorch.bench.suites.common import Context, Job, copies, host_time_per_call, measure, spmm_model
+
+
+def random_graph(nodes: int, per_row: int, seed: int):
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(np.arange(nodes), per_row)
+    cols = rng.integers(0, nodes, rows.size)
+    return sp.csr_matrix((rng.standard_normal(rows.size).astype(np.float32), (rows, cols)), shape=(nodes, nodes))
+
+
+def power_law_graph(nodes: int, mean_degree: int, seed: int):
+    """Row degrees from a Pareto(1.5) law (a few rows hold thousands of entries), columns drawn
+    with probability proportional to a second Pareto weight (hub columns)."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    deg = rng.pareto(1.5, nodes) + 1.0
+    deg = np.minimum(np.maximum(1, np.round(deg / deg.mean() * mean_degree)), nodes // 2).astype(np.int64)
+    weight = rng.pareto(1.5, nodes) + 1.0
+    cols = rng.choice(nodes, size=int(deg.sum()), p=weight / weight.sum())
+    rows = np.repeat(np.arange(nodes), deg)
+    return sp.csr_matrix((rng.standard_normal(rows.size).astype(np.float32), (rows, cols)), shape=(nodes, nodes))
+
+
+def real_graphs(root: Optional[str]):
+    """The Matrix Market files and the Planetoid graphs in ../shared/data (values: ones)."""
+    import scipy.io
+    import scipy.sparse as sp
+
+    if not root or not os.path.isdir(root):
+        return []
+    found = []
+    for path in sorted(glob.glob(os.path.join(root, "matrices", "*.mtx"))):
+        name = os.path.basename(path)[:-4].replace("Mongoose_Matrix_", "")
+        found.append((name, lambda path=path: sp.csr_matrix(scipy.io.mmread(path), dtype=np.float32)))
+    for name in ("cora", "citeseer", "pubmed"):
+        if os.path.exists(os.path.join(root, "planetoid", f"ind.{name}.graph")):
+            found.append((name, lambda name=name: planetoid_graph(root, name)))
+    return found
+
+
+def planetoid_graph(root: str, name: str):
+    from sparsetorch.datasets import planetoid_adjacency
+
+    return planetoid_adjacency(name, root)
+
+
+def graph_suite(ctx: Context) -> List[Job]:
+    big = 1_000_000 if not ctx.quick else None
+    size = 100_000 if ctx.cuda else 20_000
+    graphs = [(f"random {size // 1000}k, 20/row", lambda: random_graph(size, 20, 1)),
+              (f"power-law {size // 1000}k", lambda: power_law_graph(size, 20, 2))]
+    if big and ctx.cuda:
+        graphs += [("random 1M, 20/row", lambda: random_graph(big, 20, 3)),
+                   ("power-law 1M", lambda: power_law_graph(big, 20, 4))]
+    graphs += real_graphs(ctx.data_root)
+    widths = (32, 128) if ctx.quick else (32, 64, 128, 256, 512)
+    if not ctx.cuda:
+        widths = (32,) if ctx.quick else (32, 128)
+
+    def job(name, make):
+        def run():
+            a_sp = make()
+            a_sp.sort_indices()
+            A = st.from_scipy(a_sp, device=ctx.device, dtype=torch.float32, index_dtype=torch.int32)
+            plan = st.SpmmPlan(A, validate=False)
+            a_torch = st.to_torch(A)
+            m, k, nnz = a_sp.shape[0], a_sp.shape[1], a_sp.nnz
+            extra = optional_graph_baselines(ctx, a_sp, A)
+            rows = []
+            for n in widths:
+                g = torch.Generator(device=ctx.device).manual_seed(n)
+                B = torch.randn(k, n, device=ctx.device, generator=g)
+                if ctx.cuda:  # cuSPARSE in float64: independent of sparsetorch's kernels
+                    ref = torch.sparse.mm(st.to_torch(A.to(dtype=torch.float64)), B.double())
+                else:
+                    ref = torch.from_numpy(a_sp.astype(np.float64) @ B.double().numpy())
+                sb, sf = spmm_model(nnz, m, k, n, 4, 4)
+                impls = {"sparsetorch": (lambda b: plan(b), copies(ctx, B, sb), sb, sf, "float32", "float32"),
+                         "torch.sparse.mm": (lambda b: torch.sparse.mm(a_torch, b), copies(ctx, B, sb), sb, sf,
+                                             "float32", "float32")}
+                for label, fn in extra.items():
+                    impls[label] = (fn, copies(ctx, B, sb), sb, sf, "float32", "float32")
+                base = {"suite": "graphs", "case": f"{name}, n={n}", "graph": name, "n": n, "m": m, "nnz": nnz}
+                measured = measure(ctx, base, impls, ref, sb)
+                for r in measured:
+                    if ctx.cuda and r["impl"] in ("sparsetorch", "torch.sparse.mm"):
+                        # Host time per call: a call's time includes it where it exceeds the device
+                        # time (and the L2 flush before each timed call), as on small graphs.
+                        r["host_us_per_call"] = host_time_per_call(impls[r["impl"]][0], B) * 1e6
+                    if r["impl"] == "sparsetorch":
+                        r["sparsetorch_route"] = plan.routes.get((n, torch.float32, False), plan.backend)
+                rows += measured
+            return rows
+
+        return run
+
+    return [job(name, make) for name, make in graphs]
+
+
+def optional_graph_baselines(ctx: Context, a_sp, A) -> Dict[str, Callable]:
+    """cupyx.scipy.sparse and torch_geometric's sum propagation, where installed; SciPy on the CPU."""
+    out = {}
+    if not ctx.cuda:
+        out["scipy"] = lambda b: torch.from_numpy(a_sp @ b.numpy())
+        return out
+    try:
+        import cupy
+        import cupyx.scipy.sparse as csp
+
+        a_cp = csp.csr_matrix((cupy.asarray(A.values), cupy.asarray(A.col_indices), cupy.asarray(A.crow_indices)),
+                              shape=A.shape)
+        out["cupy"] = lambda b: torch.as_tensor(a_cp @ cupy.asarray(b), device=ctx.device)
+    except Exception:  # noqa: BLE001 - not installed or no GPU support: the baseline is left out
+        pass
+    try:
+        from torch_geometric.nn import SimpleConv
+
+        coo = a_sp.tocoo()
+        # Edge j -> i carries A[i, j]: sum aggregation at i of w * x_j is row i of A @ x.
+        edge_index = torch.from_numpy(np.stack([coo.col, coo.row]).astype(np.int64)).to(ctx.device)
+        weight = torch.from_numpy(coo.data).to(ctx.device)
+        conv = SimpleConv(aggr="sum")
+        out["torch_geometric"] = lambda b: conv(b, edge_index, weight)
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
