@@ -127,6 +127,10 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
         raise TypeError(f"B: expected a dense torch.Tensor, got "
                         f"{type(B).__name__ if not isinstance(B, torch.Tensor) else B.layout}")
+    delegate = getattr(type(A), "__sparsetorch_spmm__", None)
+    if delegate is not None:  # matrices that run their own product (sparsetorch.distributed)
+        return delegate(A, B, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation,
+                        negative_slope=negative_slope, out=out, validate=validate, backend=backend, policy=policy)
     a = as_csr(A, device=B.device)
     if B.dim() not in (2, 3):
         raise ValueError(f"B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape {tuple(B.shape)}")
