@@ -18,17 +18,19 @@ std::string cuda_build_info();  // cuda/build_info_cuda.cpp
 TORCH_LIBRARY(sparsetorch, m) {
   // out = act(alpha * (A @ dense) + beta * accumulate + bias), A in CSR; see common/checks.h for
   // the batched and broadcast layouts. beta == 0 ignores `accumulate` (NaN in it does not leak).
-  // backend: "auto", "cusparse" or "native" chooses the CUDA route; the CPU has one kernel.
+  // backend: "auto" (common/spmm_routing.h decides) or a route name; the CPU has one kernel.
+  // validate: A is checked on its first use (common/csr_analysis.h; cached per pattern) and a malformed
+  // A raises ValueError; False skips the check for a caller who vouches for A (never a crash either way).
   m.def(
       "spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, float alpha=1., "
       "Tensor? accumulate=None, float beta=0., Tensor? bias=None, str activation=\"none\", "
-      "float negative_slope=0.01, str backend=\"auto\") -> Tensor");
+      "float negative_slope=0.01, str backend=\"auto\", bool validate=True) -> Tensor");
   // The same product written into `out`, which also serves as the accumulate operand:
   // out = act(alpha * (A @ dense) + beta * out + bias).
   m.def(
       "spmm_out(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, Tensor(a!) out, "
       "float alpha=1., float beta=0., Tensor? bias=None, str activation=\"none\", "
-      "float negative_slope=0.01, str backend=\"auto\") -> ()");
+      "float negative_slope=0.01, str backend=\"auto\", bool validate=True) -> ()");
   // spmm of one unbatched float32 A given twice: as CSR and in the 8-row strip layout SpmmPlan
   // builds from it (common/blocked_layout.h, sparsetorch/_blocked.py), which the product runs on.
   // The CSR serves the checks, autograd and a B holding NaN/Inf (recomputed on the CSR so that
@@ -42,7 +44,7 @@ TORCH_LIBRARY(sparsetorch, m) {
   // Shapes in common/checks.h (SddmmProblem). backend as for spmm.
   m.def(
       "sddmm(Tensor crow_indices, Tensor col_indices, Tensor a, Tensor b, float alpha=1., "
-      "str backend=\"auto\") -> Tensor");
+      "str backend=\"auto\", bool validate=True) -> Tensor");
   // Elementwise on dense tensors (or CSR values of one pattern). op: add (x + alpha*y),
   // sub (x - alpha*y), mul (x*y), div (x/y). x and y have the same shape and dtype.
   m.def("binary(Tensor x, Tensor y, str op, float alpha=1.) -> Tensor");
@@ -70,9 +72,10 @@ TORCH_LIBRARY(sparsetorch, m) {
   m.def(
       "csr_scale(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor? row_scale, "
       "Tensor? col_scale) -> Tensor");
-  // O(nnz) structural check. Returns int64 [code, batch, position, value] on the indices' device;
-  // code 0 = valid (sparsetorch/_validate.py turns codes into messages).
-  m.def("csr_check(Tensor crow_indices, Tensor col_indices, int ncols) -> Tensor");
+  // The per-matrix analysis (common/csr_analysis.h). csr_stats: one uncached O(nnz) pass on the
+  // indices' device, the int64 vector laid out in csr_analysis.h (first defect, row-length statistics);
+  // ncols < 0 leaves the columns unchecked. The others use the cache and live in routing_ops.cpp.
+  m.def("csr_stats(Tensor crow_indices, Tensor col_indices, int ncols) -> Tensor");
 }
 
 namespace {

@@ -20,6 +20,7 @@ from sparsetorch.csr import (
     to_torch,
 )
 from sparsetorch.plan import SpmmPlan
+from sparsetorch._validate import MatrixInfo
 from sparsetorch.functional import (
     ACTIVATIONS,
     DENSE_CROSSOVER,
@@ -39,6 +40,7 @@ from sparsetorch.functional import (
     sigmoid,
     silu,
     spmm,
+    spmm_route,
     sddmm,
     transpose,
     sub,
@@ -49,9 +51,18 @@ from sparsetorch.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "SpmmPlan", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
+    "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
     "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
     "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "transpose", "validate_csr",
 ]
+
+def analyze(A, force: bool = False) -> MatrixInfo:
+    """What sparsetorch knows about the sparse matrix ``A`` (anything :func:`as_csr` takes): validity
+    and the row-length distribution the routing module decides from. Computed on A's device on first
+    use and cached with the matrix, as every op does; ``force`` recomputes."""
+    from sparsetorch._validate import analyze as _analyze
+
+    return _analyze(as_csr(A), force)
+
 
 from sparsetorch import nn  # noqa: E402  (layers: st.nn.SparseLinear, st.nn.GCNConv)

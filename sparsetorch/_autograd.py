@@ -46,7 +46,7 @@ def _activation_grad(grad, z, activation, negative_slope):
 # --- spmm --------------------------------------------------------------------------------------
 
 def _spmm_setup(ctx, inputs, output):
-    crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, backend = inputs
+    crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, backend = inputs[:11]
     ctx.save_for_backward(crow, col, values, dense, accumulate, bias)
     ctx.alpha, ctx.beta, ctx.activation, ctx.negative_slope, ctx.backend = (alpha, beta, activation,
                                                                             negative_slope, backend)
@@ -67,8 +67,10 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
     if need_dense:
         k = dense.shape[-2]
         crow_t, col_t, perm = transpose_pattern(crow, col, k)
+        # A^T has other row lengths than A (a power-law graph's in-degrees): the routing module decides
+        # for it from its own cached analysis, whatever route the forward product was given.
         g_dense = ops.spmm(crow_t, col_t, transpose_values(values, perm), gz, alpha, None, 0.0, None, "none",
-                           0.01, ctx.backend)
+                           0.01, "auto")
         g_dense = _sum_to(g_dense, dense.shape)
     if need_acc:
         g_acc = gz * beta if beta != 0.0 else torch.zeros_like(accumulate)
@@ -80,7 +82,7 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
 def _spmm_backward(ctx, grad):
     g_values, g_dense, g_acc, g_bias = _spmm_grads(ctx, grad, _needs(ctx, 2), _needs(ctx, 3), _needs(ctx, 5),
                                                    _needs(ctx, 7))
-    return None, None, g_values, g_dense, None, g_acc, None, g_bias, None, None, None
+    return None, None, g_values, g_dense, None, g_acc, None, g_bias, None, None, None, None
 
 
 torch.library.register_autograd("sparsetorch::spmm", _spmm_backward, setup_context=_spmm_setup)
@@ -107,7 +109,7 @@ torch.library.register_autograd("sparsetorch::spmm_blocked", _spmm_blocked_backw
 # --- sddmm -------------------------------------------------------------------------------------
 
 def _sddmm_setup(ctx, inputs, output):
-    crow, col, a, b, alpha, backend = inputs
+    crow, col, a, b, alpha, backend = inputs[:6]
     ctx.save_for_backward(crow, col, a, b)
     ctx.alpha, ctx.backend = alpha, backend
 
@@ -117,13 +119,13 @@ def _sddmm_backward(ctx, grad):
     g_a = g_b = None
     grad = grad.contiguous()
     if _needs(ctx, 2):
-        g_a = _sum_to(ops.spmm(crow, col, grad, b, ctx.alpha, None, 0.0, None, "none", 0.01, ctx.backend), a.shape)
+        g_a = _sum_to(ops.spmm(crow, col, grad, b, ctx.alpha, None, 0.0, None, "none", 0.01, "auto"), a.shape)
     if _needs(ctx, 3):
         crow_t, col_t, perm = transpose_pattern(crow, col, b.shape[-2])
         g_b = ops.spmm(crow_t, col_t, transpose_values(grad, perm), a, ctx.alpha, None, 0.0, None, "none", 0.01,
-                       ctx.backend)
+                       "auto")
         g_b = _sum_to(g_b, b.shape)
-    return None, None, g_a, g_b, None, None
+    return None, None, g_a, g_b, None, None, None
 
 
 torch.library.register_autograd("sparsetorch::sddmm", _sddmm_backward, setup_context=_sddmm_setup)

@@ -20,14 +20,14 @@ def _spmm_out_shape(crow, values, dense):
 
 @torch.library.register_fake("sparsetorch::spmm")
 def _spmm_fake(crow_indices, col_indices, values, dense, alpha=1.0, accumulate=None, beta=0.0, bias=None,
-               activation="none", negative_slope=0.01, backend="auto"):
+               activation="none", negative_slope=0.01, backend="auto", validate=True):
     torch._check(values.dtype == dense.dtype, lambda: "values and dense must have the same dtype")
     return values.new_empty(_spmm_out_shape(crow_indices, values, dense))
 
 
 @torch.library.register_fake("sparsetorch::spmm_out")
 def _spmm_out_fake(crow_indices, col_indices, values, dense, out, alpha=1.0, beta=0.0, bias=None,
-                   activation="none", negative_slope=0.01, backend="auto"):
+                   activation="none", negative_slope=0.01, backend="auto", validate=True):
     return None
 
 
@@ -39,7 +39,7 @@ def _spmm_blocked_fake(crow_indices, col_indices, values, run_ptr, block_col, pa
 
 
 @torch.library.register_fake("sparsetorch::sddmm")
-def _sddmm_fake(crow_indices, col_indices, a, b, alpha=1.0, backend="auto"):
+def _sddmm_fake(crow_indices, col_indices, a, b, alpha=1.0, backend="auto", validate=True):
     torch._check(a.dtype == b.dtype, lambda: "a and b must have the same dtype")
     length = col_indices.shape[-1]
     for t, batched_dim in ((crow_indices, 2), (a, 3), (b, 3)):
@@ -73,9 +73,24 @@ def _csr_scale_fake(crow_indices, col_indices, values, row_scale, col_scale):
     return values.new_empty(values.shape)
 
 
-@torch.library.register_fake("sparsetorch::csr_check")
-def _csr_check_fake(crow_indices, col_indices, ncols):
-    return crow_indices.new_empty((4,), dtype=torch.int64)
+# The analysis ops read data (one device sync) and keep a cache: under tracing they are not run
+# (sparsetorch's Python layer skips them while compiling; the compiled ops validate at run time).
+CSR_STATS_LENGTH = 72  # csrc/common/csr_analysis.h, csr_stats::kLength
+
+
+@torch.library.register_fake("sparsetorch::csr_stats")
+def _csr_stats_fake(crow_indices, col_indices, ncols):
+    return crow_indices.new_empty((CSR_STATS_LENGTH,), dtype=torch.int64)
+
+
+@torch.library.register_fake("sparsetorch::csr_analysis")
+def _csr_analysis_fake(crow_indices, col_indices, ncols, force=False):
+    return torch.empty((CSR_STATS_LENGTH,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.register_fake("sparsetorch::csr_validate")
+def _csr_validate_fake(crow_indices, col_indices, ncols, force=False):
+    return None
 
 
 @torch.library.register_fake("sparsetorch::bias_act_backward")

@@ -1,41 +1,74 @@
-"""The opt-in O(nnz) CSR validation: runs the csr_check op and turns its code into a message.
+"""CSR validation, on by default: every op that takes a sparse matrix checks it on its first use.
 
-The check runs on the matrix's own device (a kernel on CUDA that writes an error code, never a
-device-side assert) and costs one synchronisation to read the 4-element result.
+The check (one O(nnz) pass on the matrix's own device; on CUDA a kernel that writes an error code,
+never a device assert, and one small device-to-host read) runs in C++ and its verdict is cached with
+the matrix's analysis, keyed on the index tensors and their in-place version counters
+(csrc/common/csr_analysis.h): later calls with the same, unmodified matrix pay a dictionary lookup.
+This module is the Python side: the explicit check and the one the Python-level entry points run.
 """
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
 from sparsetorch._ops import ops
 from sparsetorch.csr import CSR
 
-_OK, _CROW_FIRST, _CROW_DECREASING, _CROW_LAST, _COL_RANGE = range(5)
+__all__ = ["validate_csr", "ensure_valid", "MatrixInfo", "analyze"]
 
 
-def validate_csr(a: CSR) -> None:
-    """Raise ValueError if ``a`` is not a well-formed CSR matrix of its shape.
+def validate_csr(a: CSR, force: bool = True) -> None:
+    """Raise ValueError naming the first defect if ``a`` is not a well-formed CSR matrix of its shape.
 
     Checks: ``crow_indices[..., 0] == 0``; ``crow_indices`` non-decreasing; ``crow_indices[-1] ==
-    nnz`` (unbatched) or ``<= L`` (batched); every stored column in ``[0, k)``.
+    nnz`` (unbatched) or ``<= L`` (batched); every stored column in ``[0, k)``. ``force`` (default)
+    re-checks even if the matrix's verdict is cached; ``force=False`` uses the cache.
     """
-    k = a.shape[-1]
-    code, batch, pos, value = (int(v) for v in ops.csr_check(a.crow_indices, a.col_indices, k).tolist())
-    if code == _OK:
+    ops.csr_validate(a.crow_indices, a.col_indices, a.shape[-1], bool(force))
+
+
+def ensure_valid(a: CSR, validate: Optional[bool] = None) -> None:
+    """The check of the Python-level entry points: ``None`` (default) checks once per pattern (cached),
+    ``True`` re-checks, ``False`` trusts the caller. Skipped while torch.compile traces: the compiled
+    ops check at run time."""
+    if validate is False or torch.compiler.is_compiling():
         return
-    where = f"[{batch}, {pos}]" if a.crow_indices.dim() == 2 else f"[{pos}]"
-    if code == _CROW_FIRST:
-        msg = f"crow_indices{where} = {value}, expected 0 (the first row starts at entry 0)"
-    elif code == _CROW_DECREASING:
-        prev = f"[{batch}, {pos - 1}]" if a.crow_indices.dim() == 2 else f"[{pos - 1}]"
-        msg = (f"crow_indices is not non-decreasing: crow_indices{where} = {value} is less than "
-               f"crow_indices{prev}")
-    elif code == _CROW_LAST:
-        width = a.col_indices.shape[-1]
-        if a.crow_indices.dim() == 2:
-            msg = (f"crow_indices{where} = {value} exceeds the {width} entries per batch of col_indices "
-                   f"(shape {tuple(a.col_indices.shape)})")
-        else:
-            msg = f"crow_indices{where} = {value}, expected nnz = {width} (the length of col_indices)"
-    elif code == _COL_RANGE:
-        where = f"[{batch}, {pos}]" if a.col_indices.dim() == 2 else f"[{pos}]"
-        msg = f"col_indices{where} = {value} is out of range for a matrix with {k} columns"
-    else:  # pragma: no cover - a code this file does not know means a version mismatch
-        msg = f"csr_check returned unknown code {code}"
-    raise ValueError(f"invalid CSR matrix of shape {a.shape}: {msg}")
+    ops.csr_validate(a.crow_indices, a.col_indices, a.shape[-1], validate is True)
+
+
+_HIST_BINS = 32
+
+
+class MatrixInfo:
+    """What the per-matrix analysis found (``st.analyze(A)``): validity and the row-length
+    distribution that the routing decision reads (csrc/common/csr_analysis.h has the layout)."""
+
+    def __init__(self, a: CSR, raw: torch.Tensor):
+        v = raw.tolist()
+        self.shape = a.shape
+        self.valid = v[0] == 0
+        self.rows = (a.crow_indices.shape[0] if a.crow_indices.dim() == 2 else 1) * (a.shape[-2])
+        self.entries, self.max_row, self.empty_rows = v[4], v[5], v[6]
+        sum_sq = raw[7:8].view(torch.float64).item()
+        self.mean_row = self.entries / self.rows if self.rows else 0.0
+        var = max(0.0, sum_sq / self.rows - self.mean_row**2) if self.rows else 0.0
+        self.row_cv = var**0.5 / self.mean_row if self.mean_row else 0.0
+        self.row_histogram = {2**i: (v[8 + i], v[8 + _HIST_BINS + i]) for i in range(_HIST_BINS) if v[8 + i]}
+        m, k = a.shape[-2:]
+        self.density = self.entries / max(1, self.rows * k)
+
+    def share_in_rows_of_at_least(self, length: int) -> float:
+        """Fraction of the entries held by rows of at least ``length`` entries (rounded up to a power of 2)."""
+        total = sum(e for start, (_, e) in self.row_histogram.items() if start >= length)
+        return total / self.entries if self.entries else 0.0
+
+    def __repr__(self) -> str:
+        return (f"MatrixInfo(shape={self.shape}, valid={self.valid}, entries={self.entries}, "
+                f"mean_row={self.mean_row:.3g}, max_row={self.max_row}, row_cv={self.row_cv:.3g}, "
+                f"empty_rows={self.empty_rows}, density={self.density:.3g})")
+
+
+def analyze(a: CSR, force: bool = False) -> MatrixInfo:
+    """The cached analysis of ``a`` (computed now if the matrix was not analysed before)."""
+    return MatrixInfo(a, ops.csr_analysis(a.crow_indices, a.col_indices, a.shape[-1], bool(force)))

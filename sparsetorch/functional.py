@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 import torch
 
 from sparsetorch._ops import ops
-from sparsetorch._validate import validate_csr
+from sparsetorch._validate import ensure_valid, validate_csr
 from sparsetorch.csr import CSR, _is_scipy_sparse, as_csr
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "scale_rows",
     "scale_cols",
     "validate_csr",
+    "spmm_route",
     "linear",
     "dense_bmm",
     "DENSE_CROSSOVER",
@@ -82,7 +83,7 @@ def _like(original: Any, result: CSR):
 
 def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: Optional[torch.Tensor] = None,
          bias: Optional[torch.Tensor] = None, activation: Optional[str] = None, negative_slope: float = 0.01,
-         out: Optional[torch.Tensor] = None, validate: bool = False, backend: str = "auto",
+         out: Optional[torch.Tensor] = None, validate: Optional[bool] = None, backend: str = "auto",
          policy: str = "sparse") -> torch.Tensor:
     """``act(alpha * (A @ B) + beta * c + bias)`` for sparse (CSR) ``A`` and dense ``B``.
 
@@ -101,11 +102,17 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     ``out=`` the result is written into ``out``, which is also the accumulate operand
     (``out = act(alpha*A@B + beta*out + bias)``). ``bias`` has shape ``(n,)``. ``activation`` is
     one of :data:`ACTIVATIONS`. ``B`` may have any strides (a non-row-major ``B`` is copied on the
-    CPU). ``validate=True`` checks A's structure first (O(nnz), one device sync) and raises
-    ValueError on a malformed matrix; without it, the CPU kernel still bounds-checks every index and
-    the native CUDA kernel skips out-of-range entries (cuSPARSE's behaviour there is undefined).
+    CPU).
 
-    ``backend`` picks the CUDA route: ``"cusparse"`` (cusparseSpMM; batches as strided batch for one
+    ``validate``: by default (``None``) A's structure is checked on its first use (O(nnz) on its
+    device, one small device-to-host read) and a malformed A raises ValueError naming the defect; the
+    verdict is cached with the matrix (keyed on its index tensors and their in-place version counters),
+    so repeated calls with the same A pay nothing. ``True`` re-checks now; ``False`` skips the check for
+    a caller who vouches for A: a corrupt A then gives an unspecified result, never a crash (the own
+    kernels skip out-of-range entries, and cuSPARSE is only used for a matrix that passed the check).
+
+    ``backend`` picks the CUDA route (:func:`spmm_route` tells which one "auto" takes): ``"cusparse"``
+    (cusparseSpMM; batches as strided batch for one
     shared pattern, else one block-diagonal product; refuses more stored entries than positions),
     ``"native"`` (sparsetorch's row-group kernel, epilogue fused), ``"balanced"`` (sparsetorch's
     kernel for skewed rows: each block splits the entries of its 32 rows evenly among its lanes, so a
@@ -114,8 +121,9 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     expanded to a dense matrix on the GPU, one cuBLAS GEMM with fp32 accumulation and TF32 off: for
     A more than a few percent dense, above all in bf16/fp16 on tensor cores; O(batch*m*k) memory;
     same results as the sparse routes up to rounding, NaN/Inf in B included: a device-side check
-    reruns the row-group kernel when B is not finite) or ``"auto"`` (measured rules,
-    csrc/cuda/spmm_cuda.cu). The CPU has a single OpenMP kernel and accepts any of them.
+    reruns the row-group kernel when B is not finite) or ``"auto"`` (the routing module,
+    csrc/common/spmm_routing.cpp, from A's cached analysis -- row-length distribution, density, batch
+    layout -- and B's width and dtype; docs/routing.md). The CPU has a single kernel and accepts any.
 
     ``policy``: ``"sparse"`` (default) always runs a sparse kernel; ``"dense"`` expands A to a dense
     matrix and runs a dense GEMM (cuBLAS on CUDA), for matrices too dense to gain from sparsity;
@@ -141,10 +149,12 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         raise ValueError(f"batch size mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)}")
     if validate:
         validate_csr(a)
+    check = validate is not False
     act = _activation_name(activation)
     if policy not in ("auto", "sparse", "dense"):
         raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
     if policy == "dense" or (policy == "auto" and _prefers_dense(a)):
+        ensure_valid(a, False if validate is False else None)  # the dense route expands A with torch ops
         return _spmm_dense(a, B, alpha, beta, c, bias, act, negative_slope, out)
     if out is not None:
         if c is not None:
@@ -152,26 +162,36 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         if _records_grad(a.values, B, bias, out):
             raise RuntimeError("spmm: out= does not support autograd (an input requires grad); call without out=")
         ops.spmm_out(a.crow_indices, a.col_indices, a.values, B, out, float(alpha), float(beta), bias, act,
-                     float(negative_slope), backend)
+                     float(negative_slope), backend, check)
         return out
     return _spmm_op(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
-                    float(negative_slope), backend)
+                    float(negative_slope), backend, check)
 
 
 def _records_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _spmm_op(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend):
+def _spmm_op(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate=True):
     """ops.spmm, with the activation as its own op when autograd records: the backward then has the
     pre-activation without recomputing the product (the fused epilogue is for inference)."""
     if act != "none" and _records_grad(values, B, c, bias):
-        z = ops.spmm(crow, col, values, B, alpha, c, beta, bias, "none", negative_slope, backend)
+        z = ops.spmm(crow, col, values, B, alpha, c, beta, bias, "none", negative_slope, backend, validate)
         return ops.activation(z, act, negative_slope)
-    return ops.spmm(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend)
+    return ops.spmm(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate)
 
 
-def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto"):
+def spmm_route(A: Any, B: torch.Tensor, backend: str = "auto", validate: Optional[bool] = None) -> str:
+    """The route ``st.spmm(A, B, backend=backend)`` takes on these operands ("cpu" on the CPU): for
+    "auto", the routing module's answer from A's cached analysis (computed now if A is new)."""
+    a = as_csr(A, device=B.device)
+    if validate:
+        validate_csr(a)
+    return ops.spmm_route(a.crow_indices, a.col_indices, a.values, B, backend, validate is not False)
+
+
+def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto",
+          validate: Optional[bool] = None):
     """Sampled dense-dense product: ``alpha * (a @ b.T)`` at the stored entries of ``A`` (A's values
     are not used), returned with A's pattern, in the kind of ``A`` (a torch CSR tensor stays one).
 
@@ -181,21 +201,26 @@ def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backe
     "tiled" run it too) or "cusparse" (cusparseSDDMM, for one unbatched float32/float64 matrix;
     other cases run native; like cuSPARSE SpMM, undefined on malformed indices: validate first).
     "auto" takes native for n <= 256 and cuSPARSE above where it applies (measured on the H100).
+    ``validate`` as for :func:`spmm`.
     """
     csr = as_csr(A, device=a.device)
-    values = ops.sddmm(csr.crow_indices, csr.col_indices, a, b, float(alpha), backend)
+    if validate:
+        validate_csr(csr)
+    values = ops.sddmm(csr.crow_indices, csr.col_indices, a, b, float(alpha), backend, validate is not False)
     m, k = csr.shape[-2:]
     shape = (values.shape[0], m, k) if values.dim() == 2 else (m, k)
     result = CSR(csr.crow_indices, csr.col_indices, values, shape)
     return result.to_torch() if isinstance(A, torch.Tensor) else result
 
 
-def transpose(A: Any):
+def transpose(A: Any, validate: Optional[bool] = None):
     """A^T (per batch), with A's values; in the kind of ``A``. The pattern's transpose is computed
-    once per pattern and cached (sparsetorch/_transpose.py); O(nnz log nnz) the first time."""
+    once per pattern and cached (sparsetorch/_transpose.py); O(nnz log nnz) the first time.
+    ``validate`` as for :func:`spmm`."""
     from sparsetorch._transpose import transpose_pattern, transpose_values
 
     csr = as_csr(A)
+    ensure_valid(csr, validate)
     crow_t, col_t, perm = transpose_pattern(csr.crow_indices, csr.col_indices, csr.shape[-1])
     shape = csr.shape[:-2] + (csr.shape[-1], csr.shape[-2])
     result = CSR(crow_t, col_t, transpose_values(csr.values, perm), shape)
@@ -273,10 +298,12 @@ def _binary(x: Any, y: Any, op: str, alpha: float = 1.0):
     """Dispatches dense/sparse x tensor/scalar/sparse for add, sub, mul, div."""
     if _is_sparse(x):
         a = as_csr(x)
+        ensure_valid(a)
         if isinstance(y, numbers.Number):
             values = _binary_dense(a.values, y, op, alpha)
         elif _is_sparse(y):
             b = as_csr(y)
+            ensure_valid(b)
             _same_pattern(a, b)
             values = _binary_dense(a.values, b.values, op, alpha)
         else:
@@ -332,6 +359,7 @@ def activation(x, name: Optional[str], negative_slope: float = 0.01):
     act = _activation_name(name)
     if _is_sparse(x):
         a = as_csr(x)
+        ensure_valid(a)
         return _like(x, a.with_values(ops.activation(a.values, act, float(negative_slope))))
     return ops.activation(x, act, float(negative_slope))
 
@@ -383,8 +411,10 @@ def bias_act(x: torch.Tensor, bias: Optional[torch.Tensor] = None,
 def scale(A: Any, row: Optional[torch.Tensor] = None, col: Optional[torch.Tensor] = None):
     """``diag(row) @ A @ diag(col)``: each stored value times its row's and its column's factor, in one
     pass (GCN's ``D^-1/2 A D^-1/2`` is ``scale(A, d, d)`` with ``d = deg ** -0.5``). ``row`` has
-    shape (m,) and ``col`` (k,); with a batched A either may also be (b, m) / (b, k)."""
+    shape (m,) and ``col`` (k,); with a batched A either may also be (b, m) / (b, k). A is checked as
+    by :func:`spmm` (once per pattern)."""
     a = as_csr(A)
+    ensure_valid(a)
     if col is not None and col.shape[-1] != a.shape[-1]:
         raise ValueError(f"col: expected {a.shape[-1]} entries (A's columns, shape {a.shape}), got shape "
                          f"{tuple(col.shape)}")

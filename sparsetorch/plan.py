@@ -20,70 +20,29 @@ from typing import Any, Optional
 
 import torch
 
-from sparsetorch._blocked import STRIP_ROWS, BlockedLayout, blocked_applies
+from sparsetorch._blocked import BlockedLayout, blocked_applies
 from sparsetorch._ops import ops
-from sparsetorch._validate import validate_csr
+from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import as_csr
 from sparsetorch.functional import _activation_name, _prefers_dense, _records_grad, _spmm_op
 
-
-# Longest row above which "auto" sends one fp32/fp64 matrix to cuSPARSE. The native kernel gives each
-# row to one group of lanes, so its time is at least (longest row) x (one dependent gather, ~0.25 us
-# on the H100). Measured with the benchmark harness (benchmarks/results/nvidia-h100-80gb-hbm3),
-# n = 32..256: native faster on rows of <= 41 entries (random graphs 2.5x, meshes 2.4x, Erdos971
-# 1.4x), cuSPARSE faster from 99 (citeseer 1.2x, cora 1.9x, ca-CondMat 2x, power-law 100k with a
-# 13,503-entry row 25x). Only a plan sees the row lengths without a device sync per call.
-SKEWED_ROW_LIMIT = 64
 
 SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "tiled", "densify")
 # Routes only a plan has: "blocked" multiplies a layout of A built once (sparsetorch/_blocked.py).
 PLAN_BACKENDS = SPMM_BACKENDS + ("blocked",)
 
-# The densify route (A expanded, one cuBLAS GEMM) is timed only where the dense copy of A stays
-# small: at most DENSIFY_MAX_BYTES, and A at least 1/DENSIFY_MAX_EXPANSION dense (below that the
-# GEMM's m*k*n work cannot catch up with the sparse kernels' nnz*n).
-DENSIFY_MAX_BYTES = 1 << 30
-DENSIFY_MAX_EXPANSION = 512
-
-# The blocked route (8-row strips, float32) is timed from this density up: it multiplies the zero of
-# a pair of rows with one entry, 1 - (1 - d)^2 of the positions, so it can only win where rows are
-# long and dense-ish (H200, 4096 x 4096 @ 4096 x 1024: 1.78x cuBLAS SGEMM at 10%, 1.16x at 25%; the
-# other sparse routes lose to SGEMM from 9%).
-BLOCKED_MIN_DENSITY = 0.02
-
-
-def _route_for_skew(a, backend: str) -> str:
-    """cuSPARSE for one fp32/fp64 matrix whose rows are skewed: a row longer than SKEWED_ROW_LIMIT
-    while the average is below it (power-law graphs). Uniformly long rows (pruned weights) stay on
-    "auto", whose C++ rule picks the tiled kernel, cuSPARSE or the row-group kernel."""
-    if backend != "auto" or a.device.type != "cuda" or a.batched or a.dtype not in (torch.float32, torch.float64):
-        return backend
-    rows = a.crow_indices.numel() - 1
-    if rows < 1:
-        return backend
-    longest = int(torch.diff(a.crow_indices).max())
-    mean = a.col_indices.numel() / rows
-    fits_cusparse = a.col_indices.numel() <= rows * a.shape[-1]  # cuSPARSE refuses more entries than positions
-    return "cusparse" if fits_cusparse and longest > SKEWED_ROW_LIMIT and mean < SKEWED_ROW_LIMIT else backend
-
 
 def _autotune_candidates(a, n: int, b_dim: int = 2) -> list:
-    """The routes worth timing for A (CUDA) and a B of width n and b_dim dimensions."""
-    routes = ["native", "balanced"]
-    rows = a.crow_indices.shape[-1] - 1
-    nnz = a.col_indices.shape[-1]
-    if a.dtype != torch.float64 and n >= 256 and rows > 0 and nnz >= 64 * rows:
-        routes.append("tiled")  # B streamed through shared memory: pays off only on long rows
-    # cuSPARSE: one matrix, float32/float64 (its half-type SpMM is slow), at most one entry per position;
-    # a batch of patterns would be a block-diagonal copy per call.
-    if not a.batched and a.dtype in (torch.float32, torch.float64) and nnz <= rows * a.shape[-1]:
-        routes.append("cusparse")
-    positions = (a.shape[0] if a.batched else 1) * rows * a.shape[-1]
-    if (0 < positions <= DENSIFY_MAX_EXPANSION * a.values.numel()
-            and positions * a.values.element_size() <= DENSIFY_MAX_BYTES):
-        routes.append("densify")  # A expanded + one GEMM: wins on dense-ish A, above all on tensor cores
-    if (n >= 64 and rows >= STRIP_ROWS and nnz >= BLOCKED_MIN_DENSITY * positions and blocked_applies(a, b_dim)):
-        routes.append("blocked")  # 8-row strips: each B element loaded feeds several rows (float32)
+    """The routes worth timing for A and a B of width n and b_dim dimensions: the routing module's
+    list (csrc/common/spmm_routing.cpp, from A's cached analysis), without "blocked" where this GPU
+    cannot run it."""
+    k = a.shape[-1]
+    batch = a.shape[0] if a.batched else 2
+    shape = (k, n) if b_dim == 2 else (batch, k, n)
+    b = torch.empty((), dtype=a.dtype, device=a.device).expand(shape)  # no storage: only its shape is read
+    routes = list(ops.spmm_route_candidates(a.crow_indices, a.col_indices, a.values, b))
+    if "blocked" in routes and not blocked_applies(a, b_dim):
+        routes.remove("blocked")
     return routes
 
 
@@ -127,10 +86,10 @@ class SpmmPlan:
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
                  activation: Optional[str] = None, negative_slope: float = 0.01, backend: str = "auto",
-                 validate: bool = True, device=None, policy: str = "sparse", autotune: bool = True):
+                 validate: Optional[bool] = None, device=None, policy: str = "sparse", autotune: bool = True):
         a = as_csr(A, device=device)
-        if validate:
-            validate_csr(a)
+        ensure_valid(a, validate)  # once per pattern; each call's op then finds the verdict cached
+        self.validate = validate is not False
         if backend not in PLAN_BACKENDS:
             raise ValueError(f"backend: unknown SpMM backend {backend!r}; expected one of "
                              f"{', '.join(PLAN_BACKENDS)}")
@@ -144,7 +103,7 @@ class SpmmPlan:
         self.bias = bias
         self.activation = _activation_name(activation)
         self.negative_slope = float(negative_slope)
-        self.backend = _route_for_skew(a, backend)
+        self.backend = backend
         self.autotune = bool(autotune) and backend == "auto" and a.device.type == "cuda"
         self.routes = {}  # (n, dtype, B batched) -> the route autotuning chose
         if policy not in ("auto", "sparse", "dense"):
@@ -175,10 +134,10 @@ class SpmmPlan:
             return self._call_blocked(B, vals, beta, c, out)
         if out is not None:
             ops.spmm_out(a.crow_indices, a.col_indices, vals, B, out, self.alpha, float(beta), self.bias,
-                         self.activation, self.negative_slope, backend)
+                         self.activation, self.negative_slope, backend, self.validate)
             return out
         return _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
-                        self.activation, self.negative_slope, backend)
+                        self.activation, self.negative_slope, backend, self.validate)
 
     def _blocked_operands(self, vals):
         """(layout, pair values for vals): the layout built once; the pair values of A's own
@@ -235,7 +194,7 @@ class SpmmPlan:
                                                     layout.block_col, pair_values, B)
                 else:
                     call = lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None,  # noqa: E731
-                                            0.0, None, "none", 0.01, route)
+                                            0.0, None, "none", 0.01, route, self.validate)
                 times[route] = _device_time(call, scratch)
         return min(times, key=times.get)
 

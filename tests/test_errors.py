@@ -157,12 +157,16 @@ def test_validate_batched(device):
 
 
 def test_cpu_kernel_bounds_checks_without_validate():
+    """With validate=False (the caller vouches for A) the CPU kernel still checks every index it reads."""
     crow = torch.tensor([0, 2, 3])
     col = torch.tensor([0, 9, 1])
     with pytest.raises(IndexError, match="is column 9, out of range for k = 3"):
-        ops.spmm(crow, col, torch.ones(3), torch.randn(3, 2))
+        ops.spmm(crow, col, torch.ones(3), torch.randn(3, 2), validate=False)
     with pytest.raises(IndexError, match="spans entries"):
-        ops.spmm(torch.tensor([0, 2, 7]), torch.tensor([0, 1, 1]), torch.ones(3), torch.randn(3, 2))
+        ops.spmm(torch.tensor([0, 2, 7]), torch.tensor([0, 1, 1]), torch.ones(3), torch.randn(3, 2), validate=False)
+    # By default the op validates first: a ValueError naming the defect.
+    with pytest.raises(ValueError, match=r"col_indices\[1\] = 9 is out of range"):
+        ops.spmm(crow, col, torch.ones(3), torch.randn(3, 2))
     with pytest.raises(IndexError, match="out of range for col_scale"):
         ops.csr_scale(crow, col, torch.ones(3), None, torch.ones(3))
 

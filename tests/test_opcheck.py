@@ -37,7 +37,9 @@ def samples(rng, device):
     yield ops.bias_act, (x, None, None), {}
     yield ops.csr_scale, (crow, col, values, torch.rand(9, device=device), torch.rand(7, device=device)), {}
     yield ops.csr_scale, (bcrow, bcol, bvalues, torch.rand(3, 9, device=device), None), {}
-    yield ops.csr_check, (crow, col, 7), {}
+    yield ops.csr_stats, (crow, col, 7), {}
+    yield ops.csr_analysis, (crow, col, 7), {}
+    yield ops.csr_validate, (crow, col, 7), dict(force=True)
     xg = torch.randn(4, 5, device=device, dtype=torch.float64, requires_grad=True)
     sg = torch.randn(5, device=device, dtype=torch.float64, requires_grad=True)
     bg = torch.randn(5, device=device, dtype=torch.float64, requires_grad=True)
@@ -91,10 +93,12 @@ def test_opcheck_all_ops(device, rng):
     for op, args, kwargs in samples(rng, device):
         torch.library.opcheck(op, args, kwargs)
         seen.add(op._qualified_op_name)
-    # Every op in the library has at least one sample above.
+    # Every op in the library has at least one sample above, except the routing module's answers (a
+    # route name, a list of names, the cache's size): they return no tensors and are never traced.
+    not_traced = {"sparsetorch::spmm_route", "sparsetorch::spmm_route_candidates", "sparsetorch::csr_analysis_cache"}
     defined = {s.name for s in torch._C._jit_get_all_schemas() if s.name.startswith("sparsetorch::")}
     assert len(defined) >= 8
-    assert defined <= seen, f"ops without an opcheck sample: {sorted(defined - seen)}"
+    assert defined - not_traced <= seen, f"ops without an opcheck sample: {sorted(defined - not_traced - seen)}"
 
 
 def test_compiled_spmm_matches_eager(device, rng):

@@ -94,25 +94,23 @@ def test_descriptor_cache_never_stale(rng):
             assert_matches(out[j], x @ b[j].double().cpu().numpy(), torch.float32)
 
 
-def test_plan_routes_skewed_rows_to_cusparse(device):
-    """A plan sees the row lengths: a row longer than SKEWED_ROW_LIMIT sends fp32 "auto" to cuSPARSE
-    on CUDA (the native kernel walks one row per group); other cases keep the requested backend."""
-    from sparsetorch.plan import SKEWED_ROW_LIMIT
-
-    n = 4 * SKEWED_ROW_LIMIT
+def test_plan_never_routes_skewed_rows_to_the_row_group_kernel(device):
+    """The routing module sees the row lengths (the cached analysis): a matrix with one row of n
+    entries among rows of one never goes to the row-group kernel, which walks a row per group of
+    lanes; a plan without autotuning takes what st.spmm takes."""
+    n = 256
     dense = torch.zeros(n, n, device=device)
     dense[0] = 1.0  # one row with n entries
     dense[1:, 0] = 1.0
-    skewed = st.SpmmPlan(st.from_dense(dense))
-    even = st.SpmmPlan(st.from_dense(torch.eye(n, device=device)))
-    assert even.backend == "auto"
-    assert skewed.backend == ("cusparse" if device == "cuda" else "auto")
-    assert st.SpmmPlan(st.from_dense(dense), backend="native").backend == "native"
-    # Uniformly long rows (a pruned weight) are not skewed: "auto" stays for the C++ rule.
-    uniform = st.SpmmPlan(st.from_dense(torch.ones(n, n, device=device)))
-    assert uniform.backend == "auto"
+    A = st.from_dense(dense)
     b = torch.randn(n, 8, device=device)
-    torch.testing.assert_close(skewed(b), dense @ b)
+    route = st.spmm_route(A, b)
+    assert route == "cpu" if device == "cpu" else route not in ("native", "tiled")
+    assert st.spmm_route(st.from_dense(torch.eye(n, device=device)), b) in ("cpu", "native")
+    plan = st.SpmmPlan(A, autotune=False)
+    assert plan.backend == "auto"
+    torch.testing.assert_close(plan(b), dense @ b)
+    assert st.SpmmPlan(A, backend="native").backend == "native"
 
 
 @pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")

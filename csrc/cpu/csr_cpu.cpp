@@ -1,4 +1,4 @@
-// CSR structure ops on the CPU: row/column scaling of the values, and the O(nnz) validation.
+// CSR structure ops on the CPU: row/column scaling of the values (the validation is csr_analysis_cpu.cpp).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -6,7 +6,6 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
-#include "common/csr_check_codes.h"
 
 namespace sparsetorch {
 namespace {
@@ -61,48 +60,10 @@ at::Tensor csr_scale_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, co
   return out;
 }
 
-template <typename index_t>
-void csr_check_one(const index_t* crow, const index_t* col, int64_t b, int64_t m, int64_t L, bool exact_nnz,
-                   int64_t ncols, int64_t* result) {
-  auto fail = [&](int64_t code, int64_t pos, int64_t value) {
-    result[0] = code;
-    result[1] = b;
-    result[2] = pos;
-    result[3] = value;
-  };
-  if (crow[0] != 0) return fail(kCrowFirstNotZero, 0, crow[0]);
-  for (int64_t r = 0; r < m; ++r) {
-    if (crow[r + 1] < crow[r]) return fail(kCrowDecreasing, r + 1, crow[r + 1]);
-  }
-  const int64_t last = crow[m];
-  if (exact_nnz ? last != L : last > L) return fail(kCrowLastMismatch, m, last);
-  for (int64_t j = 0; j < last; ++j) {
-    if (col[j] < 0 || col[j] >= ncols) return fail(kColOutOfRange, j, col[j]);
-  }
-}
-
-at::Tensor csr_check_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, int64_t ncols) {
-  const CsrShape s = check_csr_components(crow_in, col_in, nullptr);
-  TORCH_CHECK_VALUE(ncols >= 0, "ncols: expected a non-negative number of columns, got ", ncols);
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
-  at::Tensor result = at::zeros({4}, crow.options().dtype(at::kLong));
-  int64_t* res = result.data_ptr<int64_t>();
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_check_cpu", [&] {
-    const index_t* crow_p = crow.data_ptr<index_t>();
-    const index_t* col_p = col.data_ptr<index_t>();
-    for (int64_t b = 0; b < s.batch && res[0] == kCsrOk; ++b) {
-      csr_check_one<index_t>(crow_p + b * (s.m + 1), col_p + b * s.nnz_stride, b, s.m, s.nnz_stride,
-                             /*exact_nnz=*/!s.batched, ncols, res);
-    }
-  });
-  return result;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsetorch, CPU, m) {
   m.impl("csr_scale", &csr_scale_cpu);
-  m.impl("csr_check", &csr_check_cpu);
 }
 
 }  // namespace sparsetorch

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "common/checks.h"
+#include "common/csr_analysis.h"
 
 namespace sparsetorch {
 namespace {
@@ -56,9 +57,10 @@ void sddmm_cpu_kernel(const SddmmProblem& p, const at::Tensor& crow, const at::T
 }
 
 at::Tensor sddmm_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& a_in,
-                     const at::Tensor& b_in, double alpha, c10::string_view backend) {
+                     const at::Tensor& b_in, double alpha, c10::string_view backend, bool validate) {
   parse_spmm_backend(std::string(backend));  // validated; the CPU has a single kernel
   const SddmmProblem p = check_sddmm_args(crow_in, col_in, a_in, b_in);
+  checked_csr(crow_in, col_in, p.k, validate, "sddmm");
   // Padding slots (after crow[i, m]) are never visited: they stay 0.
   at::Tensor out = at::zeros(p.out_shape(), a_in.options());
   if (p.nnz_stride == 0 || p.m == 0) return out;

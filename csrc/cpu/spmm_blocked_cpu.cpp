@@ -12,6 +12,7 @@
 
 #include "common/activation.h"
 #include "common/blocked_layout.h"
+#include "common/csr_analysis.h"
 
 namespace sparsetorch {
 namespace {
@@ -23,15 +24,16 @@ at::Tensor spmm_blocked_cpu(const at::Tensor& crow, const at::Tensor& col_indice
                             double negative_slope) {
   const SpmmProblem p = check_blocked_args(crow, col_indices, values, run_ptr, block_col, pair_values, dense,
                                               accumulate, bias);
+  checked_csr(crow, col_indices, p.k, /*validate=*/true, "spmm_blocked");  // SpmmPlan checked it: a cache hit
   // A block multiplies its zeros too, and 0 * inf is NaN where the sparse routes skip the position:
   // a B holding NaN/Inf goes to the CSR kernel.
   if (!at::isfinite(dense).all().item<bool>()) {
     static const auto spmm = c10::Dispatcher::singleton().findSchemaOrThrow("sparsetorch::spmm", "").typed<
         at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                    const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&, c10::string_view,
-                   double, c10::string_view)>();
+                   double, c10::string_view, bool)>();
     return spmm.call(crow, col_indices, values, dense, alpha, accumulate, beta, bias, activation, negative_slope,
-                     "auto");
+                     "auto", true);
   }
   const Activation act = parse_activation(std::string(activation));
   const at::Tensor ptr_c = run_ptr.contiguous(), col_c = block_col.contiguous();

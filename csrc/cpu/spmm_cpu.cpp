@@ -15,6 +15,7 @@
 
 #include "common/activation.h"
 #include "common/checks.h"
+#include "common/csr_analysis.h"
 
 namespace sparsetorch {
 namespace {
@@ -170,9 +171,10 @@ void run_spmm_cpu(const SpmmProblem& p, const at::Tensor& crow_in, const at::Ten
 at::Tensor spmm_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
                     double alpha, const std::optional<at::Tensor>& accumulate, double beta,
                     const std::optional<at::Tensor>& bias, c10::string_view activation, double negative_slope,
-                    c10::string_view backend) {
+                    c10::string_view backend, bool validate) {
   parse_spmm_backend(std::string(backend));  // validated; the CPU has a single kernel
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, accumulate, bias);
+  checked_csr(crow, col, p.k, validate, "spmm");
   const Epilogue epi{alpha, beta, parse_activation(std::string(activation)), negative_slope};
   at::Tensor out = at::empty(p.out_shape(), values.options());
   const at::Tensor acc = (accumulate.has_value() && beta != 0.0) ? accumulate->contiguous() : at::Tensor();
@@ -182,9 +184,10 @@ at::Tensor spmm_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Ten
 
 void spmm_out_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
                   const at::Tensor& out, double alpha, double beta, const std::optional<at::Tensor>& bias,
-                  c10::string_view activation, double negative_slope, c10::string_view backend) {
+                  c10::string_view activation, double negative_slope, c10::string_view backend, bool validate) {
   parse_spmm_backend(std::string(backend));  // validated; the CPU has a single kernel
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, std::nullopt, bias);
+  checked_csr(crow, col, p.k, validate, "spmm");
   check_spmm_out(p, values, out);
   for (const at::Tensor* input : {&crow, &col, &values, &dense}) at::assert_no_overlap(out, *input);
   if (bias.has_value()) at::assert_no_overlap(out, *bias);

@@ -1,10 +1,4 @@
-// CSR structure ops on CUDA: row/column scaling of the values, and the O(nnz) validation.
-//
-// csr_check never uses a device-side assert (it would kill the CUDA context for the process):
-// every violation becomes a 64-bit key (batch, phase, position) and the smallest key wins through
-// atomicMin, so the report is the first defect in the same order the CPU check scans in
-// (per batch: crow[0], crow monotone, crow[-1], then columns). A one-thread kernel decodes it into
-// [code, batch, position, value], the same result the CPU op returns.
+// CSR structure ops on CUDA: row/column scaling of the values (the validation is csr_analysis_cuda.cu).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -14,7 +8,6 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
-#include "common/csr_check_codes.h"
 #include "cuda/cuda_utils.h"
 
 namespace sparsetorch {
@@ -95,105 +88,10 @@ at::Tensor csr_scale_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, c
   return out;
 }
 
-// --- csr_check ---------------------------------------------------------------------------------
-
-constexpr int kPosBits = 42;    // positions below 2^42
-constexpr int kPhaseBits = 2;   // 0: crow[0] / monotone, 1: crow[-1], 2: columns
-constexpr unsigned long long kNoError = ~0ull;
-
-__device__ inline void report(unsigned long long* key, int64_t b, int phase, int64_t pos) {
-  const unsigned long long k = (static_cast<unsigned long long>(b) << (kPosBits + kPhaseBits)) |
-                               (static_cast<unsigned long long>(phase) << kPosBits) |
-                               static_cast<unsigned long long>(pos);
-  atomicMin(key, k);
-}
-
-template <typename index_t>
-__global__ void check_crow_kernel(const index_t* crow, int64_t batch, int64_t m, int64_t L, bool exact_nnz,
-                                  unsigned long long* key) {
-  const int64_t total = batch * (m + 1);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = i / (m + 1), r = i - b * (m + 1);
-    const index_t* c = crow + b * (m + 1);
-    if (r == 0) {
-      if (c[0] != 0) report(key, b, 0, 0);
-    } else if (c[r] < c[r - 1]) {
-      report(key, b, 0, r);
-    }
-    if (r == m && (exact_nnz ? c[m] != L : c[m] > L)) report(key, b, 1, m);
-  }
-}
-
-template <typename index_t>
-__global__ void check_col_kernel(const index_t* crow, const index_t* col, int64_t batch, int64_t m, int64_t L,
-                                 int64_t ncols, unsigned long long* key) {
-  const int64_t total = batch * L;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = i / L, j = i - b * L;
-    const int64_t stored = min(max(static_cast<int64_t>(crow[b * (m + 1) + m]), int64_t(0)), L);
-    if (j < stored && (col[i] < 0 || col[i] >= ncols)) report(key, b, 2, j);
-  }
-}
-
-template <typename index_t>
-__global__ void decode_kernel(const unsigned long long* key, const index_t* crow, const index_t* col, int64_t m,
-                              int64_t L, int64_t* result) {
-  const unsigned long long k = *key;
-  if (k == kNoError) return;  // result stays [0, 0, 0, 0]
-  const int64_t b = static_cast<int64_t>(k >> (kPosBits + kPhaseBits));
-  const int phase = static_cast<int>((k >> kPosBits) & ((1ull << kPhaseBits) - 1));
-  const int64_t pos = static_cast<int64_t>(k & ((1ull << kPosBits) - 1));
-  int64_t code, value;
-  if (phase == 2) {
-    code = kColOutOfRange;
-    value = col[b * L + pos];
-  } else {
-    code = phase == 1 ? kCrowLastMismatch : (pos == 0 ? kCrowFirstNotZero : kCrowDecreasing);
-    value = crow[b * (m + 1) + pos];
-  }
-  result[0] = code;
-  result[1] = b;
-  result[2] = pos;
-  result[3] = value;
-}
-
-at::Tensor csr_check_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, int64_t ncols) {
-  const CsrShape s = check_csr_components(crow_in, col_in, nullptr);
-  TORCH_CHECK_VALUE(ncols >= 0, "ncols: expected a non-negative number of columns, got ", ncols);
-  TORCH_CHECK_VALUE(s.nnz_stride < (int64_t(1) << kPosBits) && s.m < (int64_t(1) << kPosBits) &&
-                        s.batch < (int64_t(1) << (64 - kPosBits - kPhaseBits)),
-                    "csr_check: the matrix is too large to validate on CUDA (batch ", s.batch, ", nnz ",
-                    s.nnz_stride, ")");
-  const c10::cuda::CUDAGuard guard(crow_in.device());
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
-  at::Tensor result = at::zeros({4}, crow.options().dtype(at::kLong));
-  at::Tensor key = at::full({1}, -1, crow.options().dtype(at::kLong));  // all bits set: kNoError
-  auto* key_ptr = reinterpret_cast<unsigned long long*>(key.data_ptr<int64_t>());
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_check_cuda", [&] {
-    const int64_t crow_work = s.batch * (s.m + 1);
-    check_crow_kernel<index_t><<<blocks_for(crow_work), kThreads, 0, stream>>>(
-        crow.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, !s.batched, key_ptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (s.batch * s.nnz_stride > 0) {
-      check_col_kernel<index_t><<<blocks_for(s.batch * s.nnz_stride), kThreads, 0, stream>>>(
-          crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, ncols, key_ptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    decode_kernel<index_t><<<1, 1, 0, stream>>>(key_ptr, crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.m,
-                                                s.nnz_stride, result.data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-  return result;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
   m.impl("csr_scale", &csr_scale_cuda);
-  m.impl("csr_check", &csr_check_cuda);
 }
 
 }  // namespace cuda

@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "common/checks.h"
+#include "common/csr_analysis.h"
 #include "cuda/cuda_utils.h"
 
 namespace sparsetorch {
@@ -181,10 +182,12 @@ void run_cusparse(const SddmmProblem& p, const at::Tensor& crow, const at::Tenso
 }
 
 at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& a_in,
-                      const at::Tensor& b_in, double alpha, c10::string_view backend_name) {
+                      const at::Tensor& b_in, double alpha, c10::string_view backend_name, bool validate) {
   const SpmmBackend backend = parse_spmm_backend(std::string(backend_name));
   const SddmmProblem p = check_sddmm_args(crow_in, col_in, a_in, b_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
+  // Validated once per pattern unless the caller opted out; cuSPARSE only ever sees a checked matrix.
+  const auto analysis = checked_csr(crow_in, col_in, p.k, validate || backend == SpmmBackend::Cusparse, "sddmm");
   // Slots that are not visited (padding, skipped entries) read 0.
   at::Tensor out = at::zeros(p.out_shape(), a_in.options());
   if (p.nnz_stride == 0 || p.m == 0 || p.k == 0 || p.n == 0) return out;
@@ -195,7 +198,7 @@ at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const
   // 100k x 100k, 20/row: 63 vs 79 us at n = 32, 232 vs 261 us at n = 128), cuSPARSE above (4096 x
   // 4096 at 10%, n = 1024: 830 vs 1095 us); native for half types and batches, which cuSPARSE lacks.
   // "tiled" names an SpMM kernel (the backward of a tiled spmm passes it on): SDDMM runs native.
-  const bool cusparse_ok = !p.batched && (dtype == at::kFloat || dtype == at::kDouble);
+  const bool cusparse_ok = !p.batched && (dtype == at::kFloat || dtype == at::kDouble) && analysis != nullptr;
   const bool auto_cusparse = cusparse_ok && p.nnz_stride <= p.m * p.k;  // cuSPARSE refuses nnz > m k
   const bool cusparse = cusparse_ok && (backend == SpmmBackend::Cusparse || (backend == SpmmBackend::Auto && auto_cusparse && p.n > 256));
   if (cusparse) {

@@ -28,6 +28,7 @@
 
 #include "common/activation.h"
 #include "common/blocked_layout.h"
+#include "common/csr_analysis.h"
 #include "cuda/cp_async.cuh"
 #include "cuda/spmm_cuda.h"
 
@@ -206,6 +207,7 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
                              double negative_slope) {
   const SpmmProblem p = check_blocked_args(crow, col_indices, values, run_ptr, block_col, pair_values, dense,
                                            accumulate, bias);
+  checked_csr(crow, col_indices, p.k, /*validate=*/true, "spmm_blocked");  // SpmmPlan checked it: a cache hit
   const SpmmEpilogue epi = make_epilogue(alpha, beta, accumulate.has_value() ? accumulate->contiguous() : at::Tensor(),
                                          bias, activation, negative_slope);
   const c10::cuda::CUDAGuard guard(dense.device());

@@ -21,7 +21,7 @@ NOTES = [
 ]
 
 REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
-                  "elementwise": "st.bias_act gelu (fused)"}
+                  "elementwise": "st.bias_act gelu (fused)", "skew": "st.spmm (default)"}
 
 
 def add_speedups(rows: List[dict]) -> None:
@@ -107,6 +107,9 @@ def headlines(rows: List[dict]) -> List[str]:
                 if name in others and others[name].get("speedup"):
                     parts.append(f"{others[name]['speedup']:.2f}x {name.split(' ')[0]}")
             lines.append(f"fused bias+gelu {r['dtype']}{' (cpu)' if r.get('cpu') else ''}: " + ", ".join(parts))
+    from sparsetorch.bench.suites.skew import summarize as skew_summary
+
+    lines += skew_summary(rows)
     return lines
 
 

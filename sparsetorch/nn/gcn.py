@@ -9,6 +9,7 @@ from torch import nn
 
 from sparsetorch import functional as F
 from sparsetorch._transpose import row_indices
+from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
 
 
@@ -109,6 +110,7 @@ class GCNConv(nn.Module):
         if self.cached and self._cached_adjacency is not None:
             return self._cached_adjacency
         a = as_csr(adjacency)
+        ensure_valid(a)  # normalising runs torch ops over the indices: they must be in range first
         if self.normalize:
             a = gcn_normalize(a, add_loops=self.add_self_loops, dtype=dtype)
         elif a.dtype != dtype:

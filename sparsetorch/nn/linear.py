@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from sparsetorch import functional as F
+from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
 
 
@@ -49,6 +50,7 @@ class SparseLinear(nn.Module):
         """From a sparse (out_features, in_features) weight: anything :func:`sparsetorch.as_csr` takes
         (``dtype`` converts the values; the bias is converted to the values' dtype)."""
         w = as_csr(weight)
+        ensure_valid(w)
         if dtype is not None:
             w = w.to(dtype=dtype)
         if bias is not None:

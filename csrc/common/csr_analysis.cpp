@@ -1,0 +1,259 @@
+#include "common/csr_analysis.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cmath>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/csr_check_codes.h"
+
+namespace sparsetorch {
+
+double CsrAnalysis::row_cv() const {
+  const double n = static_cast<double>(rows());
+  if (n <= 0 || entries() <= 0) return 0.0;
+  double sum_sq;
+  std::memcpy(&sum_sq, &raw[csr_stats::kSumSquares], sizeof(double));
+  const double mean = static_cast<double>(entries()) / n;
+  const double var = std::max(0.0, sum_sq / n - mean * mean);
+  return std::sqrt(var) / mean;
+}
+
+double CsrAnalysis::share_in_rows_of_at_least(int64_t len) const {
+  if (entries() <= 0) return 0.0;
+  int64_t total = 0;
+  for (int b = len <= 1 ? 0 : csr_stats::bin_of(len - 1) + 1; b < csr_stats::kHistBins; ++b) {
+    total += raw[csr_stats::kEntryHist + b];
+  }
+  return static_cast<double>(total) / static_cast<double>(entries());
+}
+
+int64_t CsrAnalysis::rows_of_at_least(int64_t len) const {
+  int64_t total = 0;
+  for (int b = len <= 1 ? 0 : csr_stats::bin_of(len - 1) + 1; b < csr_stats::kHistBins; ++b) {
+    total += raw[csr_stats::kRowHist + b];
+  }
+  return total;
+}
+
+std::string CsrAnalysis::defect(const char* what) const {
+  const int64_t code = raw[csr_stats::kCode];
+  if (code == kCsrOk) return "";
+  const int64_t b = raw[csr_stats::kBatch], pos = raw[csr_stats::kPos], value = raw[csr_stats::kValue];
+  std::ostringstream where, s;
+  if (batched) {
+    where << "[" << b << ", " << pos << "]";
+  } else {
+    where << "[" << pos << "]";
+  }
+  s << what << ": invalid CSR matrix (";
+  if (batched) s << batch << " x ";
+  s << m << " rows";
+  if (ncols >= 0) s << ", " << ncols << " columns";
+  s << "): ";
+  switch (code) {
+    case kCrowFirstNotZero:
+      s << "crow_indices" << where.str() << " = " << value << ", expected 0 (the first row starts at entry 0)";
+      break;
+    case kCrowDecreasing:
+      s << "crow_indices is not non-decreasing: crow_indices" << where.str() << " = " << value
+        << " is less than the entry before it";
+      break;
+    case kCrowLastMismatch:
+      if (batched) {
+        s << "crow_indices" << where.str() << " = " << value << " exceeds the " << nnz_stride
+          << " entries per batch of col_indices";
+      } else {
+        s << "crow_indices" << where.str() << " = " << value << ", expected nnz = " << nnz_stride
+          << " (the length of col_indices)";
+      }
+      break;
+    case kColOutOfRange:
+      s << "col_indices" << where.str() << " = " << value << " is out of range for a matrix with " << ncols
+        << " columns";
+      break;
+    default:
+      s << "unknown defect code " << code;
+  }
+  return s.str();
+}
+
+namespace {
+
+constexpr size_t kMaxEntries = 1024;
+
+struct Key {
+  const c10::StorageImpl* crow_storage;
+  const c10::StorageImpl* col_storage;
+  int64_t crow_offset, col_offset, ncols;
+  std::vector<int64_t> geometry;  // sizes and strides of both tensors
+  at::ScalarType index_dtype;
+  c10::Device device;
+
+  bool operator==(const Key& o) const {
+    return crow_storage == o.crow_storage && col_storage == o.col_storage && crow_offset == o.crow_offset &&
+           col_offset == o.col_offset && ncols == o.ncols && geometry == o.geometry &&
+           index_dtype == o.index_dtype && device == o.device;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<const void*>()(k.crow_storage);
+    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(std::hash<const void*>()(k.col_storage));
+    mix(static_cast<size_t>(k.crow_offset));
+    mix(static_cast<size_t>(k.col_offset));
+    mix(static_cast<size_t>(k.ncols));
+    for (int64_t g : k.geometry) mix(static_cast<size_t>(g));
+    return h;
+  }
+};
+
+struct Entry {
+  c10::weak_intrusive_ptr<c10::StorageImpl> crow_ref, col_ref;
+  uint32_t crow_version, col_version;
+  std::shared_ptr<const CsrAnalysis> analysis;
+  std::list<Key>::iterator lru;  // position in the recency list (front: most recent)
+};
+
+class AnalysisCache {
+ public:
+  std::shared_ptr<const CsrAnalysis> find(const Key& key, const at::Tensor& crow, const at::Tensor& col) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return nullptr;
+    Entry& e = it->second;
+    if (e.crow_ref.expired() || e.col_ref.expired() || e.crow_version != version(crow) ||
+        e.col_version != version(col)) {
+      erase(it);
+      return nullptr;
+    }
+    order_.splice(order_.begin(), order_, e.lru);
+    return e.analysis;
+  }
+
+  void insert(const Key& key, const at::Tensor& crow, const at::Tensor& col,
+              std::shared_ptr<const CsrAnalysis> analysis) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it != map_.end()) erase(it);
+    if (map_.size() >= kMaxEntries) evict();
+    order_.push_front(key);
+    map_.emplace(key, Entry{crow.storage().getWeakStorageImpl(), col.storage().getWeakStorageImpl(), version(crow),
+                            version(col), std::move(analysis), order_.begin()});
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    map_.clear();
+    order_.clear();
+  }
+
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int64_t>(map_.size());
+  }
+
+  static uint32_t version(const at::Tensor& t) { return t.unsafeGetTensorImpl()->version_counter().current_version(); }
+
+ private:
+  void erase(std::unordered_map<Key, Entry, KeyHash>::iterator it) {
+    order_.erase(it->second.lru);
+    map_.erase(it);
+  }
+
+  // Drops every entry whose tensors are gone; if none is, the least recently used one.
+  void evict() {
+    for (auto it = map_.begin(); it != map_.end();) {
+      if (it->second.crow_ref.expired() || it->second.col_ref.expired()) {
+        order_.erase(it->second.lru);
+        it = map_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (map_.size() >= kMaxEntries) erase(map_.find(order_.back()));
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<Key, Entry, KeyHash> map_;
+  std::list<Key> order_;
+};
+
+AnalysisCache& cache() {
+  static AnalysisCache* instance = new AnalysisCache();  // never destroyed: ops may run during shutdown
+  return *instance;
+}
+
+Key make_key(const at::Tensor& crow, const at::Tensor& col, int64_t ncols) {
+  std::vector<int64_t> geometry;
+  geometry.reserve(8);
+  for (const at::Tensor* t : {&crow, &col}) {
+    geometry.push_back(t->dim());
+    for (int64_t d = 0; d < t->dim(); ++d) {
+      geometry.push_back(t->size(d));
+      geometry.push_back(t->stride(d));
+    }
+  }
+  return Key{crow.storage().unsafeGetStorageImpl(), col.storage().unsafeGetStorageImpl(), crow.storage_offset(),
+             col.storage_offset(), ncols, std::move(geometry), crow.scalar_type(), crow.device()};
+}
+
+bool cacheable(const at::Tensor& crow, const at::Tensor& col) {
+  return !crow.is_inference() && !col.is_inference() && crow.has_storage() && col.has_storage();
+}
+
+std::shared_ptr<const CsrAnalysis> compute(const at::Tensor& crow, const at::Tensor& col, int64_t ncols) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("sparsetorch::csr_stats", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
+  const CsrShape s = check_csr_components(crow, col, nullptr);
+  const at::Tensor raw = op.call(crow, col, ncols).to(at::kCPU);  // on CUDA: the one sync
+  TORCH_INTERNAL_ASSERT(raw.numel() == csr_stats::kLength && raw.scalar_type() == at::kLong);
+  auto a = std::make_shared<CsrAnalysis>();
+  a->batch = s.batch;
+  a->batched = s.batched;
+  a->m = s.m;
+  a->ncols = ncols;
+  a->nnz_stride = s.nnz_stride;
+  std::memcpy(a->raw.data(), raw.data_ptr<int64_t>(), sizeof(int64_t) * csr_stats::kLength);
+  return a;
+}
+
+}  // namespace
+
+std::shared_ptr<const CsrAnalysis> analyze_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
+                                               AnalysisMode mode) {
+  std::optional<Key> key;
+  if (cacheable(crow, col)) key = make_key(crow, col, ncols);
+  if (key && mode != AnalysisMode::kForce) {
+    if (auto hit = cache().find(*key, crow, col)) return hit;
+  }
+  if (mode == AnalysisMode::kLookup) return nullptr;
+  auto analysis = compute(crow, col, ncols);
+  if (key) cache().insert(*key, crow, col, analysis);
+  return analysis;
+}
+
+std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
+                                               bool validate, const char* what) {
+  auto a = analyze_csr(crow, col, ncols, validate ? AnalysisMode::kCompute : AnalysisMode::kLookup);
+  if (a && !a->valid()) TORCH_CHECK_VALUE(false, a->defect(what));
+  return a;
+}
+
+void clear_csr_analysis_cache() { cache().clear(); }
+
+int64_t csr_analysis_cache_size() { return cache().size(); }
+
+}  // namespace sparsetorch

@@ -1,0 +1,94 @@
+// The per-matrix analysis: one O(nnz) pass over a CSR pattern on its own device (validity and the
+// row-length distribution), made once per pattern and cached, so that every op can validate its
+// sparse operand by default and route on the matrix's shape without paying for it again.
+//
+// Why the cache lives here (in C++, keyed on the index tensors) and not in a Python object: every
+// path that takes a sparse matrix -- st.spmm, plans, layers, autograd's backward, torch.compile'd
+// graphs, direct torch.ops.sparsetorch calls -- goes through an op, so the op is the one place that
+// sees them all. docs/routing.md explains the choice.
+//
+// Cache key: the storages of crow_indices and col_indices (held by weak reference, so a freed
+// storage can never be mistaken for a new one), their offsets, sizes, strides, dtype and device,
+// and the number of columns checked against. An entry is valid while both tensors' in-place
+// version counters are unchanged: an in-place write through them (or any view sharing their
+// version counter) is noticed. Inference tensors have no version counter and are never cached.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace sparsetorch {
+
+// Layout of the int64 vector the csr_stats op returns, on CPU and CUDA alike.
+namespace csr_stats {
+constexpr int kCode = 0;      // first defect, a CsrCheckCode (0: valid), in the CPU scan order
+constexpr int kBatch = 1;     // where it is: batch,
+constexpr int kPos = 2;       // position in crow_indices or col_indices,
+constexpr int kValue = 3;     // and the offending value
+constexpr int kEntries = 4;   // stored entries, summed over batches (row spans clamped to the arrays)
+constexpr int kMaxRow = 5;    // the longest row
+constexpr int kEmptyRows = 6;
+constexpr int kSumSquares = 7;  // sum of squared row lengths, the bits of a double
+constexpr int kHistBins = 32;   // bin i: rows of length in [2^i, 2^(i+1)); the last bin is open
+constexpr int kRowHist = 8;                       // rows per bin
+constexpr int kEntryHist = kRowHist + kHistBins;  // entries in the rows of each bin
+constexpr int kLength = kEntryHist + kHistBins;
+
+// The bin of a row of length len >= 1.
+inline int bin_of(int64_t len) {
+  int b = 63 - __builtin_clzll(static_cast<unsigned long long>(len));
+  return b < kHistBins ? b : kHistBins - 1;
+}
+}  // namespace csr_stats
+
+struct CsrAnalysis {
+  int64_t batch = 1;        // pattern batches (1 for one pattern shared by every batch)
+  bool batched = false;     // crow_indices is 2-D
+  int64_t m = 0;            // rows per batch
+  int64_t ncols = 0;        // columns checked against (< 0: columns were not checked)
+  int64_t nnz_stride = 0;   // L: slots per batch of col_indices
+  std::array<int64_t, csr_stats::kLength> raw{};
+
+  bool valid() const { return raw[csr_stats::kCode] == 0; }
+  int64_t rows() const { return batch * m; }
+  int64_t entries() const { return raw[csr_stats::kEntries]; }
+  int64_t max_row() const { return raw[csr_stats::kMaxRow]; }
+  int64_t empty_rows() const { return raw[csr_stats::kEmptyRows]; }
+  double mean_row() const { return rows() > 0 ? static_cast<double>(entries()) / static_cast<double>(rows()) : 0.0; }
+  // Coefficient of variation (std / mean) of the row lengths: 0 for uniform rows, > 1 when skewed.
+  double row_cv() const;
+  // Fraction of all entries held by rows of at least `len` entries (len rounded up to a power of 2).
+  double share_in_rows_of_at_least(int64_t len) const;
+  // Rows of at least `len` entries (len rounded up to a power of 2).
+  int64_t rows_of_at_least(int64_t len) const;
+  // The defect of an invalid matrix, as the message of the ValueError ops raise ("" when valid).
+  std::string defect(const char* what) const;
+};
+
+enum class AnalysisMode {
+  kLookup,   // only the cache: nullptr when the matrix was not analysed (no device work, no sync)
+  kCompute,  // from the cache, else analysed now (one O(nnz) pass and, on CUDA, one sync) and cached
+  kForce,    // analysed now whatever the cache holds (validate=True)
+};
+
+// The analysis of the pattern (crow, col) against ncols columns (ncols < 0: columns unchecked).
+// Thread-safe. Under CUDA graph capture a matrix not analysed before cannot be analysed (a sync):
+// kCompute then raises a RuntimeError saying to call once before capturing or to pass validate=False.
+std::shared_ptr<const CsrAnalysis> analyze_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
+                                               AnalysisMode mode);
+
+// What every op that takes a sparse matrix runs first. validate=true: the matrix is analysed once
+// per pattern and a malformed one raises ValueError naming the defect; validate=false: the caller
+// vouches for the matrix and only the cache is consulted (the result may be nullptr; a matrix the
+// cache knows to be malformed still raises). `what` names the op in messages.
+std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
+                                               bool validate, const char* what);
+
+void clear_csr_analysis_cache();
+int64_t csr_analysis_cache_size();
+
+}  // namespace sparsetorch

@@ -1,0 +1,36 @@
+// Which SpMM route runs: the one place that decides. The CUDA op's "auto", SpmmPlan's autotuning
+// candidates, the layers and autograd's backward all ask these two functions, with the matrix's
+// cached analysis (common/csr_analysis.h) and the shape of B. docs/routing.md has the measurements
+// behind every rule.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "common/checks.h"
+#include "common/csr_analysis.h"
+
+namespace sparsetorch {
+
+// "auto", "cusparse", "native", ...: the name parse_spmm_backend takes.
+const char* spmm_route_name(SpmmBackend route);
+
+// The route "auto" takes. `a` is the matrix's analysis; nullptr when the caller opted out of
+// validation (validate=False) and the matrix was never analysed: then only O(1) facts are known, and
+// cuSPARSE -- which must never see a matrix that has not passed the check -- is not chosen.
+SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
+
+// The route a spmm call on CUDA takes, exactly as the op resolves it: validates A against p.k columns
+// (checked_csr: once per pattern; with validate=false only a cached verdict is used, but cuSPARSE is
+// always validated) and, for "auto", asks choose_spmm_route. Raises ValueError on a malformed A.
+SpmmBackend resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                               at::ScalarType dtype, SpmmBackend requested, bool validate);
+
+// The routes a plan times on its first call for a width of B: every route that can win here, without
+// those the analysis shows to be pathological (a row-per-group kernel on a row of many thousand
+// entries, shared-memory tiles on short rows). Blocked is listed when the shape suits it; the plan
+// drops it where the GPU lacks the shared memory or the layout cannot be built.
+std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
+
+}  // namespace sparsetorch

@@ -1,0 +1,184 @@
+"""The per-matrix analysis (validity + row-length statistics, cached per pattern) and the routing
+module that decides the SpMM route from it (csrc/common/csr_analysis.h, spmm_routing.cpp).
+
+The routing decision is device-independent C++: ``spmm_route(..., as_cuda=True)`` asks what the CUDA
+op would take, so the rules are tested here on the CPU too; which route is *fast* is measured by the
+skew suite of the main job (python -m sparsetorch.bench --suites skew), not here.
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import sparsetorch as st
+from sparsetorch._ops import ops
+
+
+def _cuda_route(A, n, dtype=torch.float32, validate=True, batched_b=False):
+    a = st.as_csr(A)
+    k = a.shape[-1]
+    shape = (a.shape[0] if a.batched else 3, k, n) if batched_b else (k, n)
+    b = torch.empty((), dtype=dtype, device=a.device).expand(shape)
+    return ops.spmm_route(a.crow_indices, a.col_indices, a.values.to(dtype), b, "auto", validate, True)
+
+
+def _from_lengths(lengths, k, seed=0, dtype=torch.float32, index_dtype=torch.int32, device="cpu"):
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(np.asarray(lengths, dtype=np.int64), k)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    cols = np.concatenate([rng.choice(k, size=n, replace=False) for n in lengths]) if rows.size else rows
+    a = sp.csr_matrix((rng.standard_normal(rows.size), (rows, cols)), shape=(len(lengths), k))
+    return st.from_scipy(a, device=device, dtype=dtype, index_dtype=index_dtype)
+
+
+# --- the analysis ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_analysis_statistics(device, index_dtype):
+    rng = np.random.default_rng(1)
+    lengths = np.concatenate([rng.integers(0, 5, 300), [0, 0, 700, 1, 33]])
+    A = _from_lengths(lengths, 1000, index_dtype=index_dtype, device=device)
+    info = st.analyze(A)
+    assert info.valid
+    assert info.entries == lengths.sum() and info.max_row == 700 and info.empty_rows == (lengths == 0).sum()
+    assert info.mean_row == pytest.approx(lengths.mean())
+    assert info.row_cv == pytest.approx(lengths.std() / lengths.mean(), rel=1e-9)
+    # Histogram bins of rows with length in [2^i, 2^(i+1)): rows and entries per bin.
+    for start, (rows, entries) in info.row_histogram.items():
+        sel = lengths[(lengths >= start) & (lengths < 2 * start)]
+        assert rows == sel.size and entries == sel.sum()
+    assert info.share_in_rows_of_at_least(512) == pytest.approx(700 / lengths.sum())
+
+
+def test_analysis_of_batched_patterns_ignores_padding(device):
+    mats = [sp.random(20, 30, density=d, format="csr", random_state=i, dtype=np.float32)
+            for i, d in enumerate((0.05, 0.3, 0.0))]
+    A = st.from_list(mats, device=device)
+    info = st.analyze(A)
+    assert info.valid and info.entries == sum(m.nnz for m in mats)
+    assert info.max_row == max(int(np.diff(m.indptr).max()) for m in mats)
+    assert info.empty_rows == sum(int((np.diff(m.indptr) == 0).sum()) for m in mats)
+
+
+def test_analysis_is_cached_and_invalidated_by_in_place_changes(device):
+    A = _from_lengths([3, 1, 0, 2], 8, device=device)
+    B = torch.randn(8, 4, device=device)
+    st.spmm(A, B)
+    size = ops.csr_analysis_cache()
+    for _ in range(5):
+        st.spmm(A, B)  # same tensors, unmodified: the cached verdict, no new entry
+    assert ops.csr_analysis_cache() == size
+    A.col_indices[2] = 8  # out of range, written in place: the version counter moves
+    with pytest.raises(ValueError, match=r"col_indices\[2\] = 8 is out of range"):
+        st.spmm(A, B)
+    A.col_indices[2] = 7
+    torch.testing.assert_close(st.spmm(A, B), A.to_dense() @ B)
+
+
+def test_cache_forgets_freed_matrices():
+    ops.csr_analysis_cache(True)
+    for seed in range(10):
+        A = _from_lengths([2, 3, 1], 6, seed=seed)
+        st.spmm(A, torch.randn(6, 2))
+    del A
+    assert ops.csr_analysis_cache() <= 10
+    ops.csr_analysis_cache(True)
+    assert ops.csr_analysis_cache() == 0
+
+
+def test_inference_tensors_are_checked_every_time():
+    with torch.inference_mode():
+        A = _from_lengths([2, 3, 1], 6)
+        B = torch.randn(6, 2)
+        torch.testing.assert_close(st.spmm(A, B), A.to_dense() @ B)
+        bad = st.CSR(A.crow_indices, A.col_indices.clone().fill_(9), A.values, A.shape)
+        with pytest.raises(ValueError, match="out of range"):
+            st.spmm(bad, B)
+
+
+def test_validate_true_rechecks_a_cached_verdict():
+    """A write that bypasses the version counter (through another tensor sharing the storage) is
+    caught by validate=True, which re-checks whatever the cache holds."""
+    A = _from_lengths([3, 1, 2], 8)
+    B = torch.randn(8, 2)
+    st.spmm(A, B)
+    alias = torch.empty(0, dtype=A.col_indices.dtype).set_(A.col_indices.untyped_storage(),
+                                                           A.col_indices.storage_offset(), A.col_indices.shape)
+    alias.data[0] = 99  # .data: no version bump on A.col_indices
+    with pytest.raises(ValueError, match="out of range"):
+        st.spmm(A, B, validate=True)
+
+
+# --- the routing decision ----------------------------------------------------------------------------
+
+def test_uniform_short_rows_take_the_row_group_kernel():
+    A = _from_lengths(np.full(5000, 16), 5000)
+    assert _cuda_route(A, 32) == "native"
+    assert _cuda_route(A, 128, torch.bfloat16) == "native"
+
+
+def test_skewed_rows_never_take_the_row_group_kernel():
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(np.round((rng.pareto(1.2, 20000) + 1) * 5), 20000)
+    lengths[7] = 15000  # one row with most columns
+    A = _from_lengths(lengths, 20000)
+    for n in (1, 8, 32, 128, 512):
+        for dtype in (torch.float32, torch.bfloat16):
+            assert _cuda_route(A, n, dtype) not in ("native", "tiled"), (n, dtype)
+
+
+def test_unchecked_matrices_never_reach_cusparse():
+    ops.csr_analysis_cache(True)
+    rng = np.random.default_rng(4)
+    lengths = np.minimum(np.round((rng.pareto(1.5, 5000) + 1) * 4), 4000)
+    A = _from_lengths(lengths, 5000)
+    assert _cuda_route(A, 512, validate=False) != "cusparse"
+    assert _cuda_route(A, 512) == "cusparse"  # analysed now: a validated skewed fp32 matrix, wide B
+    # Once analysed, validate=False may use the cached verdict.
+    assert _cuda_route(A, 512, validate=False) == "cusparse"
+
+
+def test_repeated_columns_never_reach_cusparse():
+    crow = torch.tensor([0, 3, 3])
+    col = torch.tensor([0, 0, 0])  # three entries in one position: cuSPARSE refuses more entries than positions
+    A = st.CSR(crow, col, torch.ones(3), (2, 1))
+    assert _cuda_route(A, 512) != "cusparse"
+
+
+def test_dense_ish_half_matrices_take_densify():
+    A = _from_lengths(np.full(2048, 205), 2048)  # 10% dense, 4M positions
+    assert _cuda_route(A, 256, torch.bfloat16) == "densify"
+    assert _cuda_route(A, 256, torch.float32) != "densify"
+
+
+def test_candidates_leave_out_pathological_routes():
+    rng = np.random.default_rng(5)
+    lengths = np.minimum(np.round((rng.pareto(1.2, 20000) + 1) * 5), 20000)
+    lengths[0] = 12000
+    skewed = _from_lengths(lengths, 20000)
+    routes = st.plan._autotune_candidates(skewed, 256)
+    assert "native" not in routes and "tiled" not in routes and "balanced" in routes and "cusparse" in routes
+    uniform_long = _from_lengths(np.full(512, 300), 2048)
+    assert "tiled" in st.plan._autotune_candidates(uniform_long, 256)
+
+
+def test_spmm_route_names_the_route_taken(device):
+    A = _from_lengths([3, 1, 2], 8, device=device)
+    B = torch.randn(8, 2, device=device)
+    route = st.spmm_route(A, B)
+    assert route == ("cpu" if device == "cpu" else "native")
+    assert st.spmm_route(A, B, backend="balanced") == ("cpu" if device == "cpu" else "balanced")
+
+
+def test_backward_of_a_skewed_matrix(device):
+    """The backward's A^T product is routed on A^T's own analysis (here: one long column)."""
+    lengths = np.full(400, 2)
+    A = _from_lengths(lengths, 300, device=device)
+    col = A.col_indices.clone()
+    col[::2] = 5  # column 5 in every row: A^T has a row of 400 entries
+    A = st.CSR(A.crow_indices, col, A.values.clone().requires_grad_(), A.shape)
+    B = torch.randn(300, 16, device=device, requires_grad=True)
+    st.spmm(A, B).sum().backward()
+    dense = A.to_dense().detach().double()
+    ones = torch.ones(400, 16, dtype=torch.float64, device=device)
+    torch.testing.assert_close(B.grad.double(), dense.t() @ ones, rtol=1e-5, atol=1e-5)
