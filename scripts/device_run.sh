@@ -84,7 +84,7 @@ if [[ "$what" == *" routing "* ]]; then
   # Safe and fast by default: the safety tests (corruptions x entry points, CUDA in subprocesses), the
   # routing tests, the counts by outcome, then the skew suite of the main job (every route on every case).
   python3 -m pytest -q -p no:cacheprovider tests/test_safety.py tests/test_routing.py tests/test_plan.py \
-    tests/test_errors.py > "$OUT/routing_tests.log" 2>&1 || rc=1
+    tests/test_errors.py ${ROUTING_EXTRA_TESTS:-} > "$OUT/routing_tests.log" 2>&1 || rc=1
   grep -E "^(FAILED|ERROR)" "$OUT/routing_tests.log" | head -20; tail -2 "$OUT/routing_tests.log"
   python3 benchmarks/safety_probe.py --device cuda --out "$OUT/safety.json" 2>&1 | tee "$OUT/safety.log" | head -30
   python3 -m sparsetorch.bench ${SKEW_ARGS:---full} --suites skew --no-plots --out "$OUT/skew" 2>&1 \

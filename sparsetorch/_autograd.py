@@ -280,11 +280,12 @@ def _csr_scale_backward(ctx, grad):
     if need_row or need_col:
         length = col.shape[-1]
         rows, valid = row_indices(crow, length)  # (P, L), P = pattern batches
+        cols = col.long().reshape(rows.shape[0], length)  # explicit P: length may be 0
         batch = values.shape[0] if values.dim() == 2 else 1
         gv = (grad * values).reshape(batch, length)
         rows = rows.expand(batch, length)
         valid = valid.expand(batch, length)
-        cols = col.long().reshape(-1, length).expand(batch, length)
+        cols = cols.expand(batch, length)
 
         def factor(scale, index):  # scale[index] per slot, (batch, L)
             s = scale.reshape(-1, scale.shape[-1]).expand(batch, scale.shape[-1])

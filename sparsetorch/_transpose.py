@@ -49,7 +49,7 @@ def _compute(crow: torch.Tensor, col: torch.Tensor, k: int):
     batched = crow.dim() == 2
     length = col.shape[-1]
     rows, valid = row_indices(crow, length)
-    col2 = col.long().reshape(-1, length)
+    col2 = col.long().reshape(rows.shape[0], length)  # explicit rows: length may be 0
     valid &= (col2 >= 0) & (col2 < k)
     key = torch.where(valid, col2, torch.full_like(col2, k))
     # Stable: within one column of A^T the entries stay in A's row order.

@@ -294,3 +294,18 @@ def test_spmm_out_refuses_autograd(device, rng):
     b = randn(rng, 5, 3, device=device).requires_grad_()
     with pytest.raises(RuntimeError, match="out= does not support autograd"):
         st.spmm(a, b, out=torch.empty(6, 3, device=device))
+
+
+def test_matrix_without_entries(device):
+    """nnz = 0: transpose, the spmm backward (through the transpose) and csr_scale's backward."""
+    for crow, col, shape in ((torch.zeros(4, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), (3, 5)),
+                             (torch.zeros(2, 4, dtype=torch.int64), torch.zeros(2, 0, dtype=torch.int64), (2, 3, 5))):
+        values = torch.zeros(col.shape, device=device, requires_grad=True)
+        A = st.CSR(crow.to(device), col.to(device), values, shape)
+        assert st.transpose(A).shape == shape[:-2] + (shape[-1], shape[-2])
+        B = torch.randn(shape[-1], 2, device=device, requires_grad=True)
+        st.spmm(A, B).sum().backward()
+        assert B.grad.abs().sum() == 0 and values.grad.shape == values.shape
+        r = torch.rand(shape[-2], device=device, requires_grad=True)
+        st.scale(A, row=r).values.sum().backward()
+        assert r.grad.abs().sum() == 0
