@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -183,11 +184,32 @@ def from_torch(t: torch.Tensor) -> CSR:
     if t.dim() not in (2, 3):
         raise ValueError(f"expected a 2-D or 3-D (batched) sparse CSR tensor, got {t.dim()}-D with shape "
                          f"{tuple(t.shape)}")
+    # A user calls with the same tensor again and again: its checked view is kept while the tensor lives
+    # (the view's values are detached, so that they do not keep the tensor alive). Not for tensors that
+    # require grad (their values() must stay in the graph) or while tracing.
+    cacheable = not t.requires_grad and type(t) is torch.Tensor and not torch.compiler.is_compiling()
+    hit = _torch_views.get(id(t)) if cacheable else None
+    if hit is not None and hit[0]() is t:
+        return hit[1]
     crow, col, values = t.crow_indices(), t.col_indices(), t.values()
     if values.dim() != crow.dim():
         raise ValueError(f"hybrid CSR tensors (dense dimensions in values, shape {tuple(values.shape)}) are "
                          "not supported")
-    return CSR(crow, col, values, tuple(t.shape))
+    csr = CSR(crow, col, values.detach() if cacheable else values, tuple(t.shape))
+    if cacheable:
+        key = id(t)
+
+        def forget(_ref, key=key):
+            entry = _torch_views.get(key)
+            if entry is not None and entry[0] is _ref:
+                del _torch_views[key]
+
+        _torch_views[key] = (weakref.ref(t, forget), csr)
+    return csr
+
+
+# id(torch sparse CSR tensor) -> (weak reference to it, its CSR view): see from_torch.
+_torch_views: dict = {}
 
 
 def from_scipy(matrix, device=None, dtype: Optional[torch.dtype] = None,

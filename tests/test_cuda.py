@@ -91,12 +91,14 @@ def test_graph_with_a_million_rows(rng):
 
 @pytest.mark.parametrize("backend", ["native", "balanced", "tiled", "densify"])
 def test_native_kernel_survives_malformed_indices(backend):
-    """Without validate=True the native kernels skip out-of-range entries instead of faulting; the
-    CUDA context stays usable."""
+    """With validate=False (the caller vouches for A) the native kernels skip out-of-range entries
+    instead of faulting; the CUDA context stays usable. By default the matrix is refused."""
     crow = torch.tensor([0, 2, 9], device="cuda")          # last row claims entries past nnz
     col = torch.tensor([0, 1 << 40, -5], device="cuda")    # far out of range both ways
     values = torch.ones(3, device="cuda")
-    out = st.spmm((crow, col, values, (2, 3)), torch.ones(3, 2, device="cuda"), backend=backend)
+    with pytest.raises(ValueError, match="crow_indices\\[2\\] = 9"):
+        st.spmm((crow, col, values, (2, 3)), torch.ones(3, 2, device="cuda"), backend=backend)
+    out = st.spmm((crow, col, values, (2, 3)), torch.ones(3, 2, device="cuda"), backend=backend, validate=False)
     torch.cuda.synchronize()
     assert out.shape == (2, 2)
     assert out[0].tolist() == [1.0, 1.0]  # the one valid entry, (0, 0)
@@ -233,7 +235,7 @@ def test_balanced_kernel_survives_decreasing_row_pointers():
     crow = torch.tensor([0, 4, 1, 3, 2, 6], device="cuda")
     col = torch.tensor([0, 1, 2, 0, 1, 2], device="cuda")
     values = torch.ones(6, device="cuda")
-    out = st.spmm((crow, col, values, (5, 3)), torch.ones(3, 4, device="cuda"), backend="balanced")
+    out = st.spmm((crow, col, values, (5, 3)), torch.ones(3, 4, device="cuda"), backend="balanced", validate=False)
     torch.cuda.synchronize()
     assert out.shape == (5, 4)
     assert out[0].tolist() == [4.0] * 4  # row 0 = entries [0, 4), all valid

@@ -18,8 +18,11 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace sparsetorch {
 
@@ -67,6 +70,16 @@ struct CsrAnalysis {
   int64_t rows_of_at_least(int64_t len) const;
   // The defect of an invalid matrix, as the message of the ValueError ops raise ("" when valid).
   std::string defect(const char* what) const;
+
+  // Routes measured for this matrix (csrc/cuda/spmm_autotune.cu): per B shape key, kSeenOnce after the
+  // first call with that key, then the fastest route's SpmmBackend value once measured. Kept with the
+  // analysis, so it is dropped with it (an in-place change of the indices, a freed matrix).
+  static constexpr int kSeenOnce = -1;
+  struct Measured {
+    std::mutex mutex;
+    std::map<std::vector<int64_t>, int> routes;
+  };
+  std::shared_ptr<Measured> measured = std::make_shared<Measured>();
 };
 
 enum class AnalysisMode {

@@ -115,14 +115,29 @@ SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const 
   return p.n <= kNativeMaxN || work < kLargeProduct ? SpmmBackend::Native : SpmmBackend::Cusparse;
 }
 
-SpmmBackend resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
-                               at::ScalarType dtype, SpmmBackend requested, bool validate) {
+std::vector<int64_t> spmm_measure_key(const SpmmProblem& p, at::ScalarType dtype) {
+  return {p.n, static_cast<int64_t>(dtype), p.batch, p.pattern_batched, p.values_batched, p.dense_batched};
+}
+
+ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                                 at::ScalarType dtype, SpmmBackend requested, bool validate) {
   TORCH_CHECK_VALUE(requested != SpmmBackend::Blocked,
                     "backend 'blocked' multiplies a layout built by sparsetorch.SpmmPlan(A, backend='blocked'); "
                     "the spmm op cannot take it");
-  const auto analysis = checked_csr(crow, col, p.k, validate || requested == SpmmBackend::Cusparse, "spmm");
-  if (requested != SpmmBackend::Auto) return requested;
-  return choose_spmm_route(p, dtype, analysis.get());
+  ResolvedRoute r{requested, checked_csr(crow, col, p.k, validate || requested == SpmmBackend::Cusparse, "spmm")};
+  if (requested != SpmmBackend::Auto) return r;
+  if (r.analysis) {
+    std::lock_guard<std::mutex> lock(r.analysis->measured->mutex);
+    const auto& routes = r.analysis->measured->routes;
+    const auto it = routes.find(spmm_measure_key(p, dtype));
+    if (it != routes.end() && it->second != CsrAnalysis::kSeenOnce) {
+      r.route = static_cast<SpmmBackend>(it->second);
+      r.measured = true;
+      return r;
+    }
+  }
+  r.route = choose_spmm_route(p, dtype, r.analysis.get());
+  return r;
 }
 
 std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {

@@ -21,11 +21,22 @@ const char* spmm_route_name(SpmmBackend route);
 // cuSPARSE -- which must never see a matrix that has not passed the check -- is not chosen.
 SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
 
+// The key a measured route is kept under, in the matrix's analysis: B's width, the dtype and the
+// batch layout.
+std::vector<int64_t> spmm_measure_key(const SpmmProblem& p, at::ScalarType dtype);
+
+struct ResolvedRoute {
+  SpmmBackend route;
+  std::shared_ptr<const CsrAnalysis> analysis;  // nullptr: an unchecked matrix (validate=False, never analysed)
+  bool measured = false;                        // route is the fastest measured for this matrix and B shape
+};
+
 // The route a spmm call on CUDA takes, exactly as the op resolves it: validates A against p.k columns
 // (checked_csr: once per pattern; with validate=false only a cached verdict is used, but cuSPARSE is
-// always validated) and, for "auto", asks choose_spmm_route. Raises ValueError on a malformed A.
-SpmmBackend resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
-                               at::ScalarType dtype, SpmmBackend requested, bool validate);
+// always validated); for "auto", the route measured for this matrix and B shape if there is one
+// (csrc/cuda/spmm_autotune.cu), else choose_spmm_route's. Raises ValueError on a malformed A.
+ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                                 at::ScalarType dtype, SpmmBackend requested, bool validate);
 
 // The routes a plan times on its first call for a width of B: every route that can win here, without
 // those the analysis shows to be pathological (a row-per-group kernel on a row of many thousand
