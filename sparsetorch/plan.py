@@ -35,7 +35,7 @@ from sparsetorch.functional import _activation_name, _prefers_dense, _records_gr
 # 13,503-entry row 25x). Only a plan sees the row lengths without a device sync per call.
 SKEWED_ROW_LIMIT = 64
 
-SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "tiled", "densify")
+SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "split", "tiled", "densify")
 # Routes only a plan has: "blocked" multiplies a layout of A built once (sparsetorch/_blocked.py).
 PLAN_BACKENDS = SPMM_BACKENDS + ("blocked",)
 
@@ -69,7 +69,7 @@ def _route_for_skew(a, backend: str) -> str:
 
 def _autotune_candidates(a, n: int, b_dim: int = 2) -> list:
     """The routes worth timing for A (CUDA) and a B of width n and b_dim dimensions."""
-    routes = ["native", "balanced"]
+    routes = ["native", "balanced", "split"]  # split: long rows cut across blocks (power-law graphs)
     rows = a.crow_indices.shape[-1] - 1
     nnz = a.col_indices.shape[-1]
     if a.dtype != torch.float64 and n >= 256 and rows > 0 and nnz >= 64 * rows:

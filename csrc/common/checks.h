@@ -45,8 +45,8 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
                             const at::Tensor& dense, const std::optional<at::Tensor>& accumulate,
                             const std::optional<at::Tensor>& bias);
 
-enum class SpmmBackend { Auto, Cusparse, Native, Balanced, Tiled, Densify };
-// "auto", "cusparse", "native", "balanced", "tiled" or "densify"; ValueError otherwise.
+enum class SpmmBackend { Auto, Cusparse, Native, Balanced, Split, Tiled, Densify };
+// "auto", "cusparse", "native", "balanced", "split", "tiled" or "densify"; ValueError otherwise.
 SpmmBackend parse_spmm_backend(const std::string& name);
 
 // Checks an `out` tensor for a problem: right shape, dtype and device.
