@@ -15,12 +15,14 @@
 // No preprocessing: a unit finds the row of its first entry by a GROUP-ary search over crow
 // (log_{GROUP+1}(m) rounds of one load per lane; the first rounds probe the same places for every
 // unit and hit L1), and of its last from a window of GROUP row pointers held one per lane, which
-// it then walks: a row change is a shuffle, a new window one coalesced load per GROUP - 1 rows.
+// it then walks row by row: a row change is a shuffle, a new window one coalesced load per
+// GROUP - 1 rows. Within a row a group keeps kInFlight B rows in flight (GatheredRows).
 //
-// Column tiles (per batch) are the slowest-varying index of the work items, so all SMs work on one
-// tile of B at a time; the host takes the widest tile (128, 256 or 512 bytes of each B row) for
-// which k rows of it fit in 60% of L2, so the random gathers of B rows hit L2 rather than HBM.
-// Within a unit a group keeps kInFlight B rows in flight (spmm_kernel_args.cuh's GatheredRows).
+// Lanes and vectors as in the row-group kernel: a group of GROUP lanes covers GROUP * VEC columns
+// (16-byte loads when aligned), the fewest lanes covering B's width; wider B is cut into column
+// tiles, the slowest-varying index of the work items (per batch), so the groups in flight share one
+// tile of B. (Narrower tiles, so that k rows of a tile fit in L2, were slower on the H100: the
+// per-entry work is repeated per tile and the hub columns of power-law graphs hit L2 anyway.)
 //
 // Any input is memory-safe: row pointers are clamped to [0, L], entries outside [0, k) are
 // skipped, a unit never reads outside [0, L) nor writes outside its batch's rows and its own slots
@@ -92,8 +94,9 @@ struct RowWindow {
   __device__ __forceinline__ int64_t at(int i, unsigned mask) const { return __shfl_sync(mask, v, i, GROUP); }
 };
 
+// At least 3 blocks of 256 per SM (<= 85 registers): bf16 took 94-110 registers, 2 blocks.
 template <typename scalar_t, typename index_t, int VEC, int GROUP>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     spmm_split_kernel(const NativeArgs<scalar_t, index_t> a, const SplitArgs<at::opmath_type<scalar_t>> s) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kGroups = kThreads / GROUP;
@@ -140,49 +143,43 @@ __global__ void __launch_bounds__(kThreads)
     const scalar_t* dense_b = a.dense + b * a.dense_bstride;
     const int64_t c0 = tile * kWidth + lane * VEC;
     const bool active = c0 < a.n;
-    acc_t acc[VEC];
+    // Row by row: the row's entries in [start, stop) as in the row-group kernel (GROUP entries per
+    // chunk, kInFlight B rows in flight), then its one store. (A first version walked the unit's
+    // entries as one stream and stored inside that loop: the epilogue's code, unrolled kInFlight
+    // times in the hot loop, made it 1.3-2.7x slower, bf16 worst: H100, power-law 100k.)
+    while (true) {
+      acc_t acc[VEC];
 #pragma unroll
-    for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
-
-    // The current row's piece is done: a whole row goes out through the epilogue, a piece of a cut
-    // row to its slot. Empty rows are the fix-up kernel's.
-    auto flush = [&]() {
-      if (!active || row_start == row_end) return;
-      if (row_start >= start && row_end <= stop) {
-        store_outputs<scalar_t, index_t, VEC>(a, (b * a.m + row) * a.n + c0, c0, acc);
-      } else {
-        const int slot = row_start < start ? 0 : 1;
-        Vec<acc_t, VEC> piece;
+      for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
+      const int64_t seg_stop = min(row_end, stop);
+      for (int64_t chunk = max(row_start, start); chunk < seg_stop; chunk += GROUP) {
+        const EntryChunk<GROUP, scalar_t, index_t> entries(col_b, val_b, chunk, seg_stop, lane);
+        for (int t = 0; t < entries.count; t += kInFlight) {
+          GatheredRows<scalar_t, VEC, kInFlight> g;
+          g.template load<GROUP>(a, dense_b, mask, entries.col, entries.val, t, entries.count, c0, active);
 #pragma unroll
-        for (int q = 0; q < VEC; ++q) piece.v[q] = acc[q];
-        *reinterpret_cast<Vec<acc_t, VEC>*>(s.partial + ((b * s.units + u) * 2 + slot) * a.n + c0) = piece;
-      }
-    };
-
-    for (int64_t chunk = start; chunk < stop; chunk += GROUP) {
-      const EntryChunk<GROUP, scalar_t, index_t> entries(col_b, val_b, chunk, stop, lane);
-      const int count = entries.count;
-      for (int t = 0; t < count; t += kInFlight) {
-        GatheredRows<scalar_t, VEC, kInFlight> g;
-        g.template load<GROUP>(a, dense_b, mask, entries.col, entries.val, t, count, c0, active);
-#pragma unroll
-        for (int j = 0; j < kInFlight; ++j) {
-          if (t + j >= count) break;
-          const int64_t e = chunk + t + j;
-          while (e >= row_end && row + 1 < a.m) {  // entry e lies in a later row
-            flush();
-            ++row;
-            if (row + 1 - win.base >= GROUP) win.load(crow_b, row, a.m, a.L, lane);
-            row_start = row_end;
-            row_end = win.at(static_cast<int>(row + 1 - win.base), mask);
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
-          }
-          g.fma(j, acc);
+          for (int j = 0; j < kInFlight; ++j) g.fma(j, acc);  // entries past count add zero
         }
       }
+      // A whole row goes out through the epilogue, a piece of a cut row to its slot; empty rows are
+      // the fix-up kernel's.
+      if (active && row_start < row_end) {
+        if (row_start >= start && row_end <= stop) {
+          store_outputs<scalar_t, index_t, VEC>(a, (b * a.m + row) * a.n + c0, c0, acc);
+        } else {
+          const int slot = row_start < start ? 0 : 1;
+          Vec<acc_t, VEC> piece;
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) piece.v[q] = acc[q];
+          *reinterpret_cast<Vec<acc_t, VEC>*>(s.partial + ((b * s.units + u) * 2 + slot) * a.n + c0) = piece;
+        }
+      }
+      if (row_end >= stop || row + 1 >= a.m) break;
+      ++row;
+      if (row + 1 - win.base >= GROUP) win.load(crow_b, row, a.m, a.L, lane);
+      row_start = row_end;
+      row_end = win.at(static_cast<int>(row + 1 - win.base), mask);
     }
-    flush();
   }
 }
 
@@ -315,16 +312,13 @@ int64_t env_knob(const char* name) {
   return v ? std::max<int64_t>(0, std::atoll(v)) : 0;
 }
 
-// Lanes per group (the column tile is lanes * 16 bytes): the fewest covering a B row, narrowed
-// while k rows of the tile would not fit in 60% of L2 and a narrower tile would.
-int lanes_per_group(int64_t n_vectors, int64_t k) {
+// Lanes per group: the fewest (8, 16, 32) covering B's width in 16-byte vectors. Measured on the
+// H100 (benchmarks/results/h100/spmm_skew_cuda.txt, sweep): narrower groups, more column tiles,
+// were 1.25-2.4x slower; wider ones (idle lanes) 1.3-2x slower at n = 32.
+int lanes_per_group(int64_t n_vectors) {
   const int forced = static_cast<int>(env_knob("SPARSETORCH_SPLIT_LANES"));
   if (forced == 8 || forced == 16 || forced == 32) return forced;
-  int lanes = row_group_size(n_vectors);
-  const double budget = 0.6 * at::cuda::getCurrentDeviceProperties()->l2CacheSize;
-  if (static_cast<double>(k) * 8 * 16 > budget) return lanes;  // no tile fits: the widest re-reads A least
-  while (lanes > 8 && static_cast<double>(k) * lanes * 16 > budget) lanes /= 2;
-  return lanes;
+  return row_group_size(n_vectors);
 }
 
 // Entries per unit: about 4 units per group the GPU holds at once (load balance), at least 64 (the
@@ -367,7 +361,7 @@ template <typename scalar_t, typename index_t>
 void dispatch(const NativeArgs<scalar_t, index_t>& args, bool aligned, const at::Tensor& out) {
   constexpr int kVec = 16 / sizeof(scalar_t);
   if (!aligned) return launch<scalar_t, index_t, 1, 32>(args, out);
-  switch (lanes_per_group(ceil_div(args.n, kVec), args.k)) {
+  switch (lanes_per_group(ceil_div(args.n, kVec))) {
     case 8:
       return launch<scalar_t, index_t, kVec, 8>(args, out);
     case 16:
