@@ -144,9 +144,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int64_t c0 = tile * kWidth + lane * VEC;
     const bool active = c0 < a.n;
     // Row by row: the row's entries in [start, stop) as in the row-group kernel (GROUP entries per
-    // chunk, kInFlight B rows in flight), then its one store. (A first version walked the unit's
-    // entries as one stream and stored inside that loop: the epilogue's code, unrolled kInFlight
-    // times in the hot loop, made it 1.3-2.7x slower, bf16 worst: H100, power-law 100k.)
+    // chunk, kInFlight B rows in flight), then its one store. A first version walked the unit's
+    // entries as one stream with the store (epilogue) inside the kInFlight-unrolled loop, at <= 2
+    // blocks per SM in bf16: on the H100 bf16 was 2.0-2.5x slower than now on the power-law
+    // graphs, fp32 at n = 32 up to 1.27x faster (power-law 1M); how much of that is the loop
+    // structure and how much the occupancy was not separated
+    // (benchmarks/results/h100/spmm_skew_cuda_v1.txt and spmm_skew_cuda.txt).
     while (true) {
       acc_t acc[VEC];
 #pragma unroll
@@ -313,8 +316,9 @@ int64_t env_knob(const char* name) {
 }
 
 // Lanes per group: the fewest (8, 16, 32) covering B's width in 16-byte vectors. Measured on the
-// H100 (benchmarks/results/h100/spmm_skew_cuda.txt, sweep): narrower groups, more column tiles,
-// were 1.25-2.4x slower; wider ones (idle lanes) 1.3-2x slower at n = 32.
+// H100 (benchmarks/results/h100/spmm_skew_cuda_v1.txt, sweep, power-law 100k and 1M): narrower
+// groups, more column tiles, were 1.09-2.44x slower at n = 128 and 256; wider ones (idle lanes)
+// 1.26-1.96x slower at n = 32.
 int lanes_per_group(int64_t n_vectors) {
   const int forced = static_cast<int>(env_knob("SPARSETORCH_SPLIT_LANES"));
   if (forced == 8 || forced == 16 || forced == 32) return forced;
