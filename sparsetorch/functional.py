@@ -116,7 +116,9 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     shared pattern, else one block-diagonal product; refuses more stored entries than positions),
     ``"native"`` (sparsetorch's row-group kernel, epilogue fused), ``"balanced"`` (sparsetorch's
     kernel for skewed rows: each block splits the entries of its 32 rows evenly among its lanes, so a
-    long row is shared instead of serialised; deterministic), ``"tiled"`` (sparsetorch's kernel
+    long row is shared instead of serialised; deterministic), ``"split"`` (sparsetorch's kernel
+    for skewed rows split by entries over the whole matrix: rows longer than a unit cut across
+    blocks, their pieces added in a fixed order by a second kernel; deterministic), ``"tiled"`` (sparsetorch's kernel
     for long rows and wide B: B streamed through shared memory; any column order), ``"densify"`` (A
     expanded to a dense matrix on the GPU, one cuBLAS GEMM with fp32 accumulation and TF32 off: for
     A more than a few percent dense, above all in bf16/fp16 on tensor cores; O(batch*m*k) memory;

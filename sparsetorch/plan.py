@@ -27,7 +27,7 @@ from sparsetorch.csr import as_csr
 from sparsetorch.functional import _activation_name, _prefers_dense, _records_grad, _spmm_op
 
 
-SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "tiled", "densify")
+SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "split", "tiled", "densify")
 # Routes only a plan has: "blocked" multiplies a layout of A built once (sparsetorch/_blocked.py).
 PLAN_BACKENDS = SPMM_BACKENDS + ("blocked",)
 

@@ -11,7 +11,7 @@ from conftest import CUDA_READY, FLOAT_DTYPES, INDEX_DTYPES
 
 ops = torch.ops.sparsetorch
 
-TARGETS = [("cpu", "auto")] + ([("cuda", be) for be in ("native", "balanced", "tiled", "cusparse", "densify")] if CUDA_READY
+TARGETS = [("cpu", "auto")] + ([("cuda", be) for be in ("native", "balanced", "split", "tiled", "cusparse", "densify")] if CUDA_READY
                                else [])
 LAYOUTS = ["single", "per_batch", "shared", "broadcast_b", "batched_b"]
 

@@ -128,7 +128,7 @@ def test_plan_autotunes_once_per_width(rng, monkeypatch):
     assert_matches(plan(b), torch.relu(torch.from_numpy(a @ b.double().cpu().numpy()) + 1.0), torch.float32)
     assert list(plan.routes) == [(16, torch.float32, False)]
     assert plan.routes[(16, torch.float32, False)] in _autotune_candidates(A, 16)
-    assert set(_autotune_candidates(A, 16)) == {"native", "balanced", "cusparse", "densify"}
+    assert set(_autotune_candidates(A, 16)) == {"native", "balanced", "split", "cusparse", "densify"}
 
     def no_timing(*args):
         raise AssertionError("a width already tuned was timed again")
@@ -177,8 +177,8 @@ def test_plan_autotune_candidates():
     from sparsetorch.plan import _autotune_candidates
 
     long_rows = st.from_dense(torch.ones(64, 64, device="cuda"))
-    assert set(_autotune_candidates(long_rows, 256)) == {"native", "balanced", "tiled", "cusparse", "densify",
-                                                         "blocked"}
+    assert set(_autotune_candidates(long_rows, 256)) == {"native", "balanced", "split", "tiled", "cusparse",
+                                                         "densify", "blocked"}
     assert "blocked" not in _autotune_candidates(long_rows, 256, 3)
     assert "tiled" not in _autotune_candidates(long_rows, 128)
     assert "tiled" not in _autotune_candidates(long_rows.to(dtype=torch.float64), 256)

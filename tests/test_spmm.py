@@ -13,7 +13,7 @@ from _helpers import DATA_DIR, activation_refs, assert_matches, randn, random_cs
 from conftest import CUDA_READY, FLOAT_DTYPES, INDEX_DTYPES
 
 # Every SpMM test runs on the CPU and on every CUDA route.
-TARGETS = [("cpu", "auto")] + ([("cuda", be) for be in ("cusparse", "native", "balanced", "tiled", "densify")] if CUDA_READY else [])
+TARGETS = [("cpu", "auto")] + ([("cuda", be) for be in ("cusparse", "native", "balanced", "split", "tiled", "densify")] if CUDA_READY else [])
 
 
 @pytest.fixture(params=TARGETS, ids=lambda t: f"{t[0]}-{t[1]}")

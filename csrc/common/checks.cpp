@@ -185,11 +185,13 @@ SpmmBackend parse_spmm_backend(const std::string& name) {
   if (name == "cusparse") return SpmmBackend::Cusparse;
   if (name == "native") return SpmmBackend::Native;
   if (name == "balanced") return SpmmBackend::Balanced;
+  if (name == "split") return SpmmBackend::Split;
   if (name == "tiled") return SpmmBackend::Tiled;
   if (name == "densify") return SpmmBackend::Densify;
   if (name == "blocked") return SpmmBackend::Blocked;
   TORCH_CHECK_VALUE(false, "backend: unknown SpMM backend '", name,
-                    "'; expected one of auto, cusparse, native, balanced, tiled, densify (blocked: SpmmPlan only)");
+                    "'; expected one of auto, cusparse, native, balanced, split, tiled, densify (blocked: SpmmPlan "
+                    "only)");
 }
 
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out) {

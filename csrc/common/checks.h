@@ -46,8 +46,8 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
                             const std::optional<at::Tensor>& bias);
 
 // The SpMM routes. Blocked multiplies a layout SpmmPlan builds (spmm_blocked op); the spmm op refuses it.
-enum class SpmmBackend { Auto, Cusparse, Native, Balanced, Tiled, Densify, Blocked };
-// "auto", "cusparse", "native", "balanced", "tiled", "densify" or "blocked"; ValueError otherwise.
+enum class SpmmBackend { Auto, Cusparse, Native, Balanced, Split, Tiled, Densify, Blocked };
+// "auto", "cusparse", "native", "balanced", "split", "tiled", "densify" or "blocked"; ValueError otherwise.
 SpmmBackend parse_spmm_backend(const std::string& name);
 
 // Checks an `out` tensor for a problem: right shape, dtype and device.

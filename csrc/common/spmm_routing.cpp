@@ -92,6 +92,7 @@ const char* spmm_route_name(SpmmBackend route) {
     case SpmmBackend::Cusparse: return "cusparse";
     case SpmmBackend::Native: return "native";
     case SpmmBackend::Balanced: return "balanced";
+    case SpmmBackend::Split: return "split";
     case SpmmBackend::Tiled: return "tiled";
     case SpmmBackend::Densify: return "densify";
     case SpmmBackend::Blocked: return "blocked";
@@ -146,6 +147,7 @@ std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarT
   const double mean_row = a ? a->mean_row() : (p.m > 0 ? static_cast<double>(p.nnz_stride) / p.m : 0.0);
   if (!hopeless_rows) routes.push_back(SpmmBackend::Native);
   routes.push_back(SpmmBackend::Balanced);
+  routes.push_back(SpmmBackend::Split);
   // Tiled streams B through shared memory: it pays only on long, even rows and a wide B.
   if (dtype != at::kDouble && p.n >= 256 && mean_row >= 64 && !(a && skewed(*a))) routes.push_back(SpmmBackend::Tiled);
   if (cusparse_applies(p, dtype, a)) routes.push_back(SpmmBackend::Cusparse);

@@ -39,6 +39,8 @@ void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, co
       return spmm_tiled(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Balanced:
       return spmm_balanced(p, crow, col, values, dense, out, epi);
+    case SpmmBackend::Split:
+      return spmm_split(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Densify:
       return spmm_densify(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Cusparse:

@@ -50,6 +50,13 @@ void spmm_densify(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor
 void spmm_balanced(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
 
+// Own kernel for skewed rows split by entries over the whole matrix: long rows cut among groups of
+// lanes in any block, their pieces added in a fixed order by a second kernel; short rows never cut
+// (spmm_split.cu). Same inputs, guarantees and epilogue as spmm_native; no preprocessing, scratch
+// of (batch, ceil(L / E), 2, n) accumulators from the caching allocator.
+void spmm_split(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi);
+
 // Own kernel for long rows: blocks of 32-64 rows x 128-256 columns stream B through shared memory
 // in 32-row tiles and share each tile row among all of a warp's rows that use it (spmm_tiled.cu).
 // Same inputs, guarantees and epilogue as spmm_native; any column order, repeated columns summed.
