@@ -49,6 +49,8 @@ std::vector<std::string> spmm_route_candidates_op(const at::Tensor& crow, const 
   return names;
 }
 
+bool set_autotune_op(bool enabled) { return set_spmm_autotune(enabled); }
+
 int64_t csr_analysis_cache_op(bool clear) {
   if (clear) clear_csr_analysis_cache();
   return csr_analysis_cache_size();
@@ -71,6 +73,12 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
       "bool validate=True, bool as_cuda=False) -> str");
   // The routes SpmmPlan times for these operands (CUDA).
   m.def("spmm_route_candidates(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> str[]");
+  // Switches the measuring of routes on a matrix's second use (csrc/cuda/spmm_autotune.cu) on or off;
+  // returns the old setting.
+  m.def("set_autotune(bool enabled) -> bool", &set_autotune_op);
+  // CUDA: times the candidate routes for these operands now, keeps the fastest with A's analysis (every
+  // later "auto" call with this B shape takes it) and returns its name. SpmmPlan's first call.
+  m.def("spmm_tune(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> str");
   // Entries in the analysis cache; clear=True empties it first.
   m.def("csr_analysis_cache(bool clear=False) -> int", &csr_analysis_cache_op);
 }

@@ -41,6 +41,7 @@ from sparsetorch.functional import (
     silu,
     spmm,
     spmm_route,
+    set_autotune,
     sddmm,
     transpose,
     sub,
@@ -51,7 +52,7 @@ from sparsetorch.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
+    "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
     "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
     "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "transpose", "validate_csr",
 ]

@@ -88,6 +88,11 @@ def _csr_analysis_fake(crow_indices, col_indices, ncols, force=False):
     return torch.empty((CSR_STATS_LENGTH,), dtype=torch.int64, device="cpu")
 
 
+@torch.library.register_fake("sparsetorch::spmm_tune")
+def _spmm_tune_fake(crow_indices, col_indices, values, dense):
+    return "auto"
+
+
 @torch.library.register_fake("sparsetorch::csr_validate")
 def _csr_validate_fake(crow_indices, col_indices, ncols, force=False):
     return None

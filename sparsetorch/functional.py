@@ -36,6 +36,7 @@ __all__ = [
     "scale_cols",
     "validate_csr",
     "spmm_route",
+    "set_autotune",
     "linear",
     "dense_bmm",
     "DENSE_CROSSOVER",
@@ -190,6 +191,13 @@ def spmm_route(A: Any, B: torch.Tensor, backend: str = "auto", validate: Optiona
     if validate:
         validate_csr(a)
     return ops.spmm_route(a.crow_indices, a.col_indices, a.values, B, backend, validate is not False)
+
+
+def set_autotune(enabled: bool) -> bool:
+    """Whether "auto" measures the candidate routes the second time a matrix meets a B of the same
+    width, dtype and batch layout (on by default; SPARSETORCH_AUTOTUNE=0 in the environment turns it
+    off). Off, every call takes the routing module's rules. Returns the previous setting."""
+    return bool(ops.set_autotune(bool(enabled)))
 
 
 def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backend: str = "auto",

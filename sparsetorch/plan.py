@@ -8,11 +8,11 @@ reuses its cached descriptors and buffer size (csrc/cuda/spmm_cusparse.cu), so t
 overhead is the op dispatch plus the library call.
 
 With ``backend="auto"`` on CUDA the plan autotunes: the first call with a given width of B (and
-dtype / batch layout) times every applicable route (the row-group, balanced and tiled kernels,
-cuSPARSE, A densified + cuBLAS GEMM) on that B and keeps the fastest for later calls. No single rule is right on every graph
-(benchmarks/results/h200/spmm_graphs_cuda.txt: on cora the balanced kernel is 1.8x cuSPARSE at
-n = 32, on pubmed cuSPARSE is 1.6x the balanced kernel at n = 512). The tuning call synchronises
-once per route; inside CUDA graph capture, or with ``autotune=False``, the measured rules below are used.
+dtype / batch layout) times the candidate routes the routing module lists for this matrix
+(csrc/common/spmm_routing.cpp; never those its analysis shows to be pathological) on that B -- through
+the op's own measuring (csrc/cuda/spmm_autotune.cu), which keeps the result with the matrix -- plus the
+blocked layout where it applies, and keeps the fastest for later calls. The tuning call synchronises;
+inside CUDA graph capture, or with ``autotune=False``, the plan takes what ``st.spmm`` takes.
 """
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ class SpmmPlan:
     component tensors: do not modify them in place while the plan is in use.
 
     ``autotune`` (default True; CUDA with ``backend="auto"`` only): the first call for each width,
-    dtype and batch layout of B times the applicable routes (median of 5 to 40 calls each with a
-    cold L2, one device sync per route) and remembers the fastest; ``plan.routes`` shows what was
-    chosen. Routes differ only in rounding.
+    dtype and batch layout of B times the candidate routes (the op's own measuring, which keeps the
+    result with the matrix; the blocked layout where it applies) and remembers the fastest;
+    ``plan.routes`` shows what was chosen. Routes differ only in rounding.
     """
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
@@ -174,29 +174,29 @@ class SpmmPlan:
         key = (B.shape[-1], B.dtype, B.dim() == 3)
         route = self.routes.get(key)
         if route is None:
-            if torch.cuda.is_current_stream_capturing():
-                return self.backend  # no timing (a sync) inside a capture: the rules
+            if torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
+                return self.backend  # no timing (a sync) inside a capture or a traced graph: the op decides
             route = self.routes[key] = self._fastest(B, vals)
         return route
 
     def _fastest(self, B: torch.Tensor, vals: torch.Tensor) -> str:
-        """The candidate route with the shortest device time on this B (the product alone; the
-        epilogue is the same on every route)."""
+        """The fastest route on this B: the CSR routes are timed by the op's own measuring
+        (ops.spmm_tune, csrc/cuda/spmm_autotune.cu: the result is kept with the matrix, so st.spmm and
+        the backward on this matrix and B shape take it too); where the blocked layout is a candidate it
+        is timed against that route here."""
         a = self.csr
-        l2 = getattr(torch.cuda.get_device_properties(B.device), "L2_cache_size", 50 * 2**20)
-        scratch = torch.empty(2 * l2, dtype=torch.int8, device=B.device)
-        times = {}
         with torch.no_grad():
-            for route in _autotune_candidates(a, B.shape[-1], B.dim()):
-                if route == "blocked":
-                    layout, pair_values = self._blocked_operands(vals)
-                    call = lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr,  # noqa: E731
-                                                    layout.block_col, pair_values, B)
-                else:
-                    call = lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None,  # noqa: E731
-                                            0.0, None, "none", 0.01, route, self.validate)
-                times[route] = _device_time(call, scratch)
-        return min(times, key=times.get)
+            route = ops.spmm_tune(a.crow_indices, a.col_indices, vals, B)
+            if "blocked" not in _autotune_candidates(a, B.shape[-1], B.dim()):
+                return route
+            l2 = getattr(torch.cuda.get_device_properties(B.device), "L2_cache_size", 50 * 2**20)
+            scratch = torch.empty(2 * l2, dtype=torch.int8, device=B.device)
+            layout, pair_values = self._blocked_operands(vals)
+            blocked = _device_time(lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr,
+                                                            layout.block_col, pair_values, B), scratch)
+            csr = _device_time(lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None, 0.0, None, "none",
+                                                0.01, route, self.validate), scratch)
+        return "blocked" if blocked < csr else route
 
     def _call_dense(self, B, beta, c, out, values):
         from sparsetorch.functional import _spmm_dense

@@ -1,5 +1,8 @@
 #include "common/spmm_routing.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace sparsetorch {
@@ -33,22 +36,43 @@ constexpr int64_t kTiledMinN = 1024;
 constexpr int64_t kTiledMinRowLength = 640;
 constexpr int64_t kTiledMinRowLengthHalf = 1280;
 
-// Skew: the row-group kernel ("native") gives each row to one group of lanes, so its time is at least
-// (longest row) x (one dependent gather). H200 graph suite (benchmarks/results/h200/spmm_graphs_cuda.txt),
-// fp32: native is the fastest route on every matrix whose longest row is <= 41 entries (random graphs,
-// meshes) and loses on every matrix from 99 (citeseer 2.0x slower than balanced at n = 32; power-law 100k,
-// longest row 13,503: 16x slower than cuSPARSE).
+// The rules below come from the skew suite of the main job on an H100 (benchmarks/results/
+// nvidia-h100-80gb-hbm3-skew: every route on 20 matrices x n = 1, 32, 128 x fp32, bf16) and from the
+// split route's sweep (benchmarks/results/h100/spmm_skew_cuda.txt). They pick the first call's route;
+// a matrix used again with the same B shape is measured (csrc/cuda/spmm_autotune.cu).
+//
+// Skew: the row-group kernel ("native") gives each row to one group of lanes, so it waits on the
+// longest row: on 100k-row power-law graphs (longest row 843 .. 21,082) it was 1.7-100x slower than the
+// best route, while on even rows (meshes, banded, uniform, clustered; coefficient of variation < 1.3,
+// longest row <= 41) it was the fastest route at n >= 32.
 constexpr int64_t kSkewedRow = 64;
-// The balanced kernel (a block splits its 32 rows' entries among its lanes) wins over cuSPARSE on
-// moderately skewed graphs at narrow B (cora, citeseer n <= 128: 1.2-1.8x; ca-CondMat n = 32: 1.2x) and
-// loses from n = 64 on matrices with rows of thousands of entries (power-law 100k: 0.55x at n = 64).
-constexpr int64_t kBalancedMaxRow = 1024;
-constexpr int64_t kBalancedMaxN = 64;
-// Native over cuSPARSE on uniform short rows up to n = 256 (random 100k: 2.9x at n = 32, 1.06x at 256);
-// at n = 512 cuSPARSE is 1.18x faster on the large graphs, while on small ones (Erdos971, meshes: a
-// few microseconds) the row-group kernel's lower launch cost still wins.
+// Skewed matrices with fewer rows than this are small graphs (cora, citeseer, pubmed, ca-CondMat: 2.7k
+// to 23k rows) where the balanced kernel (a block of 32 rows splits its entries among its lanes) was the
+// fastest route at n <= 32 in fp32 (cora 12.7 vs cuSPARSE 23.4 us) and cuSPARSE's launch cost dominates.
+constexpr int64_t kSmallRows = 50000;
+// ... in half precision the balanced kernel is slower: it wins only on the smallest products.
+constexpr double kSmallHalfProduct = 1.5e6;  // entries * n
+// split (entries cut across blocks): fastest on large matrices (>= 8M entries) with >= 2% of entries
+// in rows of >= 4096, and on large half-precision skewed matrices; the best own route wherever cuSPARSE
+// cannot run (batched patterns, repeated positions).
+constexpr int64_t kSplitLongRow = 4096;
+constexpr double kSplitLongShare = 0.02;
+constexpr int64_t kSplitMinEntries = 8000000;
+// cuSPARSE accumulates half-precision products in half precision on long rows: on rows of 205k entries
+// its bf16 results were 2.2-2.5% off float64 (split's: within bf16 rounding). Half types go to it only
+// while every row is shorter than this.
+constexpr int64_t kCusparseHalfMaxRow = 4096;
+// n = 1 (a matrix-vector product): the row-group kernel wastes most lanes; cuSPARSE was the fastest route
+// on every matrix of >= 200k entries (uniform 200k rows 47 vs 57 us; power-law 35 vs 125+ us).
+constexpr int64_t kVectorMaxN = 2;
+constexpr int64_t kVectorCusparseEntries = 200000;
+// Native over cuSPARSE on even rows up to n = 256 (uniform 200k rows: 2.6x at n = 32, 1.17x at n = 128);
+// above, cuSPARSE on large products (H200 random 100k graph: 1.18x at n = 512) and native on small ones.
 constexpr int64_t kNativeMaxN = 256;
 constexpr double kLargeProduct = 1e8;  // nnz * n above which a product is bandwidth-bound, not launch-bound
+// Densify needs a wide enough B to pay for expanding A: at n = 1 it lost to cuSPARSE (46 vs 22 us, bf16
+// 4096^2 at 10%) and won from n = 32 (45 vs 86 us).
+constexpr int64_t kDensifyMinN = 16;
 
 // A row-per-group kernel is pathological beyond this: a plan does not even time it.
 constexpr int64_t kNativeHopelessRow = 4096;
@@ -70,11 +94,10 @@ bool densify_fits(const SpmmProblem& p, at::ScalarType dtype) {
 }
 
 // cuSPARSE: one matrix (a batch of patterns would be a block-diagonal copy per call), a validated
-// pattern, at most one entry per position (it refuses more), float32/float64 (its half-type SpMM is
-// slow on these shapes).
+// pattern, at most one entry per position (it refuses more); half types only on rows it sums accurately.
 bool cusparse_applies(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
-  return a != nullptr && a->valid() && !p.pattern_batched && !p.values_batched && !is_half(dtype) &&
-         p.nnz_stride <= p.m * p.k;
+  return a != nullptr && a->valid() && !p.pattern_batched && !p.values_batched && p.nnz_stride <= p.m * p.k &&
+         (!is_half(dtype) || a->max_row() < kCusparseHalfMaxRow);
 }
 
 bool skewed(const CsrAnalysis& a) { return a.max_row() > kSkewedRow && a.mean_row() < kSkewedRow; }
@@ -101,20 +124,39 @@ const char* spmm_route_name(SpmmBackend route) {
 }
 
 SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
-  if (prefers_densify(p, dtype)) return SpmmBackend::Densify;
+  if (p.n >= kDensifyMinN && prefers_densify(p, dtype)) return SpmmBackend::Densify;
   const double mean_row = a ? a->mean_row() : (p.m > 0 ? static_cast<double>(p.nnz_stride) / p.m : 0.0);
   if (a == nullptr) {  // unchecked matrix: O(1) facts only, own kernels only
     return long_rows_wide_b(p, dtype, mean_row) ? SpmmBackend::Tiled : SpmmBackend::Native;
   }
-  if (skewed(*a)) {
-    if (a->max_row() <= kBalancedMaxRow && p.n <= kBalancedMaxN) return SpmmBackend::Balanced;
-    return cusparse_applies(p, dtype, a) ? SpmmBackend::Cusparse : SpmmBackend::Balanced;
+  const bool cusparse = cusparse_applies(p, dtype, a);
+  const double product = static_cast<double>(a->entries()) * static_cast<double>(p.n);
+  if (!skewed(*a)) {
+    if (p.n <= kVectorMaxN && cusparse && a->entries() >= kVectorCusparseEntries) return SpmmBackend::Cusparse;
+    if (long_rows_wide_b(p, dtype, mean_row)) return SpmmBackend::Tiled;
+    if (!cusparse || is_half(dtype)) return SpmmBackend::Native;
+    return p.n <= kNativeMaxN || product < kLargeProduct ? SpmmBackend::Native : SpmmBackend::Cusparse;
   }
-  if (long_rows_wide_b(p, dtype, mean_row)) return SpmmBackend::Tiled;
-  if (!cusparse_applies(p, dtype, a)) return SpmmBackend::Native;
-  const double work = static_cast<double>(a->entries()) * static_cast<double>(p.n);
-  return p.n <= kNativeMaxN || work < kLargeProduct ? SpmmBackend::Native : SpmmBackend::Cusparse;
+  const bool long_rows = a->share_in_rows_of_at_least(kSplitLongRow) >= kSplitLongShare;
+  if (a->entries() >= kSplitMinEntries && (long_rows || is_half(dtype))) return SpmmBackend::Split;
+  if (a->rows() < kSmallRows && (!is_half(dtype) || product <= kSmallHalfProduct)) return SpmmBackend::Balanced;
+  if (cusparse) return SpmmBackend::Cusparse;
+  return long_rows ? SpmmBackend::Split : SpmmBackend::Balanced;
 }
+
+namespace {
+std::atomic<bool>& autotune_flag() {
+  static std::atomic<bool> flag([] {
+    const char* env = std::getenv("SPARSETORCH_AUTOTUNE");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }());
+  return flag;
+}
+}  // namespace
+
+bool spmm_autotune_enabled() { return autotune_flag().load(); }
+
+bool set_spmm_autotune(bool enabled) { return autotune_flag().exchange(enabled); }
 
 std::vector<int64_t> spmm_measure_key(const SpmmProblem& p, at::ScalarType dtype) {
   return {p.n, static_cast<int64_t>(dtype), p.batch, p.pattern_batched, p.values_batched, p.dense_batched};

@@ -44,4 +44,9 @@ ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, c
 // drops it where the GPU lacks the shared memory or the layout cannot be built.
 std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
 
+// Whether "auto" measures routes on a matrix's second use (csrc/cuda/spmm_autotune.cu): on unless the
+// environment sets SPARSETORCH_AUTOTUNE=0; set_spmm_autotune switches it and returns the old setting.
+bool spmm_autotune_enabled();
+bool set_spmm_autotune(bool enabled);
+
 }  // namespace sparsetorch

@@ -30,10 +30,8 @@ SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumula
   return epi;
 }
 
-namespace {
-
-void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-         const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend route) {
+void run_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend route) {
   switch (route) {
     case SpmmBackend::Tiled:
       return spmm_tiled(p, crow, col, values, dense, out, epi);
@@ -45,9 +43,22 @@ void run(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, co
       return spmm_densify(p, crow, col, values, dense, out, epi);
     case SpmmBackend::Cusparse:
       return spmm_cusparse(p, crow, col, values, dense, out, epi);
-    default:
+    case SpmmBackend::Native:
       return spmm_native(p, crow, col, values, dense, out, epi);
+    default:
+      TORCH_CHECK(false, "spmm: route ", spmm_route_name(route), " cannot run here");
   }
+}
+
+namespace {
+
+// The route of this call: resolve_spmm_route's answer, measured when the matrix comes back with the
+// same B shape (spmm_autotune.cu).
+SpmmBackend route_for(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                      const at::Tensor& dense, SpmmBackend requested, bool validate) {
+  const ResolvedRoute r = resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate);
+  if (requested != SpmmBackend::Auto || r.measured || !r.analysis) return r.route;
+  return measured_route_on_repeat(p, crow, col, values, dense, *r.analysis, r.route);
 }
 
 at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
@@ -57,10 +68,11 @@ at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Te
   const SpmmBackend requested = parse_spmm_backend(std::string(backend));
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, accumulate, bias);
   const c10::cuda::CUDAGuard guard(values.device());
-  const SpmmBackend route = resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate);
+  const SpmmBackend route = route_for(p, crow, col, values, dense, requested, validate);
   at::Tensor out = at::empty(p.out_shape(), values.options());
   const at::Tensor acc = accumulate.has_value() ? accumulate->contiguous() : at::Tensor();
-  run(p, crow, col, values, dense, out, make_epilogue(alpha, beta, acc, bias, activation, negative_slope), route);
+  run_spmm_route(p, crow, col, values, dense, out, make_epilogue(alpha, beta, acc, bias, activation, negative_slope),
+                 route);
   return out;
 }
 
@@ -73,11 +85,11 @@ void spmm_out_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tens
   for (const at::Tensor* input : {&crow, &col, &values, &dense}) at::assert_no_overlap(out, *input);
   if (bias.has_value()) at::assert_no_overlap(out, *bias);
   const c10::cuda::CUDAGuard guard(values.device());
-  const SpmmBackend route = resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate);
+  const SpmmBackend route = route_for(p, crow, col, values, dense, requested, validate);
   const bool direct = out.is_contiguous();
   at::Tensor target = direct ? out : out.contiguous();
-  run(p, crow, col, values, dense, target, make_epilogue(alpha, beta, target, bias, activation, negative_slope),
-      route);
+  run_spmm_route(p, crow, col, values, dense, target,
+                 make_epilogue(alpha, beta, target, bias, activation, negative_slope), route);
   if (!direct) out.copy_(target);
 }
 

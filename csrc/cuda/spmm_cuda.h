@@ -5,6 +5,7 @@
 
 #include "common/activation.h"
 #include "common/checks.h"
+#include "common/csr_analysis.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -73,6 +74,24 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow, const at::Tenso
 // NaN or an infinity; no host sync (spmm_densify.cu). Routes that multiply structural zeros (densify,
 // blocked) pass it to spmm_native_if so that such a B gets the sparse routes' result.
 at::Tensor nonfinite_flag(const at::Tensor& dense, int64_t batches, int64_t k, int64_t n);
+
+// Runs one route (not Auto, not Blocked) into `out` (spmm_cuda.cu).
+void run_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                    const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend route);
+
+// "auto" on a matrix that comes back: the first call with a B shape (width, dtype, batch layout) takes
+// `rules_route`; the second times the candidate routes on that B (spmm_route_candidates; median of
+// several calls each, L2 flushed before each) and keeps the fastest with the matrix's analysis, which
+// every later call with that shape takes (spmm_autotune.cu). Not under CUDA graph capture, nor when
+// measuring is switched off (SPARSETORCH_AUTOTUNE=0, sparsetorch.set_autotune(False)): then the rules.
+SpmmBackend measured_route_on_repeat(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                                     const at::Tensor& values, const at::Tensor& dense, const CsrAnalysis& a,
+                                     SpmmBackend rules_route);
+
+// Times the candidate routes now and keeps the fastest with the analysis (what a repeat does; SpmmPlan
+// calls it on its first call for a B shape). Returns the fastest.
+SpmmBackend measure_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                               const at::Tensor& values, const at::Tensor& dense, const CsrAnalysis& a);
 
 // In place: out = act(out + bias) (elementwise_cuda.cu).
 void bias_act_inplace_cuda(const at::Tensor& out, const at::Tensor& bias, Activation act, double negative_slope);
