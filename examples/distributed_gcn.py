@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from sparsetorch.distributed import set_no_multicast_env
+from sparsetorch.distributed._comm import nccl_options, set_no_multicast_env
 
 set_no_multicast_env()  # before NCCL starts: NVLink multicast stays off (see the device README)
 
@@ -130,14 +130,14 @@ def main(argv=None):
     if "RANK" in os.environ:  # torchrun
         if args.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, pg_options=nccl_options() if backend == "nccl" else None)
     else:  # a plain `python` run: a group of one
         from sparsetorch.distributed.launch import free_port
 
         if args.device == "cuda":
             torch.cuda.set_device(0)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                                timeout=timeout)
+                                timeout=timeout, pg_options=nccl_options() if backend == "nccl" else None)
     try:
         summary = train(args)
     finally:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedError", "Comm", "NO_MULTICAST_ENV", "set_no_multicast_env"]
+__all__ = ["DistributedError", "Comm", "NO_MULTICAST_ENV", "set_no_multicast_env", "nccl_options"]
 
 # NVLink multicast (NVLS) stays off in every process: on the lent multi-GPU machines a program that
 # uses it can put the host's GPUs out of service (the device README); NCCL, PyTorch's symmetric
@@ -28,6 +28,17 @@ NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST":
 def set_no_multicast_env() -> None:
     """Set the three variables of :data:`NO_MULTICAST_ENV` in this process (before NCCL starts)."""
     os.environ.update(NO_MULTICAST_ENV)
+
+
+def nccl_options():
+    """``pg_options`` for an NCCL group whose streams have high priority, so the halo exchange's
+    kernels are scheduled while the local product fills the GPU (None where torch lacks the option)."""
+    try:
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = True
+        return options
+    except (AttributeError, TypeError, RuntimeError):
+        return None
 
 
 class DistributedError(RuntimeError):
@@ -103,7 +114,7 @@ class Comm:
             ranks = ", ".join(str(r) for r, _ in failed)
             exc = kind(f"{what} failed on rank {ranks} (raised on rank {self.rank} too): {detail}")
         else:
-            detail = ", ".join(f"rank {r}: {v}" for r, (_, v) in enumerate(everyone))
+            detail = ", ".join(f"rank {r}: {v[0] if len(v) == 1 else tuple(v)}" for r, (_, v) in enumerate(everyone))
             exc = ValueError(f"{what}: {same_name or 'the arguments'} must be the same on every rank, got {detail}")
         if error is not None:
             raise exc from error

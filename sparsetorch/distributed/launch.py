@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sparsetorch.distributed._comm import set_no_multicast_env
+from sparsetorch.distributed._comm import nccl_options, set_no_multicast_env
 
 __all__ = ["free_port", "spawn", "SpawnError"]
 
@@ -45,7 +45,8 @@ def _entry(rank, world_size, fn, args, backend, port, timeout, threads, results)
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+                                timeout=datetime.timedelta(seconds=timeout),
+                                pg_options=nccl_options() if backend == "nccl" else None)
         results.put((rank, True, fn(rank, world_size, *args)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc()))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
 import time
 from typing import Dict, List
@@ -26,10 +28,27 @@ from sparsetorch.bench.suites.common import Context, Job, gemm_model, spmm_model
 GIB = 2**30
 
 
-def _config(quick: bool, device: str = "cuda", nodes: int = 1 << 23) -> dict:
-    return {"device": device, "nodes": nodes, "degree": 16, "seed": 11, "widths": (64, 256), "features": 128,
+def _gib(nbytes):
+    return None if nbytes is None else nbytes / GIB
+
+
+def _config(quick: bool, device: str = "cuda", nodes: int = 1 << 22) -> dict:
+    """4.2M nodes, mean degree 32: 134M stored entries (+ 4.2M self loops in the GCN)."""
+    return {"device": device, "nodes": nodes, "degree": 32, "seed": 11, "widths": (64, 256), "features": 128,
             "hidden": 256, "classes": 16, "reps": 10 if quick else 20, "warmup": 2, "capped": device == "cuda",
-            "capped_epochs": 5, "link_sizes": (2**24, 2**27, 2**30) if device == "cuda" else (2**20,)}
+            "capped_epochs": 5, "link_sizes": (2**24, 2**27, 2**30) if device == "cuda" else (2**20,),
+            "partial": os.environ.get("SPARSETORCH_BENCH_PARTIAL")}
+
+
+def _save_partial(cfg, rank, res) -> None:
+    """Rank 0's results so far, as JSON (SPARSETORCH_BENCH_PARTIAL): kept if a later phase fails."""
+    if cfg.get("partial") and rank == 0:
+        with open(cfg["partial"], "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+
+def _count(x: int) -> str:
+    return f"{x / 1e6:.1f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
 
 
 def distributed_suite(ctx: Context) -> List[Job]:
@@ -44,7 +63,7 @@ def run(ctx: Context, cfg: dict, world: int = 2) -> List[dict]:
     from sparsetorch.distributed.launch import spawn
 
     backend = "nccl" if cfg["device"] == "cuda" else "gloo"
-    results = spawn(_worker, world, cfg, backend=backend, timeout=600, join_timeout=1200,
+    results = spawn(_worker, world, cfg, backend=backend, timeout=180, join_timeout=480,
                     threads=None if backend == "nccl" else max(1, torch.get_num_threads() // world))
     rows = _rows(ctx, cfg, results)
     _print_summary(results[0], rows)
@@ -229,9 +248,16 @@ def _solo_under_cap(cfg, degrees, group, device) -> dict:
         return {"fits": False, "stage": stage, "error": str(e).split("\n")[0][:300]}
 
 
+def _log(rank, start, text):
+    if rank == 0:
+        print(f"  [distributed {time.perf_counter() - start:6.1f} s] {text}", flush=True)
+
+
 def _worker(rank, world, cfg) -> dict:
     from sparsetorch.distributed import DistributedCSR, balanced_row_bounds, power_law_block, power_law_degrees
     import sparsetorch as st
+
+    start = time.perf_counter()
 
     device = torch.device("cuda", torch.cuda.current_device()) if cfg["device"] == "cuda" else torch.device("cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -239,6 +265,8 @@ def _worker(rank, world, cfg) -> dict:
     solo = dist.new_group([rank], use_local_synchronization=True)
     res: Dict[str, object] = {"rank": rank}
     res["link"] = _link(cfg, world_group, device, rank, world)
+    _save_partial(cfg, rank, res)
+    _log(rank, start, f"link: {[round(x['GBps_per_rank'], 1) for x in res['link']]} GB/s per rank")
 
     N = cfg["nodes"]
     degrees = power_law_degrees(N, cfg["degree"], cfg["seed"], device)
@@ -257,7 +285,10 @@ def _worker(rank, world, cfg) -> dict:
     res["generate_whole_s"] = time.perf_counter() - t0
     plan = st.SpmmPlan(whole, validate=False)
     one = DistributedCSR.from_global(whole, group=solo)
+    _log(rank, start, f"whole graph generated ({res['entries']} entries, {res['generate_whole_s']:.2f} s)")
     spmm1 = _spmm_cases(cfg, one, solo, device, (r0, r1), plan=plan)
+    _log(rank, start, "1 GPU: spmm " + ", ".join(f"n={n} {v['plan_s'] * 1e3:.2f} / {v['seconds'] * 1e3:.2f} ms"
+                                                   for n, v in spmm1.items()))
     reference = {n: spmm1[n].pop("reference_rows") for n in cfg["widths"]}
     del plan, whole
     _free(device)
@@ -265,6 +296,8 @@ def _worker(rank, world, cfg) -> dict:
     del one
     _free(device)
     res["one"] = {"spmm": spmm1, "gcn": gcn1}
+    _save_partial(cfg, rank, res)
+    _log(rank, start, f"1 GPU: GCN step {gcn1['seconds'] * 1e3:.2f} ms, peak {_gib(gcn1['peak'])} GiB")
 
     # 2 GPUs: each rank generates only its rows
     _sync(world_group, device)
@@ -278,16 +311,23 @@ def _worker(rank, world, cfg) -> dict:
     res["build_s"] = time.perf_counter() - t0
     res["halo_rows"] = two.halo_size
     del block
+    _log(rank, start, f"{world} ranks: built in {res['build_s']:.2f} s, halo {res['halo_rows']} rows "
+                      f"(minimum {res['min_rows']})")
     spmm2 = _spmm_cases(cfg, two, world_group, device, (r0, r1), reference=reference)
+    _log(rank, start, f"{world} GPUs: spmm " + ", ".join(f"n={n} {v['seconds'] * 1e3:.2f} ms" for n, v in spmm2.items()))
     del reference
     _free(device)
     gcn2 = _gcn_case(cfg, two, (r0, r1), world_group, device, steps=3, reps=cfg["reps"])
     del two
     _free(device)
     res["two"] = {"spmm": spmm2, "gcn": gcn2}
+    _save_partial(cfg, rank, res)
+    _log(rank, start, f"{world} GPUs: GCN step {gcn2['seconds'] * 1e3:.2f} ms, peak {_gib(gcn2['peak'])} GiB")
 
     if cfg["capped"] and device.type == "cuda":
         res["capped"] = _capped(cfg, degrees, rank, world, (r0, r1), gcn1, gcn2, solo, world_group, device)
+        _save_partial(cfg, rank, res)
+        _log(rank, start, f"capped: {res['capped']}")
     return res
 
 
@@ -314,13 +354,10 @@ def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, devi
                                 degrees=degrees)
         A = DistributedCSR.from_blocks(block)
         del block
-        _peak_reset(device)
-        t0 = time.perf_counter()
-        rec = _gcn_case(cfg, A, rows, world_group, device, steps=cfg["capped_epochs"], reps=0)
-        torch.cuda.synchronize(device)
-        out["epochs_s"] = _max(time.perf_counter() - t0, world_group, device)
+        rec = _gcn_case(cfg, A, rows, world_group, device, steps=cfg["capped_epochs"], reps=3)
+        out["epoch_s"] = rec["seconds"]
         out["losses"] = rec["losses"]
-        out["peak"] = _peak(device)
+        out["peak"] = rec["peak"]
         del A
     except torch.cuda.OutOfMemoryError as e:
         out["error"] = str(e).split("\n")[0][:300]
@@ -338,7 +375,7 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
     N, E = cfg["nodes"], r0["entries"]
     bw = ctx.ceilings.bandwidth
     rate = ctx.ceilings.gemm.get("float32")
-    graph = f"power-law {N / 1e6:.1f}M nodes, {E / 1e6:.0f}M entries"
+    graph = f"power-law {_count(N)} nodes, {_count(E)} entries"
     rows = []
     link = r0["link"][-1]
     rows.append({"suite": "distributed", "case": f"all-to-all, {link['bytes_per_peer'] / 2**20:.0f} MiB per peer",
@@ -360,11 +397,11 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
         rows.append({**base, "impl": "1 GPU: SpmmPlan", "time_ms": one["plan_s"] * 1e3,
                      "GBps": spmm_model(E, N, N, n, 4, 4)[0] / one["plan_s"] / 1e9, "GFLOPs": flops / one["plan_s"] / 1e9,
                      "floor_ms": floor1 * 1e3, "of_floor": floor1 / one["plan_s"], "rel_err": 0.0,
-                     "peak_GiB_per_rank": [one["plan_peak"] / GIB]})
+                     "peak_GiB_per_rank": [_gib(one["plan_peak"])]})
         rows.append({**base, "impl": "1 GPU: DistributedCSR", "time_ms": one["seconds"] * 1e3,
                      "GBps": spmm_model(E, N, N, n, 4, 4)[0] / one["seconds"] / 1e9,
                      "GFLOPs": flops / one["seconds"] / 1e9, "floor_ms": floor1 * 1e3,
-                     "of_floor": floor1 / one["seconds"], "rel_err": 0.0, "peak_GiB_per_rank": [one["peak"] / GIB]})
+                     "of_floor": floor1 / one["seconds"], "rel_err": 0.0, "peak_GiB_per_rank": [_gib(one["peak"])]})
         received = [t["bytes_received"] for t in two]
         minimum = [r["min_rows"] * n * 4 for r in results]
         rows.append({**base, "impl": f"{world} GPUs", "time_ms": t2 * 1e3, "GBps": float("nan"),
@@ -374,7 +411,7 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
                      "bytes_vs_min": max(b / m if m else (1.0 if b == 0 else float("inf"))
                                          for b, m in zip(received, minimum)),
                      "exchange_alone_ms": two[0].get("exchange_s", 0.0) * 1e3,
-                     "peak_GiB_per_rank": [t["peak"] / GIB if t["peak"] else None for t in two],
+                     "peak_GiB_per_rank": [_gib(t["peak"]) for t in two],
                      "entries_per_rank": per_rank_nnz, "rows_per_rank": per_rank_m,
                      "halo_rows_per_rank": [r["halo_rows"] for r in results]})
     # GCN step
@@ -399,11 +436,11 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
     loss_diff = max(abs(a - b) / abs(a) for a, b in zip(one["losses"], two[0]["losses"]))
     rows.append({**base, "impl": "1 GPU: DistributedCSR", "time_ms": one["seconds"] * 1e3, "GBps": float("nan"),
                  "GFLOPs": float("nan"), "floor_ms": f1 * 1e3, "of_floor": f1 / one["seconds"], "rel_err": 0.0,
-                 "peak_GiB_per_rank": [one["peak"] / GIB] if one["peak"] else None, "losses": one["losses"]})
+                 "peak_GiB_per_rank": [_gib(one["peak"])], "losses": one["losses"]})
     rows.append({**base, "impl": f"{world} GPUs", "time_ms": two[0]["seconds"] * 1e3, "GBps": float("nan"),
                  "GFLOPs": float("nan"), "floor_ms": f2 * 1e3, "of_floor": f2 / two[0]["seconds"], "rel_err": loss_diff,
                  "scaling": one["seconds"] / two[0]["seconds"], "losses": two[0]["losses"],
-                 "peak_GiB_per_rank": [t["peak"] / GIB if t["peak"] else None for t in two],
+                 "peak_GiB_per_rank": [_gib(t["peak"]) for t in two],
                  "exchange_per_step_per_rank": [t["exchange"] for t in two],
                  "bytes_received_per_rank": [t["exchange"]["forward_bytes_received"] for t in two],
                  "min_bytes_per_rank": [r["min_rows"] * 4 * (H + C) for r in results]})
@@ -411,15 +448,15 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
     last["bytes_vs_min"] = max(b / m if m else 1.0 for b, m in zip(last["bytes_received_per_rank"],
                                                                      last["min_bytes_per_rank"]))
     capped = [r.get("capped") for r in results]
-    if capped[0] and "epochs_s" in capped[0]:
+    if capped[0] and "epoch_s" in capped[0]:
         c0 = capped[0]
         rows.append({**base, "case": f"{case}, memory capped at {c0['cap'] / GIB:.1f} GiB per GPU",
-                     "impl": f"{world} GPUs (capped)", "time_ms": c0["epochs_s"] / cfg["capped_epochs"] * 1e3,
+                     "impl": f"{world} GPUs (capped)", "time_ms": c0["epoch_s"] * 1e3,
                      "GBps": float("nan"), "GFLOPs": float("nan"), "floor_ms": f2 * 1e3,
-                     "of_floor": f2 / (c0["epochs_s"] / cfg["capped_epochs"]), "rel_err": 0.0,
+                     "of_floor": f2 / c0["epoch_s"], "rel_err": 0.0,
                      "cap_GiB": c0["cap"] / GIB, "one_gpu_peak_GiB": c0["one_gpu_peak"] / GIB,
                      "one_gpu_under_cap": c0.get("one_gpu_under_cap"), "losses": c0["losses"],
-                     "peak_GiB_per_rank": [c["peak"] / GIB for c in capped]})
+                     "peak_GiB_per_rank": [_gib(c["peak"]) for c in capped]})
     return rows
 
 
@@ -444,7 +481,7 @@ def _print_summary(r0: dict, rows: List[dict]) -> None:
                   f"GiB): one GPU: {r['one_gpu_under_cap']}; {r['impl']}: {r['time_ms']:.1f} ms per epoch, losses "
                   f"{[round(x, 4) for x in r['losses']]}, peak {[round(p, 2) for p in r['peak_GiB_per_rank']]} GiB")
     capped = r0.get("capped")
-    if capped and "epochs_s" not in capped:
+    if capped and "epoch_s" not in capped:
         print(f"  capped run: {capped}")
 
 
