@@ -169,7 +169,7 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
             rec["plan_s"] = _time(lambda: plan(B), group, device, cfg["reps"], cfg["warmup"])
             rec["plan_peak"] = _peak(device)
             full = plan(B)
-            rec["reference_rows"] = full[b_rows[0]:b_rows[1]].clone()
+            rec["reference_rows"] = full[b_rows[0]:b_rows[1]].cpu()  # off the GPU: not in the 2-GPU peaks
             del full
         b = B[A.col_start:A.col_end].clone()
         del B
@@ -181,12 +181,22 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         y = st.spmm(A, b)
         rec["bytes_received"] = A.halo_plan.stats["forward_bytes_received"]
         rec["bytes_sent"] = A.halo_plan.stats["forward_bytes_sent"]
-        if A.halo_plan.active:
+        if A.halo_plan.active:  # the three parts alone, to see how much of the exchange the overlap hides
+            from sparsetorch.distributed._spmm import _route
+
             rec["exchange_s"] = _time(lambda: A.halo_plan.exchange(b), group, device, cfg["reps"], 1)
+            halo = A.halo_plan.exchange(b)
+            for part, operand, key in ((A.local, b, "local"), (A.remote, halo, "remote")):
+                route = _route(A, key, part, operand, "auto")
+                rec[f"{key}_alone_s"] = _time(lambda: st.spmm(part, operand, backend=route), group, device,
+                                              cfg["reps"], 1)
+            del halo
         if reference is not None:
             ref = reference[n]
-            rec["rel_err"] = _max(float((y.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-30)),
+            got = y.cpu().double()
+            rec["rel_err"] = _max(float((got - ref.double()).norm() / ref.double().norm().clamp(min=1e-30)),
                                   group, device)
+            del got
         out[n] = rec
         del b, y
         _free(device)
@@ -411,6 +421,8 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
                      "bytes_vs_min": max(b / m if m else (1.0 if b == 0 else float("inf"))
                                          for b, m in zip(received, minimum)),
                      "exchange_alone_ms": two[0].get("exchange_s", 0.0) * 1e3,
+                     "local_product_alone_ms": two[0].get("local_alone_s", 0.0) * 1e3,
+                     "remote_product_alone_ms": two[0].get("remote_alone_s", 0.0) * 1e3,
                      "peak_GiB_per_rank": [_gib(t["peak"]) for t in two],
                      "entries_per_rank": per_rank_nnz, "rows_per_rank": per_rank_m,
                      "halo_rows_per_rank": [r["halo_rows"] for r in results]})
@@ -472,7 +484,8 @@ def _print_summary(r0: dict, rows: List[dict]) -> None:
                 extra = (f"; received {[round(b / 2**20, 1) for b in r['bytes_received_per_rank']]} MiB per rank "
                          f"(forward), {r['bytes_vs_min']:.3f}x the partition's minimum")
             if "exchange_alone_ms" in r:
-                extra += f"; exchange alone {r['exchange_alone_ms']:.2f} ms"
+                extra += (f"; alone: exchange {r['exchange_alone_ms']:.2f} ms, local product "
+                          f"{r['local_product_alone_ms']:.2f} ms, remote product {r['remote_product_alone_ms']:.2f} ms")
             peaks = [round(p, 2) for p in r["peak_GiB_per_rank"] if p is not None]
             print(f"  {r['case']}: {r['time_ms']:.2f} ms on {r['impl']}, scaling {r['scaling']:.2f}x; peak {peaks} GiB"
                   f"{extra}; error vs 1 GPU {r['rel_err']:.2g}")
