@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import sparsetorch as st
-from _helpers import ABS_TOL, REL_TOL, activation_refs, random_csr, rounded
+from _helpers import activation_refs, random_csr, rounded
 
 if not dist.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)

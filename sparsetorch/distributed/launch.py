@@ -10,7 +10,6 @@ stopped, so a test never hangs.
 from __future__ import annotations
 
 import datetime
-import os
 import queue as queue_module
 import socket
 import time

@@ -13,6 +13,7 @@ Rehearsal on CPUs (gloo): ``python -m sparsetorch.bench.suites.distributed --dev
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -137,7 +138,8 @@ def _link(cfg, group, device, rank, world) -> List[dict]:
         send = torch.empty(size * (world - 1), dtype=torch.uint8, device=device)
         recv = torch.empty_like(send)
         splits = [0 if p == rank else size for p in range(world)]
-        seconds = _time(lambda: dist.all_to_all_single(recv, send, splits, splits, group=group), group, device, 5, 2)
+        seconds = _time(functools.partial(dist.all_to_all_single, recv, send, splits, splits, group=group), group,
+                        device, 5, 2)
         out.append({"bytes_per_peer": size, "seconds": seconds, "GBps_per_rank": size * (world - 1) / seconds / 1e9})
         del send, recv
     return out
@@ -166,7 +168,7 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         rec = {}
         if plan is not None:
             _peak_reset(device)
-            rec["plan_s"] = _time(lambda: plan(B), group, device, cfg["reps"], cfg["warmup"])
+            rec["plan_s"] = _time(functools.partial(plan, B), group, device, cfg["reps"], cfg["warmup"])
             rec["plan_peak"] = _peak(device)
             full = plan(B)
             rec["reference_rows"] = full[b_rows[0]:b_rows[1]].cpu()  # off the GPU: not in the 2-GPU peaks
@@ -175,7 +177,7 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         del B
         _free(device)
         _peak_reset(device)
-        rec["seconds"] = _time(lambda: st.spmm(A, b), group, device, cfg["reps"], cfg["warmup"])
+        rec["seconds"] = _time(functools.partial(st.spmm, A, b), group, device, cfg["reps"], cfg["warmup"])
         rec["peak"] = _peak(device)
         A.halo_plan.reset_stats()
         y = st.spmm(A, b)
@@ -184,12 +186,12 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         if A.halo_plan.active:  # the three parts alone, to see how much of the exchange the overlap hides
             from sparsetorch.distributed._spmm import _route
 
-            rec["exchange_s"] = _time(lambda: A.halo_plan.exchange(b), group, device, cfg["reps"], 1)
+            rec["exchange_s"] = _time(functools.partial(A.halo_plan.exchange, b), group, device, cfg["reps"], 1)
             halo = A.halo_plan.exchange(b)
             for part, operand, key in ((A.local, b, "local"), (A.remote, halo, "remote")):
                 route = _route(A, key, part, operand, "auto")
-                rec[f"{key}_alone_s"] = _time(lambda: st.spmm(part, operand, backend=route), group, device,
-                                              cfg["reps"], 1)
+                rec[f"{key}_alone_s"] = _time(functools.partial(st.spmm, part, operand, backend=route), group,
+                                              device, cfg["reps"], 1)
             del halo
         if reference is not None:
             ref = reference[n]
@@ -238,7 +240,6 @@ def _gcn_case(cfg, A, rows, group, device, steps: int, reps: int):
         plan.reset_stats()
         step()
         rec["exchange"] = dict(plan.stats)
-    del x, y, mask, model, opt
     return rec
 
 
