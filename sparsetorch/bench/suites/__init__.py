@@ -7,6 +7,7 @@ To add a suite: a module here with its function, and one line in SUITES below.
 from sparsetorch.bench.suites.batched import batched_suite
 from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_model, measure, spmm_model
 from sparsetorch.bench.suites.density import density_suite
+from sparsetorch.bench.suites.distributed import distributed_suite
 from sparsetorch.bench.suites.elementwise import elementwise_suite
 from sparsetorch.bench.suites.graphs import graph_suite, power_law_graph, random_graph, real_graphs
 from sparsetorch.bench.suites.skew import skew_suite
@@ -17,6 +18,7 @@ SUITES = {
     "batched": batched_suite,
     "elementwise": elementwise_suite,
     "skew": skew_suite,
+    "distributed": distributed_suite,
 }
 
 __all__ = ["SUITES", "Context", "Job", "densify_model", "gemm_model", "measure", "spmm_model", "power_law_graph",

@@ -1,0 +1,101 @@
+"""Start a process group of fresh local processes and run a function on every rank: what the tests
+and the benchmark use instead of torchrun (scripts use torchrun).
+
+``spawn(fn, nprocs, *args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` processes (start
+method "spawn"), each already in one process group (gloo on the CPU, or NCCL with one GPU per rank)
+with the given timeout, and returns their return values by rank. A process that raises, dies or
+outlives ``join_timeout`` makes ``spawn`` raise (with the rank's traceback) after the others are
+stopped, so a test never hangs.
+"""
+from __future__ import annotations
+
+import datetime
+import queue as queue_module
+import socket
+import time
+import traceback
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from sparsetorch.distributed._comm import nccl_options, set_no_multicast_env
+
+__all__ = ["free_port", "spawn", "SpawnError"]
+
+
+class SpawnError(RuntimeError):
+    """A spawned rank raised, died or did not finish in time."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for the process group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, fn, args, backend, port, timeout, threads, results):
+    set_no_multicast_env()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout),
+                                pg_options=nccl_options() if backend == "nccl" else None)
+        results.put((rank, True, fn(rank, world_size, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, *args, backend: str = "gloo", timeout: float = 60.0,
+          join_timeout: Optional[float] = None, threads: Optional[int] = 1) -> List[Any]:
+    """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` fresh ranks; return the results by rank.
+
+    ``fn`` must be importable (a module-level function) and its arguments and results picklable.
+    ``timeout``: the process group's (a collective waiting longer raises); ``join_timeout``: the
+    whole run's (default ``4 * timeout + 60`` s); ``threads``: torch threads per rank (None: torch's default).
+    """
+    set_no_multicast_env()  # inherited by the children, and NCCL in this process never sees NVLS either
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, nprocs, fn, args, backend, port, timeout, threads, results),
+                         daemon=True) for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + (join_timeout if join_timeout is not None else 4 * timeout + 60)
+    got, failures = {}, []
+    try:
+        while len(got) + len(failures) < nprocs:
+            try:
+                rank, ok, value = results.get(timeout=0.2)
+            except queue_module.Empty:
+                reported = set(got) | {r for r, _ in failures}
+                dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
+                if dead:
+                    failures += [(r, f"rank {r} died with exit code {procs[r].exitcode}") for r in dead]
+                elif time.time() > deadline:
+                    missing = [r for r in range(nprocs) if r not in reported]
+                    raise SpawnError(f"ranks {missing} did not finish within the join timeout")
+                continue
+            if ok:
+                got[rank] = value
+            else:
+                failures.append((rank, value))
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(10.0, deadline - time.time())))
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failures:
+        failures.sort()
+        raise SpawnError("\n".join(f"--- rank {r} ---\n{text}" for r, text in failures))
+    return [got[r] for r in range(nprocs)]

@@ -1,0 +1,329 @@
+"""sparsetorch.distributed on local process groups: 2 and 3 ranks spawned by the test (gloo on the CPU;
+NCCL with one GPU per rank where two GPUs exist), every result compared with the single-process
+float64 result; a rank with bad input or a rank that never arrives makes every rank raise.
+
+Each spawn starts fresh Python processes (a few seconds), so one spawn runs many cases.
+"""
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import sparsetorch as st
+from _helpers import activation_refs, random_csr, rounded
+
+if not dist.is_available():  # pragma: no cover
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+from sparsetorch.distributed import (GCN, DistributedCSR, DistributedError, balanced_row_bounds,  # noqa: E402
+                                     masked_cross_entropy, node_features, node_labels, node_mask, power_law_block,
+                                     power_law_degrees, power_law_graph, sync_gradients)
+from sparsetorch.distributed.launch import spawn  # noqa: E402
+from sparsetorch.distributed.partition import entry_rows  # noqa: E402
+
+TWO_GPUS = st.build_info()["cuda_available"] and torch.cuda.device_count() >= 2
+BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices"))]
+# Half types: the local and the remote partial products are each rounded to the dtype before they
+# are added (one rounding more than on one device).
+DIST_TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 8e-3, torch.bfloat16: 6e-2}
+
+
+def _device(backend, rank):
+    return torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+
+def _close(got, ref, dtype, what):
+    """got (this rank's rows, any dtype/device) against a float64 reference."""
+    got = got.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    if ref.numel() == 0:
+        return
+    scale = max(ref.abs().max().item(), 1e-30)
+    err = (got - ref).abs().max().item() / scale
+    assert err <= DIST_TOL[dtype], f"{what}: max error {err:.3g} of max |ref| > {DIST_TOL[dtype]:.1g} ({dtype})"
+
+
+def _entry_positions(D):
+    """Global (row, column) of every local and remote entry of this rank."""
+    lr = D.row_start + entry_rows(D.local.crow_indices, D.local.col_indices.numel()).cpu()
+    lc = D.col_start + D.local.col_indices.long().cpu()
+    rr = D.row_start + entry_rows(D.remote.crow_indices, D.remote.col_indices.numel()).cpu()
+    rc = D.halo_plan.halo.cpu()[D.remote.col_indices.long().cpu()]
+    return (lr, lc), (rr, rc)
+
+
+def _build(kind, a, device):
+    """The three constructions, each with another halo mode: whole peer blocks whenever any row of
+    the peer is needed (dense_fraction 0), the default, and never whole blocks."""
+    if kind == "global":
+        return DistributedCSR.from_global(a, device=device, dense_fraction=0.0)
+    if kind == "scatter":
+        return DistributedCSR.scatter(a if dist.get_rank() == 0 else None, device=device)
+    bounds = balanced_row_bounds(torch.from_numpy(a.indptr), dist.get_world_size())
+    r = dist.get_rank()
+    return DistributedCSR.from_blocks(a[bounds[r]:bounds[r + 1]], device=device, dense_fraction=2.0)
+
+
+def _forward_backward_case(D, a64, dtype, device, n, rng, act, with_c, beta=0.5, alpha=1.5):
+    """One product with every input requiring grad, against dense float64 autograd."""
+    m, k = a64.shape
+    B = torch.from_numpy(rng.standard_normal((k, n))).to(dtype)
+    bias = torch.from_numpy(rng.standard_normal(n)).to(dtype)
+    c = torch.from_numpy(rng.standard_normal((m, n))).to(dtype) if with_c else None
+    W = torch.from_numpy(rng.standard_normal((m, n)))
+    ref_act = activation_refs(0.2)[act]
+
+    # reference: the whole product in float64 (inputs rounded through dtype first)
+    A_ref = torch.from_numpy(a64.toarray()).requires_grad_()
+    B_ref = B.double().clone().requires_grad_()
+    bias_ref = bias.double().clone().requires_grad_()
+    c_ref = c.double().clone().requires_grad_() if with_c else None
+    z = alpha * (A_ref @ B_ref) + bias_ref + (beta * c_ref if with_c else 0)
+    y_ref = ref_act(z)
+    (y_ref * W).sum().backward()
+
+    # distributed: this rank's rows
+    lv = D.local.values.detach().clone().requires_grad_()
+    rv = D.remote.values.detach().clone().requires_grad_()
+    Dv = D.with_values(lv, rv)
+    B_r = D.local_cols(B).to(device).clone().requires_grad_()
+    bias_r = bias.to(device).clone().requires_grad_()
+    c_r = D.local_rows(c).to(device).clone().requires_grad_() if with_c else None
+    y = st.spmm(Dv, B_r, alpha=alpha, beta=beta if with_c else 0.0, c=c_r, bias=bias_r, activation=act,
+                negative_slope=0.2)
+    _close(y, D.local_rows(y_ref), dtype, f"forward {act}")
+    (y.double() * D.local_rows(W).to(device)).sum().backward()
+    _close(B_r.grad, D.local_cols(B_ref.grad), dtype, f"grad B {act}")
+    if with_c:
+        _close(c_r.grad, D.local_rows(c_ref.grad), dtype, "grad c")
+    g_bias = bias_r.grad.clone()
+    dist.all_reduce(g_bias)  # each rank's share of the bias gradient
+    _close(g_bias, bias_ref.grad, dtype, "grad bias")
+    (lr, lc), (rr, rc) = _entry_positions(D)
+    _close(lv.grad, A_ref.grad[lr, lc], dtype, "grad local values")
+    _close(rv.grad, A_ref.grad[rr, rc], dtype, "grad remote values")
+
+    # without autograd: the fused epilogue path gives the same rows
+    with torch.no_grad():
+        y2 = st.spmm(D, D.local_cols(B).to(device), alpha=alpha, beta=beta if with_c else 0.0,
+                     c=D.local_rows(c).to(device) if with_c else None, bias=bias.to(device), activation=act,
+                     negative_slope=0.2)
+    _close(y2, D.local_rows(y_ref), dtype, f"no-grad forward {act}")
+
+
+def _products_worker(rank, world, backend):
+    device = _device(backend, rank)
+    rng = np.random.default_rng(1234)  # the same global data on every rank
+    cases = 0
+    for dtype, index_dtype in ((torch.float64, torch.int64), (torch.float32, torch.int32),
+                               (torch.bfloat16, torch.int32), (torch.float16, torch.int64)):
+        a = random_csr(rng, 41, 41, 0.12, unsorted=True, duplicates=True, empty_rows=0.2)
+        a64 = rounded(a, dtype)
+        for kind in ("global", "scatter", "blocks"):
+            D = _build(kind, st.from_scipy(a, dtype=dtype, index_dtype=index_dtype) if kind != "blocks" else a,
+                       device)
+            if kind == "blocks":
+                D = D.to(dtype)
+            assert D.shape == (41, 41) and D.row_bounds == D.col_bounds
+            acts = ("relu", "none") if kind == "global" else ("gelu",)
+            for act in acts:
+                _forward_backward_case(D, a64, dtype, device, 5, rng, act, with_c=(act == "none"))
+                cases += 1
+    # rectangular: columns split evenly, rows by entries; one rank may own no columns of B
+    a = random_csr(rng, 30, 17, 0.2, duplicates=True)
+    D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64), device=device)
+    assert D.col_bounds == [17 * r // world for r in range(world + 1)]
+    _forward_backward_case(D, a, torch.float64, device, 3, rng, "leaky_relu", with_c=True)
+    # out= (accumulates into out), the default backend names, and n = 1
+    B = torch.from_numpy(rng.standard_normal((17, 1)))
+    out = torch.from_numpy(rng.standard_normal((30, 1)))
+    ref = 2.0 * (torch.from_numpy(a.toarray()) @ B) + 0.25 * out
+    got = D.local_rows(out).clone().to(device)
+    st.spmm(D, D.local_cols(B).to(device), alpha=2.0, beta=0.25, out=got, backend="native")
+    _close(got, D.local_rows(ref), torch.float64, "out=")
+    return cases + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [2, 3])
+def test_products_match_single_process(backend, world):
+    if backend == "nccl" and world > torch.cuda.device_count():
+        pytest.skip(f"needs {world} CUDA devices")
+    counts = spawn(_products_worker, world, backend, backend=backend, timeout=60)
+    assert counts == [counts[0]] * world and counts[0] > 10
+
+
+def _structure_worker(rank, world):
+    """3 ranks: an empty partition, a rank without halo, normalisations, the generator, GCN training."""
+    from sparsetorch.nn.gcn import gcn_normalize
+
+    rng = np.random.default_rng(99)
+    # rows 0..11 (rank 0) reference everything, rows 12..23 (rank 1) only their own columns, rank 2 none
+    top = random_csr(rng, 12, 24, 0.3, duplicates=True)
+    own = random_csr(rng, 12, 12, 0.4)
+    import scipy.sparse as sp
+
+    a = sp.vstack([top, sp.hstack([sp.csr_matrix((12, 12)), own])]).tocsr()
+    a.data = np.abs(a.data) + 0.1  # edge weights: positive degrees for the normalisation
+    D = DistributedCSR.from_global(st.from_scipy(a), row_bounds=[0, 12, 24, 24])
+    assert (D.row_end - D.row_start) == [12, 12, 0][rank]
+    if rank == 1:
+        assert D.halo_size == 0 and D.remote.col_indices.numel() == 0
+    if rank == 2:
+        assert D.halo_size == 0 and D.nnz == 0
+    assert D.halo_plan.active  # rank 0 needs rows of rank 1
+    _forward_backward_case(D, a, torch.float64, "cpu", 4, rng, "tanh", with_c=True)
+
+    # normalisations against the single-device ones (a is square and partitioned alike)
+    for loops, improved in ((True, False), (True, True), (False, False)):
+        a_loop = a + (2.0 if improved else 1.0) * sp.identity(24, format="csr") if loops else a
+        ref = gcn_normalize(st.from_scipy(a_loop), add_loops=False).to_dense()
+        X = torch.from_numpy(rng.standard_normal((24, 3)))
+        got = st.spmm(D.gcn_normalized(loops, improved), D.local_cols(X))
+        _close(got, D.local_rows(ref @ X), torch.float64, f"gcn_normalized({loops}, {improved})")
+    assert D.gcn_normalized() is D.gcn_normalized()  # cached
+    counts = np.diff(a.indptr)
+    mean_ref = torch.from_numpy(a.toarray()) / torch.from_numpy(np.maximum(counts, 1)).unsqueeze(1)
+    X = torch.from_numpy(rng.standard_normal((24, 2)))
+    _close(st.spmm(D.mean_normalized(), D.local_cols(X)), D.local_rows(mean_ref @ X), torch.float64, "mean")
+
+    # the generator: any block of rows alone equals those rows of the whole graph
+    g = power_law_graph(500, 6, seed=3, dtype=torch.float64, weighted=True)
+    deg = power_law_degrees(500, 6, seed=3)
+    bounds = balanced_row_bounds(g.crow_indices, world)
+    blk = power_law_block(500, 6, rows=(bounds[rank], bounds[rank + 1]), seed=3, dtype=torch.float64, weighted=True,
+                          degrees=deg)
+    whole = g.to_dense()[bounds[rank]:bounds[rank + 1]]
+    assert torch.equal(blk.to_dense(), whole)
+    cost = [int(g.crow_indices[bounds[r + 1]] - g.crow_indices[bounds[r]]) + bounds[r + 1] - bounds[r]
+            for r in range(world)]
+    longest = int(deg.max()) + 1
+    assert max(cost) - min(cost) <= 2 * longest, (bounds, cost)  # balanced by entries, up to one row
+
+    # full-graph GCN: 3 steps on 3 ranks = 3 steps on one process (each rank also runs the whole graph)
+    Dg = DistributedCSR.from_blocks(blk)
+    x = node_features((bounds[rank], bounds[rank + 1]), 8, seed=4, dtype=torch.float64)
+    y = node_labels(x, 3, seed=5)
+    mask = node_mask((bounds[rank], bounds[rank + 1]), 0.5, seed=6)
+    solo_group = dist.new_group([rank], backend="gloo", use_local_synchronization=True)
+    Ds = DistributedCSR.from_global(g, group=solo_group)
+    xs, ys, ms = node_features((0, 500), 8, seed=4, dtype=torch.float64), None, node_mask((0, 500), 0.5, seed=6)
+    ys = node_labels(xs, 3, seed=5)
+    losses = {}
+    for name, A, xx, yy, mm, grp in (("dist", Dg, x, y, mask, None), ("solo", Ds, xs, ys, ms, solo_group)):
+        torch.manual_seed(0)
+        model = GCN(8, 16, 3).double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        out = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = masked_cross_entropy(model(xx, A), yy, mm, group=grp)
+            loss.backward()
+            sync_gradients(model.parameters(), group=grp)
+            total = loss.detach().clone()
+            if grp is None:
+                dist.all_reduce(total)
+            out.append(total.item())
+            opt.step()
+        losses[name] = out
+    assert np.allclose(losses["dist"], losses["solo"], rtol=1e-10, atol=1e-12), losses
+    assert losses["dist"][-1] < losses["dist"][0]
+    return losses["dist"]
+
+
+def test_structure_normalisation_generator_training_three_ranks():
+    losses = spawn(_structure_worker, 3, backend="gloo", timeout=60)
+    assert losses[0] == losses[1] == losses[2]
+
+
+def _failing_worker(rank, world, cases):
+    """For each case, what this rank raised (type, message), or None; the group stays usable after each."""
+    return [_failing_case(rank, case) for case in cases]
+
+
+def _failing_case(rank, case):
+    rng = np.random.default_rng(7)
+    a = random_csr(rng, 20, 20, 0.3)
+    try:
+        if case == "bad_block":
+            block = st.from_scipy(a[rank * 10:(rank + 1) * 10], dtype=torch.float64)
+            if rank == 1:  # a column out of range on one rank only
+                col = block.col_indices.clone()
+                col[-1] = 25
+                block = st.CSR(block.crow_indices, col, block.values, block.shape)
+            DistributedCSR.from_blocks(block)
+        elif case == "bad_b":
+            D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64))
+            rows = D.col_end - D.col_start + (1 if rank == 0 else 0)  # rank 0 passes one row too many
+            st.spmm(D, torch.ones(rows, 4, dtype=torch.float64))
+        elif case == "bad_width":
+            D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64))
+            st.spmm(D, torch.ones(D.col_end - D.col_start, 4 + rank, dtype=torch.float64))
+        elif case == "absent":
+            D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64))
+            if rank == 1:
+                time.sleep(6)  # never calls spmm: stuck elsewhere, past the group's 3 s timeout
+                return None
+            t0 = time.time()
+            try:
+                st.spmm(D, torch.ones(D.col_end - D.col_start, 4, dtype=torch.float64))
+            finally:
+                assert time.time() - t0 < 30
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_bad_input_on_one_rank_raises_on_every_rank():
+    expected = [("bad_block", "ValueError", "rank 1"), ("bad_b", "ValueError", "rank 0"),
+                ("bad_width", "ValueError", "rank 1: 5")]
+    got = spawn(_failing_worker, 2, [case for case, _, _ in expected], backend="gloo", timeout=20)
+    for rank, results in enumerate(got):
+        for (case, kind, rank_named), res in zip(expected, results):
+            assert res is not None, f"{case}: rank {rank} did not raise"
+            assert res[0] == kind, (case, res)
+            assert rank_named in res[1], (case, res)
+
+
+def test_absent_rank_times_out_with_an_error():
+    got = [res[0] for res in spawn(_failing_worker, 2, ["absent"], backend="gloo", timeout=3)]
+    assert got[1] is None
+    assert got[0] is not None and got[0][0] == DistributedError.__name__, got[0]
+    assert "rank 0" in got[0][1] and "did not complete" in got[0][1], got[0]
+
+
+def test_errors_outside_a_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedCSR.from_global(st.from_scipy(random_csr(np.random.default_rng(0), 4, 4, 0.5)))
+    with pytest.raises(ValueError, match="boundaries"):
+        from sparsetorch.distributed.partition import check_bounds
+        check_bounds([0, 5, 3], 3, 2, "row_bounds")
+    bounds = balanced_row_bounds(torch.tensor([0, 0, 0]), 4)  # more parts than rows: some blocks empty
+    assert len(bounds) == 5 and bounds[0] == 0 and bounds[-1] == 2 and bounds == sorted(bounds)
+
+
+def _example_worker(rank, world):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "distributed_gcn.py")
+    spec = importlib.util.spec_from_file_location("distributed_gcn", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    summary = example.train(example.parse(["--nodes", "3000", "--features", "16", "--hidden", "16", "--classes", "4",
+                                           "--epochs", "8", "--lr", "0.05"]))
+    return summary["losses"], summary["exchange"], summary["halo_rows"], summary["edges"]
+
+
+def test_example_trains_on_two_ranks():
+    got = spawn(_example_worker, 2, backend="gloo", timeout=60)
+    (losses0, exchange0, halo0, edges), (losses1, _, _, edges1) = got
+    assert losses0 == losses1 and edges == edges1 > 3000 * 10
+    assert losses0[-1] < losses0[0]
+    # per epoch one exchange per layer (16 and 4 columns), plus one of the degree factors (gcn_normalized)
+    assert exchange0["forward_calls"] == 2 * 8 + 1
+    assert exchange0["forward_bytes_received"] == (8 * (16 + 4) + 1) * halo0 * 4
+    assert exchange0["backward_calls"] == 2 * 8
