@@ -327,16 +327,17 @@ static int run_corrupt() {
   f.values.resize(50);  // far fewer values than the bitmaps claim
   Device d;
   d.upload(f);
+  const int kx = (k + 7) / 8 * 8;
   uint16_t *x, *y;
-  CK(cudaMalloc(&x, static_cast<size_t>(n) * k * 2 + 64));
+  CK(cudaMalloc(&x, static_cast<size_t>(n) * kx * 2));
   CK(cudaMalloc(&y, static_cast<size_t>(n) * m * 2));
-  CK(cudaMemset(x, 0, static_cast<size_t>(n) * k * 2 + 64));
+  CK(cudaMemset(x, 0, static_cast<size_t>(n) * kx * 2));
   for (int variant = 0; variant < 6; ++variant) {
     g_scatter_max = variant < 3 ? -1 : 1024;
     Launch l = choose_launch(m, n, k, g_sms);
     if (variant % 3 == 1) l = with(l, 8, 3, m, k);
     if (variant % 3 == 2) l = with(l, 1, 1, m, k);
-    run<__nv_bfloat16>(d, f, x, n, (k + 7) / 8 * 8, nullptr, Activation::None, y, l);
+    run<__nv_bfloat16>(d, f, x, n, kx, nullptr, Activation::None, y, l);
   }
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("corrupt layout: %s\n", cudaGetErrorString(e));

@@ -171,15 +171,22 @@ def test_cuda_split_k_and_both_paths_repeatable(rng):
 
 
 def test_nonfinite_x_like_dense(device, rng):
+    # The tensor cores multiply the weight's zeros too: like F.linear on the dense weight, an Inf meeting
+    # a zero gives NaN, meeting an entry +-Inf; a NaN spreads to the whole token.
     m, k = 20, 100
     for dtype in _dtypes(device):
         w = _pruned(rng, m, k, 0.9, dtype, device)
+        w[:, 7] = 0.0
+        w[::3, 7] = 1.0  # some rows have an entry where token 1 is Inf
         x = randn(rng, 4, k, dtype=dtype, device=device)
         x[1, 7] = float("inf")
         x[2, 99] = float("nan")
-        out = st.bitmap_linear(x, st.BitmapWeight.from_dense(w)).cpu()
-        assert torch.isnan(out[1]).all() and torch.isnan(out[2]).all()
-        assert torch.isfinite(out[0]).all() and torch.isfinite(out[3]).all()
+        out = st.bitmap_linear(x, st.BitmapWeight.from_dense(w)).double().cpu()
+        ref = (x.double().cpu()[:, None, :] * w.double().cpu()[None, :, :]).sum(-1)  # every product, IEEE
+        assert torch.equal(torch.isnan(out), torch.isnan(ref))
+        assert torch.equal(torch.isinf(out), torch.isinf(ref)) and torch.isinf(out[1]).sum() == 7
+        assert torch.equal(out[torch.isinf(ref)], ref[torch.isinf(ref)])
+        _check(out[[0, 3]], ref[[0, 3]], dtype)
 
 
 def test_from_csr_duplicates_explicit_zeros_and_refresh(device, rng):

@@ -6,13 +6,16 @@
 // read (offsets in range and matching the bitmaps' popcounts, no bit outside the weight): IndexError.
 //
 // Semantics match the CUDA kernel (and F.linear on the dense weight) where x holds NaN or Inf: the
-// tensor cores multiply the weight's zeros too, so a token with a non-finite feature gets NaN in every
-// output (the CUDA kernel's 0 * inf); here those tokens' outputs are set to NaN after the product.
+// tensor cores multiply the weight's zeros too, so output (token, row) is NaN when the token has a
+// non-finite feature in a column where the row has no entry (0 * inf), and otherwise what the
+// entries' products give (+-inf, NaN). Here: per row and token with non-finite features, a count of
+// those features that the row's entries cover; fewer than the token has means one met a zero.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -41,15 +44,18 @@ void check_layout(const int64_t* bitmaps, const int32_t* offsets, int64_t groups
 }
 
 template <typename scalar_t>
-void bitmap_linear_kernel(const BitmapProblem& p, const at::Tensor& xt, const int64_t* bitmaps, const int32_t* offsets,
-                          const scalar_t* values, const scalar_t* bias, Activation act, double slope, scalar_t* out) {
+void bitmap_linear_kernel(const BitmapProblem& p, const at::Tensor& xt, const int64_t* nonfinite, const int64_t* bitmaps,
+                          const int32_t* offsets, const scalar_t* values, const scalar_t* bias, Activation act,
+                          double slope, scalar_t* out) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t n = p.n, m = p.m, k = p.k, chunks = p.chunks;
   const acc_t* x = xt.data_ptr<acc_t>();  // (k, n)
   at::parallel_for(0, p.strips, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> acc(kBitmapGroupRows * n);
+    std::vector<int64_t> covered(nonfinite != nullptr ? kBitmapGroupRows * n : 0);
     for (int64_t strip = begin; strip < end; ++strip) {
       std::fill(acc.begin(), acc.end(), acc_t(0));
+      std::fill(covered.begin(), covered.end(), int64_t{0});
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t g = strip * chunks + c;
         const scalar_t* v = values + offsets[g];
@@ -67,6 +73,9 @@ void bitmap_linear_kernel(const BitmapProblem& p, const at::Tensor& xt, const in
             const acc_t* xr = x + kk * n;
             acc_t* ar = acc.data() + row * n;
             for (int64_t t = 0; t < n; ++t) ar[t] += w * xr[t];
+            if (nonfinite != nullptr) {
+              for (int64_t t = 0; t < n; ++t) covered[row * n + t] += !std::isfinite(xr[t]);
+            }
           }
         }
       }
@@ -75,7 +84,9 @@ void bitmap_linear_kernel(const BitmapProblem& p, const at::Tensor& xt, const in
         if (r >= m) break;
         const acc_t b = bias != nullptr ? static_cast<acc_t>(bias[r]) : acc_t(0);
         for (int64_t t = 0; t < n; ++t) {
-          out[t * m + r] = static_cast<scalar_t>(apply_activation(act, acc[row * n + t] + b, static_cast<acc_t>(slope)));
+          acc_t z = acc[row * n + t] + b;
+          if (nonfinite != nullptr && covered[row * n + t] < nonfinite[t]) z = std::numeric_limits<acc_t>::quiet_NaN();
+          out[t * m + r] = static_cast<scalar_t>(apply_activation(act, z, static_cast<acc_t>(slope)));
         }
       }
     }
@@ -96,17 +107,17 @@ at::Tensor bitmap_linear_cpu(const at::Tensor& x, const at::Tensor& bitmaps, con
   if (p.n > 0 && p.m > 0) {
     const at::Tensor x2 = x.reshape({p.n, p.k});
     const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+    // Non-finite features per token, when there are any.
+    const at::Tensor nonfinite = at::isfinite(x2).logical_not().sum(1).contiguous();
+    const bool any_nonfinite = p.k > 0 && nonfinite.any().item<bool>();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bitmap_linear_cpu", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const at::Tensor xt = x2.to(c10::CppTypeToScalarType<acc_t>::value).t().contiguous();
-      bitmap_linear_kernel<scalar_t>(p, xt, bm.data_ptr<int64_t>(), off.data_ptr<int32_t>(), val.data_ptr<scalar_t>(),
+      bitmap_linear_kernel<scalar_t>(p, xt, any_nonfinite ? nonfinite.data_ptr<int64_t>() : nullptr,
+                                     bm.data_ptr<int64_t>(), off.data_ptr<int32_t>(), val.data_ptr<scalar_t>(),
                                      bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr, act, negative_slope,
                                      out.data_ptr<scalar_t>());
     });
-    if (p.k > 0) {
-      const at::Tensor bad = at::isfinite(x2).all(1).logical_not();
-      if (bad.any().item<bool>()) out.index_put_({bad}, std::numeric_limits<double>::quiet_NaN());
-    }
   }
   return out.view(p.out_shape);
 }
