@@ -168,6 +168,7 @@ static void run(const Device& d, const Format& f, const uint16_t* x, int n, int 
   p.wk = l.wk;
   p.chunks_per_split = l.chunks_per_split;
   p.scatter_max = g_scatter_max;
+  p.prefetch = l.prefetch;
   if (l.splits > 1) {
     const size_t need = static_cast<size_t>(l.splits) * n * f.m * 4;
     if (need > g_ws_bytes) {
@@ -286,6 +287,7 @@ static int run_checks() {
     }
     Launch l = choose_launch(c.m, c.n, c.k, g_sms);
     if (c.wk) l = with(l, c.wk, c.splits, c.m, c.k);
+    if (mode == 1) l.prefetch = kPrefetchGroups;  // prefetch with every token count, checked under memcheck
     if (c.bf16)
       run<__nv_bfloat16>(d, f, x, c.n, kx, bias, c.act, y, l);
     else
@@ -337,6 +339,7 @@ static int run_corrupt() {
     Launch l = choose_launch(m, n, k, g_sms);
     if (variant % 3 == 1) l = with(l, 8, 3, m, k);
     if (variant % 3 == 2) l = with(l, 1, 1, m, k);
+    l.prefetch = variant % 2 ? kPrefetchGroups : 0;
     run<__nv_bfloat16>(d, f, x, n, kx, nullptr, Activation::None, y, l);
   }
   const cudaError_t e = cudaDeviceSynchronize();
@@ -458,6 +461,46 @@ static void run_bench() {
   }
 }
 
+// Prefetch on/off (Launch::prefetch) on 11008 x 4096 at 50% and 90%, clean L2 flush.
+static void run_prefetch_ab() {
+  Timer timer;
+  timer.clean = true;
+  const int m = 11008, k = 4096;
+  std::mt19937_64 gen(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  uint16_t *x, *y;
+  CK(cudaMalloc(&x, size_t{512} * k * 2));
+  CK(cudaMalloc(&y, size_t{512} * m * 2));
+  {
+    std::vector<uint16_t> xh(size_t{512} * k);
+    for (auto& v : xh) v = f2bf(nd(gen));
+    CK(cudaMemcpy(x, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+  }
+  for (double sp : {0.5, 0.9}) {
+    const std::vector<uint16_t> w = pruned_weight(m, k, sp, true, gen());
+    const Format f = build(w, m, k);
+    Device d;
+    d.upload(f);
+    for (int n : {1, 16, 64, 512}) {
+      Launch l = choose_launch(m, n, k, g_sms);
+      float us[2];
+      for (int pf = 0; pf < 2; ++pf) {
+        l.prefetch = pf ? kPrefetchGroups : 0;
+        us[pf] = timer.median_us([&] { run<__nv_bfloat16>(d, f, x, n, k, nullptr, Activation::None, y, l); });
+      }
+      std::vector<uint16_t> yh(static_cast<size_t>(n) * m), xh(static_cast<size_t>(n) * k);
+      CK(cudaMemcpy(yh.data(), y, yh.size() * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(xh.data(), x, xh.size() * 2, cudaMemcpyDeviceToHost));
+      std::vector<int> rows;
+      for (int i = 0; i < 16; ++i) rows.push_back(static_cast<int>(gen() % m));
+      const double err = check_rows(w, xh, yh, {}, m, k, k, n, true, Activation::None, rows);
+      std::printf("prefetch A/B 11008x4096 sp=%.2f N=%d: no prefetch %.1f us, prefetch %d: %.1f us (auto: %d) err %.2e\n",
+                  sp, n, us[0], kPrefetchGroups, us[1], choose_launch(m, n, k, g_sms).prefetch, err);
+    }
+    d.release();
+  }
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "all";
   cudaDeviceProp prop;
@@ -468,6 +511,7 @@ int main(int argc, char** argv) {
   if (mode == "check" || mode == "all") failures += run_checks();
   if (mode == "corrupt" || mode == "all") failures += run_corrupt();
   if (mode == "bench" || mode == "all") run_bench();
+  if (mode == "prefetch") run_prefetch_ab();
   std::printf("failures: %d\n", failures);
   return failures != 0;
 }

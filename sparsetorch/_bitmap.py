@@ -136,9 +136,10 @@ class BitmapWeight:
             gather[scatter] = torch.arange(nnz, device=scatter.device)
             values = a.values.detach()[gather].to(dtype)
             return cls(bitmaps, offsets, values, (m, k), _csr_gather=gather, _csr_nnz=nnz)
-        values = torch.zeros(unique.numel(), dtype=dtype, device=a.device)
-        values.index_add_(0, scatter, a.values.detach().to(dtype))
-        return cls(bitmaps, offsets, values, (m, k), _csr_scatter=scatter, _csr_nnz=nnz)
+        # Repeated positions summed in float64, rounded once: the same bits whatever the order.
+        summed = torch.zeros(unique.numel(), dtype=torch.float64, device=a.device)
+        summed.index_add_(0, scatter, a.values.detach().double())
+        return cls(bitmaps, offsets, summed.to(dtype), (m, k), _csr_scatter=scatter, _csr_nnz=nnz)
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, mask: Optional[torch.Tensor] = None) -> "BitmapWeight":
@@ -204,7 +205,7 @@ class BitmapWeight:
 
     def values_from_csr(self, csr_values: torch.Tensor) -> None:
         """Refresh ``values`` in place from the values of the CSR this weight was built from (same
-        pattern and entry order): one gather (a scatter-add when the CSR repeats positions)."""
+        pattern and entry order): one gather (a scatter-add in float64 when the CSR repeats positions)."""
         if self._csr_nnz is None:
             raise ValueError("values_from_csr: this BitmapWeight was not built from a CSR or dense weight")
         if not isinstance(csr_values, torch.Tensor) or csr_values.shape != (self._csr_nnz,):
@@ -215,7 +216,8 @@ class BitmapWeight:
             if self._csr_gather is not None:
                 self.values.copy_(src[self._csr_gather])
             else:
-                self.values.zero_().index_add_(0, self._csr_scatter, src)
+                summed = torch.zeros(self.values.shape, dtype=torch.float64, device=self.device)
+                self.values.copy_(summed.index_add_(0, self._csr_scatter, csr_values.to(self.device).double()))
 
     # --- autograd ----------------------------------------------------------------------------
     def prepare_backward(self) -> tuple:

@@ -196,7 +196,8 @@ def test_from_csr_duplicates_explicit_zeros_and_refresh(device, rng):
         for index_dtype in (torch.int32, torch.int64):
             A = st.from_scipy(a, device=device, dtype=dtype, index_dtype=index_dtype)
             W = st.BitmapWeight.from_csr(A)
-            dense = st.to_dense(A)
+            # repeated positions summed exactly (float64), rounded once
+            dense = st.to_dense(A.to(dtype=torch.float64)).to(dtype)
             assert torch.equal(W.to_dense().cpu(), dense.cpu())
             a_nodup = a.copy()
             a_nodup.sum_duplicates()
@@ -205,7 +206,7 @@ def test_from_csr_duplicates_explicit_zeros_and_refresh(device, rng):
             _check(st.bitmap_linear(x, W), _ref(x, dense), dtype)
             new = randn(rng, A.values.numel(), dtype=dtype, device=device)
             W.values_from_csr(new)
-            assert torch.equal(W.to_dense().cpu(), st.to_dense(A.with_values(new)).cpu())
+            assert torch.equal(W.to_dense().cpu(), st.to_dense(A.with_values(new).to(dtype=torch.float64)).to(dtype).cpu())
     # a scipy matrix and a torch sparse CSR tensor are accepted too; from_dense's CSR order refreshes
     W2 = st.BitmapWeight.from_csr(a, dtype=torch.float32)
     assert W2.shape == (45, 200) and W2.dtype == torch.float32

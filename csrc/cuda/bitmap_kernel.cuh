@@ -46,9 +46,9 @@ constexpr int kTableBytes = 32 * 8;                       // (bitmap word, first
 constexpr int kWarpSmem = kStages * kStageBytes + kTileBytes + kTableBytes;
 constexpr int kBlockSmem = kWarps * kWarpSmem;            // 71808 bytes: 3 blocks per H100 SM
 constexpr int kRedStride = 20;                            // floats per token row of the reduction buffer
-// Groups a warp asks L2 for ahead of its cp.async stages: at high sparsity a group is a few hundred
-// bytes, and the stages alone kept too few bytes in flight to cover DRAM latency (measured on the
-// H100: 29 us at 95% sparsity for 11008 x 4096, N = 1, ~12% of the copy bandwidth).
+// Groups a warp asks L2 for ahead of its cp.async stages (Launch::prefetch). Measured on the H100
+// (benchmarks/results/nvidia-h100-80gb-hbm3/bitmap_cuda.md): with 8, N >= 64 ran 1.5-2x faster (with
+// 16-byte x loads) and N <= 16 ~15% slower, so choose_launch turns it on for N > 16 only.
 constexpr int kPrefetchGroups = 8;
 constexpr int kMaxNT = 8;
 static_assert(kStageBytes % 16 == 0 && kWarpSmem % 16 == 0, "stages must stay 16-byte aligned");
@@ -70,6 +70,7 @@ struct Params {
   int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
   int chunks_per_split;     // chunks of one blockIdx.z
   int scatter_max;          // groups with at most this many values take the scatter path
+  int prefetch;             // groups prefetched into L2 ahead of the stages (0: none)
 };
 
 template <typename T>
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
 
   // L2 prefetch of group i (its bitmaps and the whole 16-byte pieces of its values), by one lane.
   auto prefetch = [&](int i) {
-    if (lane != 0 || i >= count) return;
+    if (lane != 0 || i >= count || p.prefetch == 0) return;
     const int64_t g = group0 + i;
     prefetch_l2(p.bitmaps + g * 16, kBitmapBytes);
     const int64_t start = min(max(static_cast<int64_t>(__ldg(p.offsets + g)), int64_t{0}), p.nvalues);
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
   const int high = lane >> 4, shift = 2 * (lane & 15);
   const uint32_t below = (1u << shift) - 1u;  // the bits of the lane's word below its two
 
-  for (int i = kStages - 1; i < kStages - 1 + kPrefetchGroups; ++i) prefetch(i);
+  for (int i = kStages - 1; i < kStages - 1 + p.prefetch; ++i) prefetch(i);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < count) issue(i);
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
     __syncwarp();  // group i is in its stage for every lane; every lane is done with stage i - 1
     if (i + kStages - 1 < count) issue(i + kStages - 1);
     commit();
-    prefetch(i + kStages - 1 + kPrefetchGroups);
+    prefetch(i + kStages - 1 + p.prefetch);
     const unsigned char* st = my + (i % kStages) * kStageBytes;
     const int lead = *reinterpret_cast<const int*>(st + kBitmapBytes);
     const uint16_t* vals = reinterpret_cast<const uint16_t*>(st + kBitmapBytes + kHeaderBytes);
@@ -350,13 +351,14 @@ __global__ void bitmap_splitk_reduce_kernel(const float* ws, int splits, int64_t
 // blocks, until there are about `blocks_wanted` blocks (3 per SM: what fits in shared memory); each warp
 // keeps at least kMinChunks chunks so that its pipeline has something to overlap.
 struct Launch {
-  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1;
+  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, prefetch = 0;
   int64_t column_tiles = 1, row_blocks = 1;
 };
 constexpr int kMinChunks = 4;
 inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms) {
   Launch l;
   l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
+  l.prefetch = l.nt >= 4 ? kPrefetchGroups : 0;
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
   const int64_t strips = bitmap_strips(m), chunks = bitmap_chunks(k);
   const int64_t wanted = 3 * static_cast<int64_t>(sms);

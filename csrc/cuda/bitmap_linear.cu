@@ -117,6 +117,7 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   prm.wk = l.wk;
   prm.chunks_per_split = l.chunks_per_split;
   prm.scatter_max = scatter_max();
+  prm.prefetch = l.prefetch;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (bf16) {
     launch<__nv_bfloat16>(prm, l, stream);
