@@ -15,6 +15,19 @@
 // thread blocks (blockIdx.z): each writes fp32 partial sums to a workspace that a second kernel adds in
 // split order. Every reduction has a fixed order: the result does not depend on timing.
 //
+// Decode, two paths chosen per group (Params::scatter_max): gather (work ~ positions: per quadrant a
+// lane's rank is its word's first value, from a warp scan of the 32 words' popcounts, plus one popcount;
+// two 16-bit loads and a PRMT) for dense groups, scatter (work ~ values: each lane writes its word's
+// values into a zeroed fragment-order tile, then reads its 16 registers back) for sparse ones.
+//
+// Measured (H100, benchmarks/results/nvidia-h100-80gb-hbm3/bitmap_cuda.md, 11008 x 4096, N = 1, L2
+// flushed clean): 39 us at 50% sparsity, 31 us at 90%, 29 us at 95%, against dense F.linear's 37 us and
+// floors of 17 / 5.0 / 3.5 us: the time follows the bytes only weakly. What limits it is not settled:
+// the first decode (three popcounts per quadrant) was 39-45 us at every sparsity, integer-bound by
+// count; the cheaper decode gained 10-25% at 90-95%; an L2 bulk prefetch 8 groups ahead lost 7-16%.
+// Per group a warp takes ~2-4k cycles, so latency per group (cp.async wait, x and offsets loads, the
+// decode's dependent chain) with ~24 warps per SM is the next suspect; ncu was not run.
+//
 // Bounds: whatever the bitmaps and offsets hold, a group's copy is clamped to the values array and to
 // at most 1024 values, and a lane's read index is the count of set bits before its own in a 1024-bit
 // group, so every shared-memory read stays inside its stage; a corrupt layout gives a wrong product,
@@ -46,9 +59,10 @@ constexpr int kTableBytes = 32 * 8;                       // (bitmap word, first
 constexpr int kWarpSmem = kStages * kStageBytes + kTileBytes + kTableBytes;
 constexpr int kBlockSmem = kWarps * kWarpSmem;            // 71808 bytes: 3 blocks per H100 SM
 constexpr int kRedStride = 20;                            // floats per token row of the reduction buffer
-// Groups a warp asks L2 for ahead of its cp.async stages (Launch::prefetch). Measured on the H100
-// (benchmarks/results/nvidia-h100-80gb-hbm3/bitmap_cuda.md): with 8, N >= 64 ran 1.5-2x faster (with
-// 16-byte x loads) and N <= 16 ~15% slower, so choose_launch turns it on for N > 16 only.
+// Groups a warp may ask L2 for ahead of its cp.async stages (Launch::prefetch, a bulk L2 prefetch per
+// group). Off: measured on the H100 (11008 x 4096, 50% / 90%, N = 1 .. 512) every case ran 7-16%
+// slower with 8 (benchmarks/results/nvidia-h100-80gb-hbm3/bitmap_prefetch_ab.txt); kept as a launch
+// parameter for the standalone harness's A/B.
 constexpr int kPrefetchGroups = 8;
 constexpr int kMaxNT = 8;
 static_assert(kStageBytes % 16 == 0 && kWarpSmem % 16 == 0, "stages must stay 16-byte aligned");
@@ -358,7 +372,6 @@ constexpr int kMinChunks = 4;
 inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms) {
   Launch l;
   l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
-  l.prefetch = l.nt >= 4 ? kPrefetchGroups : 0;
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
   const int64_t strips = bitmap_strips(m), chunks = bitmap_chunks(k);
   const int64_t wanted = 3 * static_cast<int64_t>(sms);
