@@ -21,6 +21,7 @@ from sparsetorch.csr import (
 )
 from sparsetorch.plan import SpmmPlan
 from sparsetorch._validate import MatrixInfo
+from sparsetorch._bitmap import BitmapWeight, bitmap_linear  # pruned bf16/fp16 weights in bitmap tiles
 from sparsetorch.functional import (
     ACTIVATIONS,
     DENSE_CROSSOVER,
@@ -52,7 +53,9 @@ from sparsetorch.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
+    "ACTIVATIONS", "BitmapWeight", "CSR", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "bitmap_linear",
+    "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div",
+    "from_dense",
     "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
     "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "transpose", "validate_csr",
 ]

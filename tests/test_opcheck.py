@@ -86,6 +86,15 @@ def samples(rng, device):
         bias=torch.randn(5, device=device, requires_grad=True), activation="silu")
     yield ops.csr_scale, (dcrow, dcol, dvalues, torch.rand(9, device=device, dtype=torch.float64,
                                                             requires_grad=True), g(7)), {}
+    # bitmap_linear (tests/test_bitmap.py has the rest): bfloat16 on CUDA (tensor cores), float32 on the CPU
+    bdtype = torch.bfloat16 if device == "cuda" else torch.float32
+    w = torch.randn(20, 70, device=device) * (torch.rand(20, 70, device=device) < 0.4)
+    W = st.BitmapWeight.from_dense(w.to(bdtype))
+    names = ("t_bitmaps", "t_offsets", "t_index", "csr_crow", "csr_col", "csr_index")
+    yield ops.bitmap_linear, (torch.randn(3, 70, device=device, dtype=bdtype, requires_grad=True), W.bitmaps,
+                              W.offsets, W.values.detach().clone().requires_grad_(), 20), dict(
+        bias=torch.randn(20, device=device, dtype=bdtype, requires_grad=True), activation="relu",
+        **dict(zip(names, W.prepare_backward())))
 
 
 def test_opcheck_all_ops(device, rng):

@@ -1,0 +1,148 @@
+// bitmap_linear on CUDA: bf16 and fp16 through the tensor-core kernel of cuda/bitmap_kernel.cuh (the
+// kernel, its design and the launch heuristic are described there). This file prepares the operands:
+// x as a (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned (copied, zero-padded,
+// only when it is not already), the layout's tensors contiguous and aligned, and, when the chunks are
+// split among thread blocks, the fp32 workspace that the second kernel sums in split order.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "common/bitmap_checks.h"
+#include "cuda/bitmap_kernel.cuh"
+
+namespace sparsetorch {
+namespace cuda {
+namespace {
+
+using bitmap::Launch;
+using bitmap::Params;
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// Groups with at most this many values take the kernel's scatter path (work ~ values), the others the
+// gather path (work ~ positions). SPARSETORCH_BITMAP_SCATTER overrides it (-1: never, 1024: always),
+// for benchmarks; read per call (a getenv) so that one process can compare.
+int scatter_max() {
+  const char* env = std::getenv("SPARSETORCH_BITMAP_SCATTER");
+  return env != nullptr ? std::atoi(env) : 256;
+}
+
+template <typename T, int NT>
+void launch_nt(const Params& p, const Launch& l, cudaStream_t stream) {
+  static const bool configured = [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(bitmap::bitmap_linear_kernel<T, NT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bitmap::kBlockSmem));
+    return true;
+  }();
+  (void)configured;
+  bitmap::bitmap_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks),
+                                             static_cast<unsigned>(l.splits)),
+                                        bitmap::kThreads, bitmap::kBlockSmem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch(const Params& p, const Launch& l, cudaStream_t stream) {
+  switch (l.nt) {
+    case 1:
+      return launch_nt<T, 1>(p, l, stream);
+    case 2:
+      return launch_nt<T, 2>(p, l, stream);
+    case 4:
+      return launch_nt<T, 4>(p, l, stream);
+    default:
+      return launch_nt<T, 8>(p, l, stream);
+  }
+}
+
+at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, const at::Tensor& offsets,
+                              const at::Tensor& values, int64_t out_features, const std::optional<at::Tensor>& bias,
+                              c10::string_view activation, double negative_slope, const std::optional<at::Tensor>&,
+                              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                              const std::optional<at::Tensor>&) {
+  const BitmapProblem p = check_bitmap_linear_args(x, bitmaps, offsets, values, out_features, bias);
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+                   "bitmap_linear on CUDA: expected bfloat16 or float16 (tensor cores), got ", x.scalar_type(),
+                   "; float32/float64 weights run on the CPU or as CSR (st.spmm)");
+  const Activation act = parse_activation(std::string(activation));
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({p.n, p.m}, x.options());
+  if (p.n == 0 || p.m == 0) return out.view(p.out_shape);
+
+  // x as (n, ldx) rows, ldx % 8 == 0, 16-byte aligned; zero-padded columns when copied.
+  at::Tensor x2 = x.reshape({p.n, p.k});
+  const int64_t kx = (p.k + 7) / 8 * 8;
+  if (!(x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && p.k % 8 == 0 && aligned16(x2)) || p.k == 0) {
+    at::Tensor padded = at::zeros({p.n, std::max<int64_t>(kx, 8)}, x.options());
+    padded.narrow(1, 0, p.k).copy_(x2);
+    x2 = padded;
+  }
+  at::Tensor bm = bitmaps.contiguous(), off = offsets.contiguous(), val = values.contiguous();
+  if (!aligned16(bm)) bm = bm.clone();
+  if (!aligned16(val)) val = val.clone();
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(prop->major >= 8 && prop->sharedMemPerBlockOptin >= static_cast<size_t>(bitmap::kBlockSmem),
+              "bitmap_linear: needs mma.sync (sm_80+) and ", bitmap::kBlockSmem,
+              " bytes of shared memory per block; this GPU offers ", prop->sharedMemPerBlockOptin);
+  const Launch l = bitmap::choose_launch(p.m, p.n, p.k, prop->multiProcessorCount);
+  TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536, "bitmap_linear: at most ",
+                    int64_t{65535} * 16 * bitmap::kWarps, " out_features, got ", p.m);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Tensor work = l.splits > 1 ? at::empty({l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
+
+  Params prm{};
+  prm.bitmaps = reinterpret_cast<const uint64_t*>(bm.data_ptr<int64_t>());
+  prm.offsets = off.data_ptr<int32_t>();
+  prm.values = reinterpret_cast<const uint16_t*>(val.data_ptr());
+  prm.nvalues = val.size(0);
+  prm.x = reinterpret_cast<const uint16_t*>(x2.data_ptr());
+  prm.ldx = x2.stride(0);
+  prm.kx = static_cast<int>(std::min<int64_t>(kx, x2.size(1)));
+  prm.n = static_cast<int>(p.n);
+  prm.m = static_cast<int>(p.m);
+  prm.strips = static_cast<int>(p.strips);
+  prm.chunks = static_cast<int>(p.chunks);
+  prm.out = l.splits > 1 ? work.data_ptr() : out.data_ptr();
+  prm.bias = bias_c.defined() ? reinterpret_cast<const uint16_t*>(bias_c.data_ptr()) : nullptr;
+  prm.act = act;
+  prm.slope = static_cast<float>(negative_slope);
+  prm.ws = l.ws;
+  prm.wk = l.wk;
+  prm.chunks_per_split = l.chunks_per_split;
+  prm.scatter_max = scatter_max();
+  prm.prefetch = l.prefetch;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  if (bf16) {
+    launch<__nv_bfloat16>(prm, l, stream);
+  } else {
+    launch<__half>(prm, l, stream);
+  }
+  if (l.splits > 1) {
+    const int64_t cells = p.n * p.m;
+    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((cells + 255) / 256, 8 * prop->multiProcessorCount)));
+    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+    if (bf16) {
+      bitmap::bitmap_splitk_reduce_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
+          work.data_ptr<float>(), l.splits, cells, p.m, prm.bias, act, prm.slope, o);
+    } else {
+      bitmap::bitmap_splitk_reduce_kernel<__half><<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), l.splits, cells,
+                                                                               p.m, prm.bias, act, prm.slope, o);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return out.view(p.out_shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("bitmap_linear", &bitmap_linear_cuda); }
+
+}  // namespace cuda
+}  // namespace sparsetorch
