@@ -9,12 +9,14 @@ from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_mo
 from sparsetorch.bench.suites.density import density_suite
 from sparsetorch.bench.suites.elementwise import elementwise_suite
 from sparsetorch.bench.suites.graphs import graph_suite, power_law_graph, random_graph, real_graphs
+from sparsetorch.bench.suites.pruned import pruned_suite
 
 SUITES = {
     "density": density_suite,
     "graphs": graph_suite,
     "batched": batched_suite,
     "elementwise": elementwise_suite,
+    "pruned": pruned_suite,
 }
 
 __all__ = ["SUITES", "Context", "Job", "densify_model", "gemm_model", "measure", "spmm_model", "power_law_graph",
