@@ -31,7 +31,7 @@ else
 fi
 python3 -c "import sparsetorch as st; print(st.build_info()); print('cusparselt_version', st._ops.ops.cusparselt_version())" 2>&1 | tee -a "$D"
 timeout "${TEST_T:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_sparse24.py tests/test_nn.py \
-  -k "${PYTEST_K:-sparse or compile}" > "$OUT/tests.log" 2>&1
+  -k "${PYTEST_K:-(sparse or compile) and not cpu}" > "$OUT/tests.log" 2>&1
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -2 "$OUT/tests.log"
 timeout "${BENCH_T:-200}" python3 benchmarks/pruned_cuda.py --out "$OUT/pruned" --budget "${BENCH_BUDGET:-150}" \
   > "$OUT/bench.log" 2>&1

@@ -180,7 +180,7 @@ class Sparse24Weight:
         crow, col, vals = self._residual()
         if self.compressed is not None:
             alg = self.algs.get(bucket, -1)
-            return ops.sparse24_linear(x, self.compressed, self.split.shape[0], crow, col, vals, bias, activation,
+            return ops.sparse24_linear.default(x, self.compressed, self.split.shape[0], crow, col, vals, bias, activation,
                                        float(negative_slope), alg)
         y = x @ self.dense.t()  # CPU reference
         if vals is not None:

@@ -161,8 +161,9 @@ def test_compress_check_and_linear(dtype):
 @needs_lt
 @pytest.mark.parametrize("sparsity", [0.9, 0.6])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_residual_split_on_cuda(sparsity, index_dtype):
-    m, k = 96, 4128  # k beyond one 8-token x tile of 64 KB: 4 tokens per block
+@pytest.mark.parametrize("k", [4128, 8208])  # x tiles of 8 tokens (66 KB) and of 4 (66 KB): above 48 KB
+def test_residual_split_on_cuda(sparsity, index_dtype, k):
+    m = 96
     w = _pruned(m, k, torch.bfloat16, sparsity, seed=3)
     a = st.from_dense(w).to(index_dtype=index_dtype)
     form = Sparse24Weight(Sparse24Split(a.crow_indices, a.col_indices, (m, k)), a.values)

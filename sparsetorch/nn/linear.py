@@ -23,6 +23,7 @@ import time
 from typing import Any, Dict, Optional
 
 import torch
+import torch.nn.functional as F_torch
 from torch import nn
 
 from sparsetorch import functional as F
@@ -50,12 +51,6 @@ def _bucket(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
-def _tensor_key(t: torch.Tensor):
-    try:
-        version = t._version
-    except RuntimeError:  # inference tensors have no version counter
-        version = -1
-    return t.data_ptr(), version
 
 
 def _host_time(call, reps: int = 5) -> float:
@@ -103,7 +98,7 @@ class _Forms:
     """A SparseLinear's derived forms and its route per token-count bucket (not part of the state_dict)."""
 
     def __init__(self):
-        self.pattern_key = self.values_key = None
+        self.key = self.pattern_key = None
         self._reset()
 
     def _reset(self):
@@ -119,13 +114,18 @@ class _Forms:
     # -- keeping the forms in step with the layer's tensors --
 
     def refresh(self, layer: "SparseLinear") -> None:
-        v = layer.values
-        pattern = (_tensor_key(layer.crow_indices), _tensor_key(layer.col_indices), tuple(v.shape), v.dtype, v.device)
+        v, crow, col = layer.values, layer.crow_indices, layer.col_indices
+        try:  # the cheap test first: nothing written in place, nothing swapped (.to(), load_state_dict)
+            key = (v._version, crow._version, col._version, v.data_ptr(), crow.data_ptr(), col.data_ptr())
+        except RuntimeError:  # inference tensors have no version counter
+            key = (-1, -1, -1, v.data_ptr(), crow.data_ptr(), col.data_ptr())
+        if key == self.key:
+            return
+        pattern = key[1:3] + key[4:] + (tuple(v.shape), v.dtype, v.device)
         if pattern != self.pattern_key:
             self._reset()
-            self.pattern_key, self.values_key = pattern, None
-        values = _tensor_key(v)
-        if values != self.values_key:
+            self.pattern_key = pattern
+        else:
             with torch.no_grad():
                 if self.dense is not None:
                     self.dense = layer.weight.to_dense().detach()
@@ -135,7 +135,7 @@ class _Forms:
                     self.bitmap.set_values(v)
                 if self.blocked is not None:
                     self.blocked._blocked_values = None  # the plan re-derives its pair values on the next call
-            self.values_key = values
+        self.key = key
 
     def has(self, route: str) -> bool:
         if route == "dense":
@@ -254,8 +254,8 @@ class _Forms:
         act = layer.activation if activation is None else activation
         slope = layer.negative_slope
         self.build(layer, route)
-        if route == "dense":
-            return ops.linear(x, self.dense, bias, act, slope)
+        if route == "dense":  # torch's F.linear has the lower host overhead where no activation is fused
+            return F_torch.linear(x, self.dense, bias) if act == "none" else ops.linear(x, self.dense, bias, act, slope)
         if route == "2:4":
             return self.sparse24(x, bias, act, slope, bucket)
         if route == "bitmap":
@@ -467,23 +467,24 @@ class SparseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected last dimension {self.in_features} (in_features), got shape {tuple(x.shape)}")
-        if x.dtype != self.values.dtype:
-            raise TypeError(f"x: expected dtype {self.values.dtype} (the layer's), got {x.dtype}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        values, bias = self.values, self.bias
+        if x.dtype != values.dtype:
+            raise TypeError(f"x: expected dtype {values.dtype} (the layer's), got {x.dtype}")
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if torch.compiler.is_compiling():  # traced: the CSR op (its C++ rules pick the kernel), no timing
             y = self._epilogue(F.spmm(self.weight, x2.t(), backend=self.backend).t())
-            return y.reshape(*lead, self.out_features)
-        self._forms.refresh(self)
-        route = self._forms.route(self, x2)
-        if not F._records_grad(x2, self.values, self.bias):
-            y = self._forms.run(self, route, x2, _bucket(x2.shape[0]))
-        elif route.startswith("csr") and route != "csr:blocked":
-            y_t = F.spmm(self.weight, x2.t(), backend=route.partition(":")[2] or self.backend)  # (out, N)
-            y = self._epilogue(y_t.t())
         else:
-            y = self._epilogue(_FormMatmul.apply(x2, self.values, self, route, _bucket(x2.shape[0])))
-        return y.reshape(*lead, self.out_features)
+            forms = self._forms
+            forms.refresh(self)
+            route = forms.route(self, x2)
+            if not F._records_grad(x2, values, bias):
+                y = forms.run(self, route, x2, _bucket(x2.shape[0]))
+            elif route.startswith("csr") and route != "csr:blocked":
+                y_t = F.spmm(self.weight, x2.t(), backend=route.partition(":")[2] or self.backend)  # (out, N)
+                y = self._epilogue(y_t.t())
+            else:
+                y = self._epilogue(_FormMatmul.apply(x2, values, self, route, _bucket(x2.shape[0])))
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def _epilogue(self, y: torch.Tensor) -> torch.Tensor:
         """Bias + activation with autograd (one fused pass that also restores the row-major layout)."""
