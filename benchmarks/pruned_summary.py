@@ -29,7 +29,7 @@ def main():
     ns = sorted({r["n"] for r in rows if not r["shape"].startswith("MLP")})
     lines = [f"# Pruned layers vs dense F.linear: {data['meta']['device']}, {data['meta']['date']}", "",
              "Ratio = dense F.linear time / this time (> 1: faster than dense); the route SparseLinear chose in "
-             f"brackets. {rows[0][\"dtype\"] if rows else \"\"}, y = x @ W.T, same run.", ""]
+             f"brackets. {rows[0]['dtype'] if rows else ''}, y = x @ W.T, same run.", ""]
     head = "| weight | sparsity | impl | " + " | ".join(f"N = {n}" for n in ns) + " |"
     lines += [head, "|" + "---|" * (3 + len(ns))]
     for (shape, sp), cells in by.items():
