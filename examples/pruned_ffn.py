@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--finetune-epochs", type=int, default=2)
     ap.add_argument("--tokens", default="1,16,2048")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="dtype of the timed layer (default bfloat16 on CUDA, float32 on the CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -117,7 +119,7 @@ def main():
     w = model.ffn.weight.detach()
     print(f"{source}: MLP 64-{hidden}-{hidden}-10 trained on {device}, test accuracy {dense_acc:.4f}; pruning the "
           f"{hidden}x{hidden} layer")
-    run_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    run_dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     timer = make_timer(device, quick=True)
     tokens = [int(t) for t in args.tokens.split(",")]
     dense_ffn = model.ffn.to(run_dtype)

@@ -107,21 +107,31 @@ class _Forms:
         self.skipped: Dict[str, str] = {}              # route -> why it could not be built
         self.dense = None
         self.split24 = None
+        self.residual24 = None  # entries the 2:4 part cannot hold, once counted
         self.sparse24 = None
         self.bitmap = None
         self.blocked = None
+        self.runners: Dict[int, Any] = {}  # bucket -> the inference call of its route, arguments bound
 
     # -- keeping the forms in step with the layer's tensors --
 
-    def refresh(self, layer: "SparseLinear") -> None:
-        v, crow, col = layer.values, layer.crow_indices, layer.col_indices
+    def refresh(self, layer: "SparseLinear", v=None, crow=None, col=None) -> None:
+        if v is None:
+            v, crow, col = layer.values, layer.crow_indices, layer.col_indices
         try:  # the cheap test first: nothing written in place, nothing swapped (.to(), load_state_dict)
             key = (v._version, crow._version, col._version, v.data_ptr(), crow.data_ptr(), col.data_ptr())
         except RuntimeError:  # inference tensors have no version counter
             key = (-1, -1, -1, v.data_ptr(), crow.data_ptr(), col.data_ptr())
+        bias = layer._parameters.get("bias")
+        # What the bound calls also capture: the bias and the epilogue settings.
+        key += (id(bias), layer.activation, layer.negative_slope, layer.format, layer.backend)
         if key == self.key:
             return
-        pattern = key[1:3] + key[4:] + (tuple(v.shape), v.dtype, v.device)
+        self.runners = {}
+        if key[:6] == (self.key or ())[:6]:  # only the bias or a setting changed: the forms still hold
+            self.key = key
+            return
+        pattern = key[1:3] + key[4:6] + (tuple(v.shape), v.dtype, v.device)
         if pattern != self.pattern_key:
             self._reset()
             self.pattern_key = pattern
@@ -184,13 +194,14 @@ class _Forms:
             routes = ["csr:" + r for r in _autotune_candidates(csr, x.shape[0], 2) if r != "densify"]
         routes.append("dense")
         if sparse24_applies((layer.out_features, layer.in_features), csr.dtype, x.device) is None:
-            if self.split24 is None:
+            if self.residual24 is None:  # counted once per pattern
                 self.split24 = Sparse24Split(layer.crow_indices, layer.col_indices,
                                              (layer.out_features, layer.in_features))
-            if self.split24.residual_nnz <= MAX_RESIDUAL_DENSITY * layer.out_features * layer.in_features:
+                self.residual24 = self.split24.residual_nnz
+            if self.residual24 <= MAX_RESIDUAL_DENSITY * layer.out_features * layer.in_features:
                 routes.append("2:4")
             else:
-                self.skipped["2:4"] = (f"{self.split24.residual_nnz} entries beyond 2 per group of 4 (more than "
+                self.skipped["2:4"] = (f"{self.residual24} entries beyond 2 per group of 4 (more than "
                                        f"{MAX_RESIDUAL_DENSITY:.1%} of the positions)")
         if BitmapWeight is not None and csr.dtype in (torch.float16, torch.bfloat16):
             routes.append("bitmap")
@@ -239,7 +250,7 @@ class _Forms:
         if "dense" not in used:
             self.dense = None
         if "2:4" not in used:
-            self.sparse24 = None
+            self.sparse24 = self.split24 = None  # the split (a byte per entry and more) is rebuilt if needed
         if "bitmap" not in used:
             self.bitmap = None
         if "csr:blocked" not in used:
@@ -269,6 +280,31 @@ class _Forms:
         if bias is not None or act != "none":
             return ops.bias_act(y_t.t(), None, bias, act, slope)
         return y_t.t().contiguous()
+
+    def runner(self, layer: "SparseLinear", x: torch.Tensor, bucket: int):
+        """The inference call for this bucket with its operands bound (kept until the forms change), so a
+        steady-state call does no route logic in Python."""
+        call = self.runners.get(bucket)
+        if call is not None:
+            return call
+        route = self.route(layer, x)
+        self.build(layer, route)
+        bias, act, slope = layer.bias, layer.activation, layer.negative_slope
+        if route == "dense":
+            dense = self.dense
+            if act == "none":  # torch's F.linear: the lowest host overhead
+                call = lambda a: F_torch.linear(a, dense, bias)  # noqa: E731
+            else:
+                call = lambda a: ops.linear.default(a, dense, bias, act, slope)  # noqa: E731
+        elif route == "2:4" and self.sparse24.compressed is not None:
+            w = self.sparse24
+            args = (w.compressed, w.split.shape[0], *w._residual(), bias, act, slope, w.algs.get(bucket, -1))
+            call = lambda a: ops.sparse24_linear.default(a, *args)  # noqa: E731
+        else:
+            call = lambda a: self.run(layer, route, a, bucket)  # noqa: E731
+        if layer.format != "auto" or bucket in self.routes:  # not a stand-in rule: keep it
+            self.runners[bucket] = call
+        return call
 
     def memory(self) -> Dict[str, int]:
         """Bytes held by the derived forms (the CSR itself is the layer's state)."""
@@ -465,9 +501,10 @@ class SparseLinear(nn.Module):
         return self.weight.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = self._parameters  # read directly: nn.Module.__getattr__ costs microseconds per call
+        values, bias = params["values"], params.get("bias")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected last dimension {self.in_features} (in_features), got shape {tuple(x.shape)}")
-        values, bias = self.values, self.bias
         if x.dtype != values.dtype:
             raise TypeError(f"x: expected dtype {values.dtype} (the layer's), got {x.dtype}")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
@@ -475,15 +512,18 @@ class SparseLinear(nn.Module):
             y = self._epilogue(F.spmm(self.weight, x2.t(), backend=self.backend).t())
         else:
             forms = self._forms
-            forms.refresh(self)
-            route = forms.route(self, x2)
-            if not F._records_grad(x2, values, bias):
-                y = forms.run(self, route, x2, _bucket(x2.shape[0]))
-            elif route.startswith("csr") and route != "csr:blocked":
-                y_t = F.spmm(self.weight, x2.t(), backend=route.partition(":")[2] or self.backend)  # (out, N)
-                y = self._epilogue(y_t.t())
+            forms.refresh(self, values, self._buffers["crow_indices"], self._buffers["col_indices"])
+            bucket = _bucket(x2.shape[0])
+            if not (torch.is_grad_enabled() and (x2.requires_grad or values.requires_grad
+                                                 or (bias is not None and bias.requires_grad))):
+                y = forms.runner(self, x2, bucket)(x2)
             else:
-                y = self._epilogue(_FormMatmul.apply(x2, values, self, route, _bucket(x2.shape[0])))
+                route = forms.route(self, x2)
+                if route.startswith("csr") and route != "csr:blocked":
+                    y_t = F.spmm(self.weight, x2.t(), backend=route.partition(":")[2] or self.backend)  # (out, N)
+                    y = self._epilogue(y_t.t())
+                else:
+                    y = self._epilogue(_FormMatmul.apply(x2, values, self, route, bucket))
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def _epilogue(self, y: torch.Tensor) -> torch.Tensor:
