@@ -159,6 +159,21 @@ def test_sparse_linear_chooses_per_bucket_and_keeps_dense_only_when_it_wins(monk
     assert "routes={16: dense}" in repr(layer)
 
 
+def test_sparse_linear_pickles_and_copies_without_its_forms(monkeypatch, tmp_path):
+    import copy
+
+    _fake_times(monkeypatch, {"dense": 0.1})
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 16), sparsity=0.5, activation="relu")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        y = layer(x)  # forms and a bound call exist now
+    torch.save(layer, tmp_path / "layer.pt")
+    for other in (torch.load(tmp_path / "layer.pt", weights_only=False), copy.deepcopy(layer)):
+        assert other.routes == {}
+        with torch.no_grad():
+            torch.testing.assert_close(other(x), y)
+
+
 def test_sparse_linear_state_dict_holds_only_the_csr(monkeypatch):
     _fake_times(monkeypatch, {"dense": 0.1})
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 16), sparsity=0.5)
@@ -187,6 +202,49 @@ def test_sparse_linear_forced_formats_train_like_csr(fmt):
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     torch.testing.assert_close(torch.autograd.grad(layer(xa).sum(), xa)[0], torch.autograd.grad(base(xb).sum(), xb)[0])
     assert layer.routes == {}  # forced: nothing measured
+
+
+class _StandInBitmap:
+    """The agreed API of sparsetorch._bitmap.BitmapWeight (other branch), on a dense copy."""
+
+    def __init__(self, csr):
+        self.csr = csr
+        self.dense = csr.to_dense().detach().clone()
+        self.nbytes = self.dense.numel() * self.dense.element_size()
+
+    @classmethod
+    def from_csr(cls, w):
+        return cls(st.as_csr(w))
+
+    def values_from_csr(self, values):
+        self.dense.copy_(self.csr.with_values(values).to_dense())
+
+
+def _stand_in_bitmap_linear(x, w, bias=None, activation=None, negative_slope=0.01):
+    return st.bias_act(x @ w.dense.t(), bias=bias, activation=activation, negative_slope=negative_slope)
+
+
+def test_sparse_linear_bitmap_form_through_the_adapter(monkeypatch):
+    import sparsetorch.nn.linear as lin
+
+    monkeypatch.setattr(lin, "BitmapWeight", _StandInBitmap)
+    monkeypatch.setattr(lin, "bitmap_linear", _stand_in_bitmap_linear)
+    torch.manual_seed(9)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(16, 8, dtype=torch.float64), sparsity=0.5,
+                                         activation="leaky_relu", negative_slope=0.2)
+    layer = st.nn.SparseLinear(16, 8, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="leaky_relu", negative_slope=0.2,
+                               format="bitmap")
+    x = torch.randn(5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), base(x))
+        layer.values.mul_(3.0)
+        base.values.mul_(3.0)
+        torch.testing.assert_close(layer(x), base(x))  # values_from_csr refreshed the packed values
+    assert layer.memory()["bitmap"] == 16 * 8 * 8
+    layer(x).sum().backward()  # gradients through the layer's own backward (CSR transpose + SDDMM)
+    base(x).sum().backward()
+    torch.testing.assert_close(layer.values.grad, base.values.grad)
 
 
 def test_sparse_linear_route_rule_without_measurement():

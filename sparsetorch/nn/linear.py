@@ -77,21 +77,17 @@ class _BitmapForm:
     """Adapter to sparsetorch._bitmap (merged from another branch): the one place that knows its API."""
 
     def __init__(self, csr: CSR):
-        self.weight = BitmapWeight.from_csr(csr)
+        self.weight = BitmapWeight.from_csr(csr)  # the pattern once, with these values
 
     def set_values(self, values: torch.Tensor) -> None:
-        packed = self.weight.values_from_csr(values.detach())
-        if isinstance(packed, BitmapWeight):
-            self.weight = packed
-        elif packed is not None:
-            self.weight.values = packed
+        self.weight.values_from_csr(values.detach())  # in place: one gather
 
     @property
     def nbytes(self) -> int:
         return int(self.weight.nbytes)
 
     def __call__(self, x, bias, activation, negative_slope):
-        return bitmap_linear(x, self.weight, bias=bias, activation=None if activation == "none" else activation)
+        return bitmap_linear(x, self.weight, bias=bias, activation=activation, negative_slope=negative_slope)
 
 
 class _Forms:
@@ -100,6 +96,13 @@ class _Forms:
     def __init__(self):
         self.key = self.pattern_key = None
         self._reset()
+
+    # Derived state (and bound calls, which do not pickle): a copied or unpickled layer starts afresh.
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
 
     def _reset(self):
         self.routes: Dict[int, str] = {}               # bucket -> route ("dense", "2:4", "bitmap", "csr:<backend>")
@@ -175,9 +178,7 @@ class _Forms:
             elif route == "bitmap":
                 if BitmapWeight is None:
                     raise ValueError("format 'bitmap': this build has no sparsetorch._bitmap")
-                form = _BitmapForm(layer.weight.with_values(v))
-                form.set_values(v)
-                self.bitmap = form
+                self.bitmap = _BitmapForm(layer.weight.with_values(v))
             elif route == "csr:blocked":
                 self.blocked = SpmmPlan(layer.weight, backend="blocked", validate=False, autotune=False)
 
