@@ -3,6 +3,9 @@
 C++ sources (OpenMP) are always compiled. CUDA sources are added when torch was built with
 CUDA and a CUDA compiler is found; override with SPARSETORCH_CUDA=1 (force) or =0 (CPU only).
 SPARSETORCH_CUDA_ARCH sets the -gencode targets (default: sm_90 plus compute_90 PTX).
+A CUDA build links cuSPARSELt (2:4 sparse tensor cores) when it finds it: SPARSETORCH_CUSPARSELT_HOME, the
+nvidia-cusparselt pip package (a dependency of torch's CUDA wheels), or CUDA_HOME; SPARSETORCH_CUSPARSELT=0
+leaves it out (the 2:4 ops then raise a clear error on the GPU).
 """
 import glob
 import os
@@ -30,6 +33,28 @@ def gencode_flags() -> list:
     newest = max(archs, key=lambda a: int("".join(ch for ch in a if ch.isdigit())))
     flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")  # PTX for newer GPUs
     return flags
+
+
+def find_cusparselt():
+    """(include dir, library file) of cuSPARSELt, or None."""
+    if os.environ.get("SPARSETORCH_CUSPARSELT", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    roots = [os.environ.get("SPARSETORCH_CUSPARSELT_HOME", "")]
+    try:
+        import nvidia.cusparselt as pkg  # the wheel torch's CUDA builds load it from
+
+        roots += list(pkg.__path__)
+    except ImportError:
+        pass
+    roots.append(CUDA_HOME or "")
+    for root in filter(None, roots):
+        if not os.path.isfile(os.path.join(root, "include", "cusparseLt.h")):
+            continue
+        for libdir in ("lib", "lib64", os.path.join("lib", "x86_64-linux-gnu")):
+            libs = sorted(glob.glob(os.path.join(root, libdir, "libcusparseLt.so*")))
+            if libs:
+                return os.path.join(root, "include"), libs[0]
+    return None
 
 
 def rel(paths):
@@ -62,10 +87,22 @@ def get_extension():
         "--expt-relaxed-constexpr",
         "-Xcompiler=-fopenmp",
     ] + gencode_flags()
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    cusparselt = find_cusparselt()
+    if cusparselt is not None:
+        include, library = cusparselt
+        print(f"sparsetorch: cuSPARSELt from {library}")
+        define_macros.append(("SPARSETORCH_WITH_CUSPARSELT", None))
+        include_dirs.append(include)
+        # By file (the wheel ships only libcusparseLt.so.0), found at run time through the rpath (torch
+        # has usually loaded it already).
+        extra_link_args += [library, f"-Wl,-rpath,{os.path.dirname(library)}"]
+    else:
+        print("sparsetorch: cuSPARSELt not found; building without 2:4 support on the GPU")
     return CUDAExtension(
         "sparsetorch._C",
         sources,
-        include_dirs=[os.path.join(ROOT, "csrc")],
+        include_dirs=include_dirs,
         define_macros=define_macros,
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
         extra_link_args=extra_link_args,

@@ -4,7 +4,8 @@
 #
 # The CPU torch wheel ships the ATen/c10 CUDA headers except the generated
 # c10/cuda/impl/cuda_cmake_macros.h (a one-line stand-in is written below); cusparse.h, cublas_v2.h,
-# cublasLt.h and cusolverDn.h come from the NVIDIA wheels, of which only the headers are unpacked.
+# cublasLt.h and cusolverDn.h come from the NVIDIA wheels, of which only the headers are unpacked; cusparseLt.h
+# likewise (so the 2:4 code is compiled as a build that found cuSPARSELt compiles it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}
@@ -16,12 +17,12 @@ fi
 CACHE=.ci/cache
 HDR=$CACHE/cuda-headers
 if [ ! -f "$HDR/nvidia/cu13/include/cusparse.h" ] || [ ! -f "$HDR/nvidia/cu13/include/cusolverDn.h" ] \
-   || [ ! -f "$HDR/nvidia/cu13/include/cublasLt.h" ]; then
+   || [ ! -f "$HDR/nvidia/cu13/include/cublasLt.h" ] || [ ! -f "$HDR/nvidia/cusparselt/include/cusparseLt.h" ]; then
   mkdir -p "$CACHE/wheels" "$HDR"
   python -m pip download -q --no-deps --only-binary=:all: -d "$CACHE/wheels" \
-    nvidia-cusparse==12.6.3.3 nvidia-cublas==13.1.1.3 nvidia-cusolver==12.0.4.66
+    nvidia-cusparse==12.6.3.3 nvidia-cublas==13.1.1.3 nvidia-cusolver==12.0.4.66 nvidia-cusparselt-cu13==0.8.1
   for whl in "$CACHE"/wheels/nvidia_cusparse-*.whl "$CACHE"/wheels/nvidia_cublas-*.whl \
-             "$CACHE"/wheels/nvidia_cusolver-*.whl; do
+             "$CACHE"/wheels/nvidia_cusolver-*.whl "$CACHE"/wheels/nvidia_cusparselt_cu13-*.whl; do
     python - "$whl" "$HDR" <<'PY'
 import sys, zipfile
 whl, dest = sys.argv[1], sys.argv[2]
@@ -42,8 +43,8 @@ PY_INC=$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 CUDA_INC=$("$NVCC" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/.*INCLUDES="-I\([^"]*\)".*/\1/p' | head -n1)
 # The C++ standard torch.utils.cpp_extension builds extensions with (C++20 for torch >= 2.10).
 STD=$(python -c "import inspect, torch.utils.cpp_extension as c; print('c++20' if \"'c++20'\" in inspect.getsource(c) else 'c++17')")
-INCLUDES="-Icsrc $TORCH_INC -I$PY_INC -I$HDR/nvidia/cu13/include -I$HDR/stub -I$CUDA_INC"
-DEFINES="-DSPARSETORCH_WITH_CUDA -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C"
+INCLUDES="-Icsrc $TORCH_INC -I$PY_INC -I$HDR/nvidia/cu13/include -I$HDR/nvidia/cusparselt/include -I$HDR/stub -I$CUDA_INC"
+DEFINES="-DSPARSETORCH_WITH_CUDA -DSPARSETORCH_WITH_CUSPARSELT -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C"
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 

@@ -7,6 +7,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from sparsetorch import _ops  # noqa: F401  (loads the native ops and their fake kernels)
 from sparsetorch import _autograd  # noqa: F401  (registers the backward of every op)
+from sparsetorch import _sparse24  # noqa: F401  (2:4 ops through cuSPARSELt: fake kernels)
 from sparsetorch._build_info import build_info
 from sparsetorch.csr import (
     CSR,

@@ -110,6 +110,167 @@ def test_sparse_linear_from_sparse_and_errors(device, rng):
         st.nn.SparseLinear.from_dense("weights")
 
 
+def _fake_times(monkeypatch, table, calls=None):
+    """Replace the chooser's timing: table maps (bucket, route) -> ms (missing: 1.0 ms)."""
+    import sparsetorch.nn.linear as lin
+
+    def fake(routes, x):
+        bucket = lin._bucket(x.shape[0])
+        if calls is not None:
+            calls.append((bucket, sorted(routes)))
+        return {r: table.get((bucket, r), table.get(r, 1.0)) for r in routes}
+
+    monkeypatch.setattr(lin, "_time_routes", fake)
+
+
+def test_sparse_linear_chooses_per_bucket_and_keeps_dense_only_when_it_wins(monkeypatch):
+    torch.manual_seed(7)
+    calls = []
+    _fake_times(monkeypatch, {(16, "dense"): 0.1, (1, "csr"): 0.1, (1, "dense"): 0.5}, calls)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(24, 12, dtype=torch.float64), sparsity=0.7,
+                                          activation="gelu")
+    w = layer.to_dense().detach()
+
+    def check(n):
+        x = torch.randn(n, 24, dtype=torch.float64)
+        torch.testing.assert_close(layer(x), torch.nn.functional.gelu(x @ w.t() + layer.bias.detach()))
+
+    check(1)
+    assert layer.routes == {1: "csr"} and "dense" not in layer.memory()  # timed, then freed
+    check(9)
+    check(16)  # same bucket as 9: no new measurement
+    assert layer.routes == {1: "csr", 16: "dense"}
+    assert [c[0] for c in calls] == [1, 16] and calls[0][1] == ["csr", "dense"]
+    assert layer.memory()["dense"] == 12 * 24 * 8 and layer.memory()["csr"] > 0
+    assert layer.route_times[16] == {"csr": 1.0, "dense": 0.1}
+    # new values (an optimizer step in place): the dense copy follows, no re-measurement
+    with torch.no_grad():
+        layer.values.mul_(-2.0)
+    w = layer.to_dense().detach()
+    check(16)
+    assert len(calls) == 2
+    # a new pattern (another sparsity loaded): routes and forms start over
+    other = st.nn.SparseLinear.from_dense(torch.nn.Linear(24, 12, dtype=torch.float64), sparsity=0.2)
+    layer.load_state_dict(other.state_dict())
+    assert layer.routes == {} and "dense" not in layer.memory()
+    w = layer.to_dense().detach()
+    check(16)
+    assert len(calls) == 3
+    assert "routes={16: dense}" in repr(layer)
+
+
+def test_sparse_linear_pickles_and_copies_without_its_forms(monkeypatch, tmp_path):
+    import copy
+
+    _fake_times(monkeypatch, {"dense": 0.1})
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 16), sparsity=0.5, activation="relu")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        y = layer(x)  # forms and a bound call exist now
+    torch.save(layer, tmp_path / "layer.pt")
+    for other in (torch.load(tmp_path / "layer.pt", weights_only=False), copy.deepcopy(layer)):
+        assert other.routes == {}
+        with torch.no_grad():
+            torch.testing.assert_close(other(x), y)
+
+
+def test_sparse_linear_state_dict_holds_only_the_csr(monkeypatch):
+    _fake_times(monkeypatch, {"dense": 0.1})
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 16), sparsity=0.5)
+    layer(torch.randn(3, 8))
+    assert layer.routes == {4: "dense"}
+    assert set(layer.state_dict()) == {"values", "bias", "crow_indices", "col_indices"}
+    fresh = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 16), sparsity=0.9)
+    fresh.load_state_dict(layer.state_dict())
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(fresh(x), layer(x))
+
+
+@pytest.mark.parametrize("fmt", ["dense", "2:4", "csr"])
+def test_sparse_linear_forced_formats_train_like_csr(fmt):
+    """Gradients through each form equal the CSR route's (values are the Parameter in every form)."""
+    torch.manual_seed(8)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(20, 12, dtype=torch.float64), sparsity=0.6,
+                                         activation="tanh", format="csr")
+    layer = st.nn.SparseLinear(20, 12, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="tanh", format=fmt)
+    x = torch.randn(2, 9, 20, dtype=torch.float64)
+    for model in (base, layer):
+        model(x).square().sum().backward()
+    torch.testing.assert_close(layer.values.grad, base.values.grad)
+    torch.testing.assert_close(layer.bias.grad, base.bias.grad)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.testing.assert_close(torch.autograd.grad(layer(xa).sum(), xa)[0], torch.autograd.grad(base(xb).sum(), xb)[0])
+    assert layer.routes == {}  # forced: nothing measured
+
+
+class _StandInBitmap:
+    """The agreed API of sparsetorch._bitmap.BitmapWeight (other branch), on a dense copy."""
+
+    def __init__(self, csr):
+        self.csr = csr
+        self.dense = csr.to_dense().detach().clone()
+        self.nbytes = self.dense.numel() * self.dense.element_size()
+
+    @classmethod
+    def from_csr(cls, w):
+        return cls(st.as_csr(w))
+
+    def values_from_csr(self, values):
+        self.dense.copy_(self.csr.with_values(values).to_dense())
+
+
+def _stand_in_bitmap_linear(x, w, bias=None, activation=None, negative_slope=0.01):
+    return st.bias_act(x @ w.dense.t(), bias=bias, activation=activation, negative_slope=negative_slope)
+
+
+def test_sparse_linear_bitmap_form_through_the_adapter(monkeypatch):
+    import sparsetorch.nn.linear as lin
+
+    monkeypatch.setattr(lin, "BitmapWeight", _StandInBitmap)
+    monkeypatch.setattr(lin, "bitmap_linear", _stand_in_bitmap_linear)
+    torch.manual_seed(9)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(16, 8, dtype=torch.float64), sparsity=0.5,
+                                         activation="leaky_relu", negative_slope=0.2)
+    layer = st.nn.SparseLinear(16, 8, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="leaky_relu", negative_slope=0.2,
+                               format="bitmap")
+    x = torch.randn(5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), base(x))
+        layer.values.mul_(3.0)
+        base.values.mul_(3.0)
+        torch.testing.assert_close(layer(x), base(x))  # values_from_csr refreshed the packed values
+    assert layer.memory()["bitmap"] == 16 * 8 * 8
+    layer(x).sum().backward()  # gradients through the layer's own backward (CSR transpose + SDDMM)
+    base(x).sum().backward()
+    torch.testing.assert_close(layer.values.grad, base.values.grad)
+
+
+def test_sparse_linear_route_rule_without_measurement():
+    from sparsetorch.nn.linear import _Forms
+
+    forms = _Forms()
+    assert forms._rule(64) == "csr"
+    forms.routes = {1: "csr:native", 2048: "dense"}
+    assert forms._rule(2) == "csr:native"  # the dense form is not held: only routes whose form exists
+    forms.dense = torch.zeros(1)
+    assert forms._rule(1024) == "dense" and forms._rule(4) == "csr:native"
+
+
+def test_sparse_linear_format_errors():
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 4), sparsity=0.5)
+    with pytest.raises(ValueError, match="format"):
+        st.nn.SparseLinear(8, 4, layer.crow_indices, layer.col_indices, layer.values.detach(), format="bsr")
+    with pytest.raises(TypeError, match="dtype"):
+        layer(torch.randn(2, 8, dtype=torch.float64))
+    if st.nn.linear.BitmapWeight is None:
+        forced = st.nn.SparseLinear(8, 4, layer.crow_indices, layer.col_indices, layer.values.detach(),
+                                    format="bitmap")
+        with pytest.raises(ValueError, match="bitmap"):
+            forced(torch.randn(2, 8))
+
+
 # --- GCN -----------------------------------------------------------------------------------------
 
 def _symmetric_graph(rng, n, density, weighted=False):
