@@ -37,7 +37,7 @@ std::string spmm_route_op(const at::Tensor& crow, const at::Tensor& col, const a
     checked_csr(crow, col, p.k, validate, "spmm");
     return "cpu";  // one kernel
   }
-  return spmm_route_name(resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate));
+  return spmm_route_name(resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate).route);
 }
 
 std::vector<std::string> spmm_route_candidates_op(const at::Tensor& crow, const at::Tensor& col,

@@ -130,8 +130,8 @@ def test_skewed_rows_never_take_the_row_group_kernel():
 def test_unchecked_matrices_never_reach_cusparse():
     ops.csr_analysis_cache(True)
     rng = np.random.default_rng(4)
-    lengths = np.minimum(np.round((rng.pareto(1.5, 5000) + 1) * 4), 4000)
-    A = _from_lengths(lengths, 5000)
+    lengths = np.minimum(np.round((rng.pareto(1.5, 60000) + 1) * 4), 3000)  # skewed, 60k rows: not "small"
+    A = _from_lengths(lengths, 60000)
     assert _cuda_route(A, 512, validate=False) != "cusparse"
     assert _cuda_route(A, 512) == "cusparse"  # analysed now: a validated skewed fp32 matrix, wide B
     # Once analysed, validate=False may use the cached verdict.
