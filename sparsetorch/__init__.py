@@ -20,6 +20,7 @@ from sparsetorch.csr import (
     to_torch,
 )
 from sparsetorch.plan import SpmmPlan
+from sparsetorch.graph import from_edge_index, to_edge_index
 from sparsetorch.functional import (
     ACTIVATIONS,
     DENSE_CROSSOVER,
@@ -50,8 +51,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "CSR", "DENSE_CROSSOVER", "SpmmPlan", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div", "from_dense",
-    "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
-    "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "transpose", "validate_csr",
+    "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
+    "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index", "to_scipy", "to_torch", "transpose", "validate_csr",
 ]
 
-from sparsetorch import nn  # noqa: E402  (layers: st.nn.SparseLinear, st.nn.GCNConv)
+from sparsetorch import nn  # noqa: E402  (layers: st.nn.SparseLinear, GCNConv, SAGEConv)
