@@ -74,8 +74,8 @@ def propagate(a: Any, h: torch.Tensor, bias: Optional[torch.Tensor], activation:
     with an activation: the SpMM (with c), then one fused bias_act, whose backward gives the input
     and bias gradients in one pass."""
     beta = 0.0 if c is None else 1.0
-    values = a.values if isinstance(a, CSR) else None
-    if activation != "none" and _training(h, bias, c, values):
+    # A distributed matrix gets bias and activation with the product: it runs its own epilogue.
+    if isinstance(a, CSR) and activation != "none" and _training(h, bias, c, a.values):
         z = F.spmm(a, h, c=c, beta=beta, backend=backend)
         return F.bias_act(z, bias=bias, activation=activation, negative_slope=negative_slope)
     return F.spmm(a, h, c=c, beta=beta, bias=bias, activation=activation, negative_slope=negative_slope,
