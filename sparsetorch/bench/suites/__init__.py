@@ -8,6 +8,7 @@ from sparsetorch.bench.suites.batched import batched_suite
 from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_model, measure, spmm_model
 from sparsetorch.bench.suites.density import density_suite
 from sparsetorch.bench.suites.elementwise import elementwise_suite
+from sparsetorch.bench.suites.gnn import gnn_suite
 from sparsetorch.bench.suites.graphs import graph_suite, power_law_graph, random_graph, real_graphs
 
 SUITES = {
@@ -15,6 +16,7 @@ SUITES = {
     "graphs": graph_suite,
     "batched": batched_suite,
     "elementwise": elementwise_suite,
+    "gnn": gnn_suite,
 }
 
 __all__ = ["SUITES", "Context", "Job", "densify_model", "gemm_model", "measure", "spmm_model", "power_law_graph",
