@@ -527,3 +527,32 @@ def test_pyg_dropin_example_runs(device):
     accs = [r["test_acc_mean"] for r in result.values()]
     assert abs(accs[0] - accs[1]) <= 0.01 and min(accs) > 0.2, result
     assert all(r["ms_per_epoch_median"] > 0 for r in result.values())
+
+
+# --- the gnn suite of the main job ---------------------------------------------------------------
+
+def test_gnn_suite_rows_and_report_on_cpu(tmp_path):
+    """One small training-step case through the suite's code: three implementations, outputs
+    checked against each other, floors and speedups filled in, the headline and the plot written."""
+    from sparsetorch.bench import report
+    from sparsetorch.bench.suites import gnn
+    from sparsetorch.bench.suites.common import Context
+    from sparsetorch.bench.timing import Ceilings, make_timer
+
+    cpu = torch.device("cpu")
+    ctx = Context(cpu, make_timer(cpu, True), Ceilings(2e10, {"float32": 1e11}), True, None)
+    ei = gnn.power_law_edge_index(2000, 16000, seed=3)
+    assert torch.equal(ei, gnn.power_law_edge_index.__wrapped__(2000, 16000, seed=3))  # deterministic
+    assert torch.equal(torch.sort(ei[0] * 2000 + ei[1]).values, torch.sort(ei[1] * 2000 + ei[0]).values)
+    rows = []
+    for layer in ("GCNConv", "SAGEConv"):
+        rows += gnn.training_step_rows(ctx, "power-law 2k", layer, ei, 2000, (8, 16, 3))
+    assert {r["impl"] for r in rows} == {"sparsetorch", "torch_geometric edge_index", "torch_geometric sparse adj"}
+    assert all(r["time_ms"] > 0 and 0 < r["floor_ms"] and r["rel_err"] < 1e-4 for r in rows)
+    for r in rows:
+        r["peak_GiB"] = 1.0  # measured on CUDA only; the report's arithmetic wants one
+    report.add_speedups(rows)
+    lines = report.gnn_headlines(rows)
+    assert len(lines) == 2 and all("torch_geometric's fastest" in line for line in lines), lines
+    pytest.importorskip("matplotlib")
+    assert any(p.endswith("gnn_speedup.png") for p in report.make_plots(str(tmp_path), rows))

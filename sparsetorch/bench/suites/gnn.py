@@ -22,10 +22,11 @@ backward for layer 2 only, layer 1's input needing no gradient), its GEMMs forwa
 (and SAGE's root GEMMs); SpMM bytes as in common.spmm_model, GEMM bytes every operand once.
 
 Accuracy: Kipf & Welling's recipe on Cora (16 hidden, dropout 0.5, Adam lr 0.01, weight decay 5e-4
-on layer 1, 200 epochs; test accuracy at the best validation epoch) with both libraries, same seeds.
+on layer 1, 200 epochs; test accuracy at the best validation epoch) with both libraries, same seeds
+(3 on CUDA, 10 with ``--full``; on the CPU one seed, with ``--full`` only).
 
-``python -m sparsetorch.bench.suites.gnn --profile`` prints where the time of our step goes
-(torch.profiler, CUDA time per op) for the 170k graph.
+``python -m sparsetorch.bench.suites.gnn --steps --profile GCNConv,SAGEConv`` times the synthetic
+cases alone and prints where the time of our step goes (torch.profiler, device time per op).
 """
 from __future__ import annotations
 
@@ -310,7 +311,7 @@ def gnn_suite(ctx: Context) -> List[Job]:
                 return training_step_rows(ctx, name, layer, edge_index, nodes, channels)
 
             jobs.append(run)
-        if has_planetoid:
+        if has_planetoid and (ctx.cuda or not ctx.quick):  # 200 epochs per seed: minutes on a small CPU
             seeds = (3 if ctx.quick else 10) if ctx.cuda else 1
             jobs.append(lambda layer=layer, seeds=seeds: accuracy_rows(ctx, layer, seeds))
     return jobs
@@ -355,22 +356,41 @@ def profile_step(device: str = "cuda", layer: str = "GCNConv", nodes: int = 169_
 
 
 def _main(argv=None):
+    """A short look without the whole harness: the synthetic training-step cases (``--steps``)
+    and/or profiles of one step (``--profile GCNConv,SAGEConv``)."""
     import argparse
 
-    ap = argparse.ArgumentParser(description="profile one GNN training step (torch.profiler)")
-    ap.add_argument("--profile", action="store_true", required=True)
+    from sparsetorch.bench.timing import make_timer, measure_ceilings
+
+    ap = argparse.ArgumentParser(description=_main.__doc__)
+    ap.add_argument("--steps", action="store_true", help="time the synthetic cases of this device (quick set)")
+    ap.add_argument("--profile", default="", help="comma-separated layers to profile (our step)")
+    ap.add_argument("--profile-impls", default="sparsetorch", help="sparsetorch,pyg,pyg-sparse")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--layer", default="GCNConv")
-    ap.add_argument("--impl", default="sparsetorch", choices=["sparsetorch", "pyg", "pyg-sparse"])
     ap.add_argument("--nodes", type=int, default=169_343)
     ap.add_argument("--entries", type=int, default=2_100_000)
     ap.add_argument("--channels", default="128,256,40")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
+    device = torch.device(args.device)
     channels = tuple(int(c) for c in args.channels.split(","))
-    print(f"{args.impl} {args.layer}, power-law {args.nodes} nodes / ~{args.entries} entries, {channels}, "
-          f"5 training steps on {args.device}")
-    print(profile_step(args.device, args.layer, args.nodes, args.entries, channels, args.impl))
+    if args.steps:
+        timer = make_timer(device, True)
+        ctx = Context(device, timer, measure_ceilings(device, timer, True), True, None)
+        for name, nodes, entries, chans in synthetic_graphs(ctx):
+            edge_index = power_law_edge_index(nodes, entries, seed=nodes % 1000, device=str(device))
+            deg = torch.bincount(edge_index[0], minlength=nodes)
+            print(f"{name}: {nodes} nodes, {edge_index.shape[1]} entries, longest row {int(deg.max())}")
+            for layer in ("GCNConv", "SAGEConv"):
+                for r in training_step_rows(ctx, name, layer, edge_index, nodes, chans):
+                    peak = "" if r["peak_GiB"] is None else f"{r['peak_GiB']:.3f} GiB"
+                    print(f"  {layer:8s} {r['impl']:28s} {r['time_ms']:8.3f} ms  floor {r['floor_ms']:.3f} ms "
+                          f"({100 * r['of_floor']:.0f}%)  peak {peak}  rel_err {r['rel_err']:.1e}", flush=True)
+    for layer in [x for x in args.profile.split(",") if x]:
+        for impl in args.profile_impls.split(","):
+            print(f"\n{impl} {layer}, power-law {args.nodes} nodes / ~{args.entries} entries, {channels}, "
+                  f"5 training steps on {device}")
+            print(profile_step(str(device), layer, args.nodes, args.entries, channels, impl, rows=18))
 
 
 if __name__ == "__main__":
