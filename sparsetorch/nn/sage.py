@@ -149,8 +149,10 @@ class SAGEConv(nn.Module):
         else:
             out = dense(propagate(m, x_src, None, "none", 0.0, self.backend), w_l, b_l,
                         "none" if root else act, slope)
-            if root:
-                out = out + F.linear(x_dst, self.lin_r.weight)
+            if root:  # the root GEMM accumulates into the output (beta = 1): no extra temporary
+                w_r = self.lin_r.weight
+                out = (torch.addmm(out, x_dst, w_r.t()) if out.dim() == 2 and x_dst.dim() == 2
+                       else out + F.linear(x_dst, w_r))
                 if act != "none":
                     out = F.activation(out, act, slope)
         if self.normalize:
