@@ -84,8 +84,13 @@ def propagate(a: Any, h: torch.Tensor, bias: Optional[torch.Tensor], activation:
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: str = "none",
           negative_slope: float = 0.01) -> torch.Tensor:
-    """``act(x @ weight.T + bias)``: cuBLASLt with its epilogue at inference; in training with an
-    activation the GEMM, then one fused bias_act."""
-    if activation != "none" and _training(x, weight, bias):
-        return F.bias_act(F.linear(x, weight), bias=bias, activation=activation, negative_slope=negative_slope)
+    """``act(x @ weight.T + bias)``. Without an activation, ATen's linear (cuBLAS, its bias in the
+    GEMM, a C++ backward: no custom-op dispatch on the host); at inference with an activation,
+    sparsetorch's linear with cuBLASLt's fused epilogue; in training with one, the GEMM, then one
+    fused bias_act."""
+    if activation == "none":
+        return torch.nn.functional.linear(x, weight, bias)
+    if _training(x, weight, bias):
+        return F.bias_act(torch.nn.functional.linear(x, weight), bias=bias, activation=activation,
+                          negative_slope=negative_slope)
     return F.linear(x, weight, bias, activation, negative_slope)

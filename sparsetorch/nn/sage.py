@@ -152,7 +152,7 @@ class SAGEConv(nn.Module):
             if root:  # the root GEMM accumulates into the output (beta = 1): no extra temporary
                 w_r = self.lin_r.weight
                 out = (torch.addmm(out, x_dst, w_r.t()) if out.dim() == 2 and x_dst.dim() == 2
-                       else out + F.linear(x_dst, w_r))
+                       else out + torch.nn.functional.linear(x_dst, w_r))
                 if act != "none":
                     out = F.activation(out, act, slope)
         if self.normalize:
