@@ -25,7 +25,7 @@ import torch
 from sparsetorch.csr import CSR, _is_scipy_sparse, as_csr
 
 __all__ = ["from_edge_index", "to_edge_index", "is_edge_index", "is_sparse_tensor", "is_data", "Edges",
-           "edges_of", "cached_graph", "graph_keys", "graph_cache_clear"]
+           "edges_of", "as_adjacency", "cached_graph", "graph_keys", "graph_cache_clear"]
 
 
 # --- what the user holds -----------------------------------------------------------------------
@@ -51,13 +51,11 @@ def is_data(obj: Any) -> bool:
 
 class Edges:
     """An edge list as the layers see it: ``rows`` are targets (rows of adj_t), ``cols`` sources,
-    ``weights`` (E,) or None (all ones), ``shape`` (targets, sources). ``keys``: the user's tensors
-    the edge list was read from (what a cache entry is keyed on)."""
+    ``weights`` (E,) or None (all ones), ``shape`` (targets, sources)."""
 
-    def __init__(self, rows, cols, weights, shape, keys):
+    def __init__(self, rows, cols, weights, shape):
         self.rows, self.cols, self.weights = rows, cols, weights
         self.shape = (int(shape[0]), int(shape[1]))
-        self.keys = keys
 
     @property
     def device(self) -> torch.device:
@@ -116,8 +114,7 @@ def edges_of(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
     if is_data(graph):
         edge_weight, graph, num_nodes = _data_parts(graph, edge_weight, num_nodes)
     n_src, n_dst = _check_edge_index(graph, edge_weight, num_nodes)
-    keys = (graph,) if edge_weight is None else (graph, edge_weight)
-    return Edges(graph[1], graph[0], edge_weight, (n_dst, n_src), keys)
+    return Edges(graph[1], graph[0], edge_weight, (n_dst, n_src))
 
 
 def _data_parts(data, edge_weight, num_nodes):
@@ -145,11 +142,8 @@ def sparse_parts(adj: Any) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.T
             raise ValueError(f"adj_t: SparseTensor values must be 1-D edge weights, got shape {tuple(value.shape)}")
         keys = tuple(t for t in (rowptr, col, value) if t is not None)
         return rowptr, col, value, shape, keys
-    if isinstance(adj, torch.Tensor) and adj.layout in (torch.sparse_coo, torch.sparse_csc, torch.sparse_bsr,
-                                                          torch.sparse_bsc):
-        if adj.dim() != 2:
-            raise ValueError(f"adj_t: expected a 2-D sparse tensor, got shape {tuple(adj.shape)}")
-        csr = adj.to_sparse_csr()
+    if isinstance(adj, torch.Tensor) and adj.layout != torch.sparse_csr and adj.layout != torch.strided:
+        csr = as_adjacency(adj)
         return csr.crow_indices(), csr.col_indices(), csr.values(), tuple(adj.shape), (adj,)
     a = as_csr(adj)
     if a.batched:
@@ -158,13 +152,24 @@ def sparse_parts(adj: Any) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.T
     return a.crow_indices, a.col_indices, a.values, a.shape, keys
 
 
+def as_adjacency(adj: Any):
+    """``adj`` with a torch sparse COO/CSC/BSR/BSC tensor converted to CSR (as PyG converts it);
+    anything else unchanged."""
+    if isinstance(adj, torch.Tensor) and adj.layout in (torch.sparse_coo, torch.sparse_csc, torch.sparse_bsr,
+                                                          torch.sparse_bsc):
+        if adj.dim() != 2:
+            raise ValueError(f"adj_t: expected a 2-D sparse tensor, got shape {tuple(adj.shape)}")
+        return adj.to_sparse_csr()
+    return adj
+
+
 def sparse_edges(adj: Any) -> Edges:
     """The edge list of a sparse ``adj_t`` (rows = targets)."""
-    crow, col, values, shape, keys = sparse_parts(adj)
+    crow, col, values, shape, _ = sparse_parts(adj)
     counts = crow[1:].long() - crow[:-1].long()
     rows = torch.repeat_interleave(torch.arange(shape[0], device=crow.device), counts)
     nnz = rows.shape[0]
-    return Edges(rows, col[:nnz].long(), None if values is None else values[:nnz], shape, keys)
+    return Edges(rows, col[:nnz].long(), None if values is None else values[:nnz], shape)
 
 
 # --- building a CSR ----------------------------------------------------------------------------

@@ -146,8 +146,9 @@ GCN_CASES = [({}, "edge_index", True), ({}, "edge_index", False), ({}, "weighted
              ({"improved": True}, "csr", False), ({"add_self_loops": False}, "edge_index", True),
              ({"normalize": False}, "weighted", False), ({"bias": False, "cached": True}, "edge_index", True)]
 SAGE_CASES = [({}, "edge_index", True), ({}, "edge_index", False), ({}, "csr", True), ({}, "csr", False),
-              ({}, "data", True), ({"normalize": True}, "edge_index", True), ({"root_weight": False}, "edge_index", False),
-              ({"project": True}, "edge_index", True), ({"aggr": "sum"}, "edge_index", False), ({"bias": False}, "csr", True)]
+              ({}, "data", True), ({"normalize": True}, "edge_index", True),
+              ({"root_weight": False}, "edge_index", False), ({"project": True}, "edge_index", True),
+              ({"aggr": "sum"}, "edge_index", False), ({"bias": False}, "csr", True)]
 
 
 def _inputs(kind, ei, n, device, weight=None):
@@ -340,6 +341,10 @@ def test_data_and_layer_call_forms(device):
     torch.testing.assert_close(conv(data), conv(x, ei))
     torch.testing.assert_close(conv(x, data), conv(x, ei))
     torch.testing.assert_close(conv(x, st.from_edge_index(ei, n, transpose=True)), conv(x, ei))
+    coo = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], device=device), (n, n))
+    torch.testing.assert_close(conv(x, coo), conv(x, ei))  # converted to CSR, as PyG does
+    sage = st.nn.SAGEConv(4, 3).to(device)
+    torch.testing.assert_close(sage(x, coo), sage(x, ei))
 
 
 # --- no wasted work ------------------------------------------------------------------------------

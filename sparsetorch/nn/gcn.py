@@ -12,8 +12,8 @@ from torch import nn
 from sparsetorch import functional as F
 from sparsetorch._transpose import row_indices
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch.graph import (Edges, build_csr, cached_graph, edges_of, graph_keys, is_data, is_edge_index,
-                               is_sparse_tensor, sparse_edges)
+from sparsetorch.graph import (Edges, as_adjacency, build_csr, cached_graph, edges_of, graph_keys, is_data,
+                               is_edge_index, is_sparse_tensor, sparse_edges)
 from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
 
 
@@ -131,7 +131,7 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
             raise ValueError("edge_weight: only with an edge_index (a sparse adjacency carries its weights as its "
                              "values)")
         if not is_sparse_tensor(graph):
-            a = as_csr(graph)
+            a = as_csr(as_adjacency(graph))
             if a.batched:
                 return gcn_normalize(a, add_self_loops, dtype, fill) if normalize else a.to(dtype=dtype)
             a = a.to(dtype=dtype)

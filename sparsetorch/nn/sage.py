@@ -9,8 +9,8 @@ from torch import nn
 
 from sparsetorch import functional as F
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch.graph import (build_csr, cached_graph, edges_of, graph_keys, is_data, is_edge_index,
-                               is_sparse_tensor, sparse_edges)
+from sparsetorch.graph import (as_adjacency, build_csr, cached_graph, edges_of, graph_keys, is_data,
+                               is_edge_index, is_sparse_tensor, sparse_edges)
 from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
 
 _AGGREGATIONS = ("mean", "sum", "add")
@@ -30,7 +30,7 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
         e = sparse_edges(graph)
         a = build_csr(e.rows, e.cols, torch.ones(e.rows.shape[0], dtype=dtype, device=e.device), e.shape)
     else:
-        a = as_csr(graph)
+        a = as_csr(as_adjacency(graph))
         if a.batched:
             raise ValueError(f"edge_index: SAGEConv takes one graph (2-D adjacency), got shape {a.shape}")
         a = a.to(dtype=dtype)

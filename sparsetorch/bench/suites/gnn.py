@@ -35,7 +35,7 @@ import gc
 import os
 import statistics
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
