@@ -47,9 +47,15 @@ def _activation_grad(grad, z, activation, negative_slope):
 
 def _spmm_setup(ctx, inputs, output):
     crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, backend = inputs
+    # B is read by the backward only for A's values' gradient (SDDMM) and to recompute the
+    # pre-activation: a graph layer's adjacency needs no gradient, and its B is not kept.
+    needs = getattr(ctx, "needs_input_grad", None)
+    if needs is not None and activation == "none" and not _needs(ctx, 2):
+        dense = None
     ctx.save_for_backward(crow, col, values, dense, accumulate, bias)
     ctx.alpha, ctx.beta, ctx.activation, ctx.negative_slope, ctx.backend = (alpha, beta, activation,
                                                                             negative_slope, backend)
+    ctx.dense_shape = tuple(inputs[3].shape)
 
 
 def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
@@ -65,11 +71,11 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
     if need_values:
         g_values = _sum_to(ops.sddmm(crow, col, gz, dense.contiguous(), alpha, ctx.backend), values.shape)
     if need_dense:
-        k = dense.shape[-2]
+        k = ctx.dense_shape[-2]
         crow_t, col_t, perm = transpose_pattern(crow, col, k)
         g_dense = ops.spmm(crow_t, col_t, transpose_values(values, perm), gz, alpha, None, 0.0, None, "none",
                            0.01, ctx.backend)
-        g_dense = _sum_to(g_dense, dense.shape)
+        g_dense = _sum_to(g_dense, ctx.dense_shape)
     if need_acc:
         g_acc = gz * beta if beta != 0.0 else torch.zeros_like(accumulate)
     if need_bias:

@@ -561,3 +561,27 @@ def test_gnn_suite_rows_and_report_on_cpu(tmp_path):
     assert len(lines) == 2 and all("torch_geometric's fastest" in line for line in lines), lines
     pytest.importorskip("matplotlib")
     assert any(p.endswith("gnn_speedup.png") for p in report.make_plots(str(tmp_path), rows))
+
+
+def test_spmm_keeps_no_dense_operand_for_an_adjacency_without_gradient(device):
+    """The backward reads B only for A's values' gradient (or to recompute an activation): a graph
+    layer's SpMM saves A and nothing of its (n, out) operand."""
+    ei = _graph(30, 90, seed=13, device=device)
+    a = st.nn.gcn_norm(ei, num_nodes=30)
+    h = torch.randn(30, 5, device=device, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = st.spmm(a, h)
+    assert (30, 5) not in saved, saved
+    y.sum().backward()
+    torch.testing.assert_close(h.grad, st.to_dense(a).T @ torch.ones(30, 5, device=device))
+    saved.clear()
+    values = a.values.clone().requires_grad_()  # values with a gradient: B is kept for the SDDMM
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        st.spmm(st.CSR(a.crow_indices, a.col_indices, values, a.shape), h)
+    assert (30, 5) in saved
