@@ -52,6 +52,10 @@ def _spmm_setup(ctx, inputs, output):
     needs = getattr(ctx, "needs_input_grad", None)
     if needs is not None and activation == "none" and not _needs(ctx, 2):
         dense = None
+    # c's gradient is beta * grad: c itself is needed only to recompute the pre-activation.
+    ctx.acc_like = None if accumulate is None else (accumulate.shape, accumulate.dtype, accumulate.device)
+    if activation == "none":
+        accumulate = None
     ctx.save_for_backward(crow, col, values, dense, accumulate, bias)
     ctx.alpha, ctx.beta, ctx.activation, ctx.negative_slope, ctx.backend = (alpha, beta, activation,
                                                                             negative_slope, backend)
@@ -77,7 +81,8 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
                            0.01, ctx.backend)
         g_dense = _sum_to(g_dense, ctx.dense_shape)
     if need_acc:
-        g_acc = gz * beta if beta != 0.0 else torch.zeros_like(accumulate)
+        shape, dtype, device = ctx.acc_like
+        g_acc = gz * beta if beta != 0.0 else torch.zeros(shape, dtype=dtype, device=device)
     if need_bias:
         g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
     return g_values, g_dense, g_acc, g_bias

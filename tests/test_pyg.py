@@ -580,6 +580,13 @@ def test_spmm_keeps_no_dense_operand_for_an_adjacency_without_gradient(device):
     assert (30, 5) not in saved, saved
     y.sum().backward()
     torch.testing.assert_close(h.grad, st.to_dense(a).T @ torch.ones(30, 5, device=device))
+    c = torch.randn(30, 5, device=device, requires_grad=True)  # SAGE's root term: not kept either
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = st.spmm(a, h, c=c, beta=1.0)
+    assert (30, 5) not in saved, saved
+    gh, gc = torch.autograd.grad(y.sum(), (h, c))
+    torch.testing.assert_close(gc, torch.ones_like(c))
     saved.clear()
     values = a.values.clone().requires_grad_()  # values with a gradient: B is kept for the SDDMM
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
