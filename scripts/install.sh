@@ -15,7 +15,8 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 deps=(numpy scipy ninja)
 case "$extra" in
-  test) deps+=(pytest hypothesis) ;;
+  # torch_geometric (pure Python) for the drop-in equivalence tests; the version the GPU machines have.
+  test) deps+=(pytest hypothesis "torch-geometric==2.8.0.post1") ;;
   bench) deps+=(tqdm matplotlib) ;;
 esac
 "$PY" -m pip install "${deps[@]}"

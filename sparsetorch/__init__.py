@@ -23,6 +23,7 @@ from sparsetorch.csr import (
 from sparsetorch.plan import SpmmPlan
 from sparsetorch._validate import MatrixInfo
 from sparsetorch._bitmap import BitmapWeight, bitmap_linear  # pruned bf16/fp16 weights in bitmap tiles
+from sparsetorch.graph import from_edge_index, to_edge_index
 from sparsetorch.functional import (
     ACTIVATIONS,
     DENSE_CROSSOVER,
@@ -56,10 +57,11 @@ __version__ = "0.1.0"
 __all__ = [
     "ACTIVATIONS", "BitmapWeight", "CSR", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "bitmap_linear",
     "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "div",
-    "from_dense",
-    "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu", "scale", "scale_cols",
-    "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_scipy", "to_torch", "transpose", "validate_csr",
+    "from_dense", "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu",
+    "scale", "scale_cols", "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index",
+    "to_scipy", "to_torch", "transpose", "validate_csr",
 ]
+
 
 def analyze(A, force: bool = False) -> MatrixInfo:
     """What sparsetorch knows about the sparse matrix ``A`` (anything :func:`as_csr` takes): validity
@@ -70,4 +72,4 @@ def analyze(A, force: bool = False) -> MatrixInfo:
     return _analyze(as_csr(A), force)
 
 
-from sparsetorch import nn  # noqa: E402  (layers: st.nn.SparseLinear, st.nn.GCNConv)
+from sparsetorch import nn  # noqa: E402  (layers: st.nn.SparseLinear, GCNConv, SAGEConv)

@@ -47,9 +47,19 @@ def _activation_grad(grad, z, activation, negative_slope):
 
 def _spmm_setup(ctx, inputs, output):
     crow, col, values, dense, alpha, accumulate, beta, bias, activation, negative_slope, backend = inputs[:11]
+    # B is read by the backward only for A's values' gradient (SDDMM) and to recompute the
+    # pre-activation: a graph layer's adjacency needs no gradient, and its B is not kept.
+    needs = getattr(ctx, "needs_input_grad", None)
+    if needs is not None and activation == "none" and not _needs(ctx, 2):
+        dense = None
+    # c's gradient is beta * grad: c itself is needed only to recompute the pre-activation.
+    ctx.acc_like = None if accumulate is None else (accumulate.shape, accumulate.dtype, accumulate.device)
+    if activation == "none":
+        accumulate = None
     ctx.save_for_backward(crow, col, values, dense, accumulate, bias)
     ctx.alpha, ctx.beta, ctx.activation, ctx.negative_slope, ctx.backend = (alpha, beta, activation,
                                                                             negative_slope, backend)
+    ctx.dense_shape = tuple(inputs[3].shape)
 
 
 def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
@@ -65,15 +75,16 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
     if need_values:
         g_values = _sum_to(ops.sddmm(crow, col, gz, dense.contiguous(), alpha, ctx.backend), values.shape)
     if need_dense:
-        k = dense.shape[-2]
+        k = ctx.dense_shape[-2]
         crow_t, col_t, perm = transpose_pattern(crow, col, k)
         # A^T has other row lengths than A (a power-law graph's in-degrees): the routing module decides
         # for it from its own cached analysis, whatever route the forward product was given.
         g_dense = ops.spmm(crow_t, col_t, transpose_values(values, perm), gz, alpha, None, 0.0, None, "none",
                            0.01, "auto")
-        g_dense = _sum_to(g_dense, dense.shape)
+        g_dense = _sum_to(g_dense, ctx.dense_shape)
     if need_acc:
-        g_acc = gz * beta if beta != 0.0 else torch.zeros_like(accumulate)
+        shape, dtype, device = ctx.acc_like
+        g_acc = gz * beta if beta != 0.0 else torch.zeros(shape, dtype=dtype, device=device)
     if need_bias:
         g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
     return g_values, g_dense, g_acc, g_bias

@@ -121,6 +121,11 @@ def _gcn(A, device):
     return conv(torch.randn(n, 4, device=device), A)
 
 
+def _sage(A, device):
+    conv = st.nn.SAGEConv(4, 3).to(device)
+    return conv(torch.randn(A.shape[-1], 4, device=device), A)
+
+
 def _transpose(A, device):
     return st.transpose(A)
 
@@ -150,6 +155,7 @@ ENTRY_POINTS: Dict[str, Callable] = {
     "SpmmPlan": _plan,
     "SparseLinear.from_sparse": _sparse_linear,
     "GCNConv": _gcn,
+    "SAGEConv": _sage,
     "transpose": _transpose,
     "scale": _scale,
     "add (CSR values)": _add,
@@ -158,8 +164,8 @@ ENTRY_POINTS: Dict[str, Callable] = {
 
 # Entry points that need a square matrix (the runner builds a square one for them), and those that
 # take one 2-D matrix only (not run on batched patterns).
-SQUARE = {"GCNConv"}
-UNBATCHED_ENTRY_POINTS = {"SparseLinear.from_sparse", "GCNConv"}
+SQUARE = {"GCNConv", "SAGEConv"}
+UNBATCHED_ENTRY_POINTS = {"SparseLinear.from_sparse", "GCNConv", "SAGEConv"}
 
 # With validate=False the caller vouches for the matrix: a wrong answer is allowed, a crash is not.
 OPT_OUT_ENTRY_POINTS: Dict[str, Callable] = {

@@ -302,24 +302,36 @@ def test_add_self_loops_batched_keeps_padding_out(device, rng):
         np.testing.assert_allclose(got.toarray(), mat.toarray() + np.eye(8))
 
 
+@pytest.mark.parametrize("channels", [(6, 5), (3, 7)])  # x @ W first, and the SpMM first (in < out)
 @pytest.mark.parametrize("activation", [None, "relu"])
-def test_gcn_conv_matches_dense(device, rng, activation):
+def test_gcn_conv_matches_dense(device, rng, activation, channels):
     torch.manual_seed(4)
     a = _symmetric_graph(rng, 25, 0.15)
-    conv = st.nn.GCNConv(6, 5, activation=activation).to(device=device, dtype=torch.float64)
-    x = randn(rng, 25, 6, device=device, dtype=torch.float64).requires_grad_()
+    conv = st.nn.GCNConv(*channels, activation=activation).to(device=device, dtype=torch.float64)
+    x = randn(rng, 25, channels[0], device=device, dtype=torch.float64).requires_grad_()
     y = conv(x, st.from_scipy(a, device=device))
     a_hat = torch.from_numpy(_reference_propagation(a)).to(device)
-    y_ref = a_hat @ (x @ conv.weight) + conv.bias
+    w = conv.lin.weight  # (out, in), as torch_geometric's
+    y_ref = a_hat @ (x @ w.T) + conv.bias
     if activation:
         y_ref = torch.relu(y_ref)
     torch.testing.assert_close(y, y_ref)
     g = torch.randn_like(y)
-    gx, gw, gb = torch.autograd.grad(y, (x, conv.weight, conv.bias), g)
-    gx_ref, gw_ref, gb_ref = torch.autograd.grad(y_ref, (x, conv.weight, conv.bias), g)
+    gx, gw, gb = torch.autograd.grad(y, (x, w, conv.bias), g)
+    gx_ref, gw_ref, gb_ref = torch.autograd.grad(y_ref, (x, w, conv.bias), g)
     torch.testing.assert_close(gx, gx_ref)
     torch.testing.assert_close(gw, gw_ref)
     torch.testing.assert_close(gb, gb_ref)
+
+
+def test_gcn_conv_loads_the_earlier_state_dict_layout(device):
+    """State dicts of the earlier layout (``weight`` as (in, out)) still load; ``weight`` reads as before."""
+    conv = st.nn.GCNConv(4, 3).to(device)
+    old = {"weight": torch.randn(4, 3, device=device), "bias": torch.randn(3, device=device)}
+    conv.load_state_dict(old)
+    torch.testing.assert_close(conv.lin.weight, old["weight"].T)
+    torch.testing.assert_close(conv.weight, old["weight"])
+    assert set(conv.state_dict()) == {"lin.weight", "bias"}
 
 
 def test_gcn_conv_batch_of_graphs_of_different_sizes(device, rng):
@@ -335,7 +347,7 @@ def test_gcn_conv_batch_of_graphs_of_different_sizes(device, rng):
     for out, g, f in zip(outs, graphs, feats):
         torch.testing.assert_close(out, conv(f, st.from_scipy(g, device=device)))
     sum(o.sum() for o in outs).backward()
-    assert conv.weight.grad is not None and torch.all(x.grad[1, 4:] == 0)  # padded rows get no gradient
+    assert conv.lin.weight.grad is not None and torch.all(x.grad[1, 4:] == 0)  # padded rows get no gradient
 
 
 def test_gcn_conv_cached_and_unnormalized(device, rng):

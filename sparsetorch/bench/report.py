@@ -18,6 +18,8 @@ NOTES = [
     "when one call's inputs would otherwise still sit in L2.",
     "cupy is called as users call it (`csr_matrix @ ndarray` with a row-major ndarray); torch_geometric "
     "is `SimpleConv(aggr=\"sum\")` with edge weights, i.e. its message passing for the same product.",
+    "gnn rows time one training step (forward + backward + Adam) of a 2-layer GCN / GraphSAGE; `peak_GiB` in "
+    "the JSON/CSV is the most memory allocated during a step by that variant (sparsetorch/bench/suites/gnn.py).",
 ]
 
 REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
@@ -99,6 +101,7 @@ def headlines(rows: List[dict]) -> List[str]:
             if sp:
                 lines.append(f"{suite}: {geomean(sp):.2f}x geomean over {base} (min {min(sp):.2f}x, max "
                              f"{max(sp):.2f}x, {len(sp)} cases)")
+    lines += gnn_headlines(rows)
     for r in rows:
         if r["suite"] == "elementwise" and r["impl"].startswith("st.bias_act"):
             others = {x["impl"]: x for x in rows if x["suite"] == "elementwise" and x["dtype"] == r["dtype"]}
@@ -110,6 +113,34 @@ def headlines(rows: List[dict]) -> List[str]:
     from sparsetorch.bench.suites.skew import summarize as skew_summary
 
     lines += skew_summary(rows)
+    return lines
+
+
+def gnn_headlines(rows: List[dict]) -> List[str]:
+    """Per training-step case: sparsetorch against torch_geometric's fastest variant, time and peak
+    memory; per accuracy case: the test accuracies."""
+    lines = []
+    by_case = OrderedDict()
+    for r in rows:
+        if r["suite"] == "gnn":
+            by_case.setdefault((r["case"], bool(r.get("cpu"))), {})[r["impl"]] = r
+    for (case, cpu), impls in by_case.items():
+        ours = impls.get("sparsetorch")
+        others = {k: v for k, v in impls.items() if k.startswith("torch_geometric")}
+        if ours is None or not others:
+            continue
+        where = " (cpu)" if cpu else ""
+        if "test_acc" in ours:
+            parts = [f"{k} {100 * v['test_acc']:.1f}%" for k, v in others.items()]
+            lines.append(f"gnn {case}{where}: test accuracy sparsetorch {100 * ours['test_acc']:.1f}% vs "
+                         + ", ".join(parts))
+            continue
+        best = min(others.items(), key=lambda kv: kv[1]["time_ms"])
+        line = (f"gnn {case}{where}: {best[1]['time_ms'] / ours['time_ms']:.2f}x torch_geometric's fastest "
+                f"({best[0][len('torch_geometric '):]}: {best[1]['time_ms']:.3g} ms vs {ours['time_ms']:.3g} ms")
+        if ours.get("peak_GiB") is not None and best[1].get("peak_GiB") is not None:
+            line += f"; peak {ours['peak_GiB']:.2f} GiB vs {best[1]['peak_GiB']:.2f} GiB"
+        lines.append(line + ")")
     return lines
 
 
@@ -176,6 +207,50 @@ def write(out_dir: str, meta: dict, rows: List[dict], plots: bool) -> List[str]:
     return written
 
 
+_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def _factor(v: float) -> str:
+    return f"{v:g}x"
+
+
+def _speedup_axis(ax, values: List[float], label: str, baseline: str = "1x: the same time") -> None:
+    """A log axis for ratios, labelled in plain factors (0.5x, 1x, 2x, ...), with the 1x line marked."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    finite = [v for v in values if v and math.isfinite(v) and v > 0] or [1.0]
+    lo, hi = min(min(finite), 1.0) / 1.3, max(max(finite), 1.0) * 1.3
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    ticks = [f for f in _FACTORS if lo <= f <= hi]
+    if len(ticks) > 8:  # keep the 1-2-5 steps only
+        ticks = [f for f in ticks if str(f).lstrip("0.").rstrip("0")[:1] in ("1", "2", "5")]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _factor(v)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.axhline(1.0, color="black", linewidth=1.0, linestyle="--", label=baseline)  # named in the legend
+    ax.set_ylabel(label)
+
+
+def _title(ax, text: str, fig_width_in: float) -> None:
+    """A title wrapped to the figure's width (about 11 characters per inch at 11 pt)."""
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(text, max(30, int(fig_width_in * 11)))), fontsize=11)
+
+
+def _bar_groups(ax, groups: List[str], impls: List[str], value) -> List[float]:
+    width = 0.8 / max(1, len(impls))
+    shown = []
+    for j, impl in enumerate(impls):
+        vals = [value(g, impl) for g in groups]
+        shown += vals
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=impl)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+    return shown
+
+
 def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
     try:
         import matplotlib
@@ -186,9 +261,17 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
         print("matplotlib not installed: no plots (pip install matplotlib)")
         return []
     written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        path = os.path.join(out_dir, name)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
     density = [r for r in rows if r["suite"] == "density" and not r.get("cpu")]
     if density:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(9, 4.8))
         impls = list(OrderedDict((r["impl"], None) for r in density))
         for impl in impls:
             pts = sorted((r["density"], r["time_ms"]) for r in density if r["impl"] == impl)
@@ -198,17 +281,18 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
                 ax.axvline(100 * d, linestyle="--", linewidth=0.8, color="gray")
                 ax.text(100 * d, ax.get_ylim()[1], f" vs {impl}: {100 * d:.2g}%", rotation=90, va="top",
                         fontsize=7)
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))  # plain numbers, not 10^k
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("density of A (%)")
-        ax.set_ylabel("time (ms)")
-        ax.set_title(f"A @ B, {density[0]['case'].split(',')[0]}: sparse vs dense (crossovers dashed)")
-        ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        path = os.path.join(out_dir, "density.png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        ax.set_ylabel("time (ms, lower is better)")
+        _title(ax, f"A @ B, {density[0]['case'].split(',')[0]}: sparse vs dense; dashed: density below which "
+                   "sparsetorch (fp32) is faster", 9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        save(fig, "density.png")
     for suite in ("graphs", "batched"):
         sel = [r for r in rows if r["suite"] == suite and r.get("speedup") and r["impl"] != "sparsetorch"
                and not r.get("cpu")]
@@ -218,27 +302,49 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
         group = (lambda r: r["graph"]) if suite == "graphs" else (lambda r: r["case"])
         cases = list(OrderedDict((group(r), None) for r in sel))
         impls = list(OrderedDict((r["impl"], None) for r in sel))
-        fig, ax = plt.subplots(figsize=(min(16, max(7, 0.3 * len(cases) * len(impls))), 4.8))
-        width = 0.8 / len(impls)
-        for j, impl in enumerate(impls):
-            vals = []
-            for c in cases:
-                got = [r["speedup"] for r in sel if group(r) == c and r["impl"] == impl]
-                vals.append(geomean(got) if got else float("nan"))
-            ax.bar([i + j * width for i in range(len(cases))], vals, width, label=impl)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
-        ax.set_xticklabels(cases, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("their time / sparsetorch's (> 1: sparsetorch faster)")
-        ax.set_title(f"{suite}: speedup of sparsetorch over each baseline"
-                     + (" (geomean over feature widths)" if suite == "graphs" else ""))
+        width_in = min(16, max(8, 0.3 * len(cases) * len(impls)))
+        fig, ax = plt.subplots(figsize=(width_in, 5))
+
+        def value(c, impl):
+            got = [r["speedup"] for r in sel if group(r) == c and r["impl"] == impl]
+            return geomean(got) if got else float("nan")
+
+        shown = _bar_groups(ax, cases, impls, value)
+        _speedup_axis(ax, shown, "sparsetorch's speedup\n(their time / ours; above 1x: ours faster)")
+        _title(ax, f"{suite}: sparsetorch against each baseline"
+               + (", geomean over feature widths" if suite == "graphs" else ""), width_in)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"{suite}_speedup.png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        save(fig, f"{suite}_speedup.png")
+    gnn = [r for r in rows if r["suite"] == "gnn" and not r.get("cpu") and "test_acc" not in r]
+    if gnn:
+        cases = list(OrderedDict((r["case"], None) for r in gnn))
+        impls = list(OrderedDict((r["impl"], None) for r in gnn if r["impl"] != "sparsetorch"))
+        by = {(r["case"], r["impl"]): r for r in gnn}
+        width_in = min(16, max(9, 0.45 * len(cases) * max(1, len(impls))))
+        memory = any(r.get("peak_GiB") for r in gnn)  # measured on CUDA only
+        fig, axes = plt.subplots(2 if memory else 1, 1, figsize=(width_in, 8 if memory else 5), sharex=True,
+                                 squeeze=False)
+        ax_t = axes[0][0]
+
+        def ratio(key):
+            def value(c, impl):
+                theirs, ours = by.get((c, impl)), by.get((c, "sparsetorch"))
+                if not theirs or not ours or not theirs.get(key) or not ours.get(key):
+                    return float("nan")
+                return theirs[key] / ours[key]
+            return value
+
+        shown = _bar_groups(ax_t, cases, impls, ratio("time_ms"))
+        _speedup_axis(ax_t, shown, "step-time speedup\n(their time / ours)")
+        _title(ax_t, "GNN training step (forward + backward + Adam): sparsetorch against torch_geometric",
+               width_in)
+        ax_t.legend(fontsize=7)
+        if memory:
+            ax_m = axes[1][0]
+            shown = _bar_groups(ax_m, cases, impls, ratio("peak_GiB"))
+            _speedup_axis(ax_m, shown, "peak-memory ratio\n(their peak / ours)", "1x: the same peak memory")
+            ax_m.legend(fontsize=7)
+        save(fig, "gnn_speedup.png")
     return written
 
 

@@ -1,7 +1,9 @@
-"""Graph convolution (Kipf & Welling) and its propagation matrix D^-1/2 (A + I) D^-1/2."""
+"""Graph convolution (Kipf & Welling), a drop-in for torch_geometric's GCNConv, and its
+propagation matrix D^-1/2 (A + I) D^-1/2."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -11,6 +13,9 @@ from sparsetorch import functional as F
 from sparsetorch._transpose import row_indices
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
+from sparsetorch.graph import (Edges, as_adjacency, build_csr, cached_graph, check_coordinates, edges_of, graph_keys,
+                               is_data, is_edge_index, is_sparse_tensor, sparse_edges)
+from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
 
 
 def add_self_loops(A: Any, fill_value: float = 1.0) -> CSR:
@@ -47,8 +52,10 @@ def add_self_loops(A: Any, fill_value: float = 1.0) -> CSR:
     return CSR(new_crow.to(idx), new_col.to(idx), new_values, a.shape)
 
 
-def gcn_normalize(A: Any, add_loops: bool = True, dtype: Optional[torch.dtype] = None) -> CSR:
-    """Kipf & Welling's propagation matrix ``D^-1/2 (A + I) D^-1/2``, D the row sums of A + I.
+def gcn_normalize(A: Any, add_loops: bool = True, dtype: Optional[torch.dtype] = None,
+                  fill_value: float = 1.0) -> CSR:
+    """Kipf & Welling's propagation matrix ``D^-1/2 (A + fill_value * I) D^-1/2``, D the row sums
+    of A + fill_value * I (``fill_value=2``: PyG's ``improved=True``).
 
     ``A``: a square (n, n) or batched (b, n, n) sparse adjacency (stored values are edge weights).
     The scaling runs on sparsetorch's own CSR row/column scaling op (:func:`sparsetorch.scale`).
@@ -58,14 +65,19 @@ def gcn_normalize(A: Any, add_loops: bool = True, dtype: Optional[torch.dtype] =
     if dtype is not None:
         a = a.to(dtype=dtype)
     if add_loops:
-        a = add_self_loops(a)
+        a = add_self_loops(a, fill_value)
+    return _symmetric_scale(a)
+
+
+def _symmetric_scale(a: CSR) -> CSR:
+    """D^-1/2 A D^-1/2 with D = A's row sums (a zero row sum gives a factor of 0)."""
     length = a.col_indices.shape[-1]
     m = a.shape[-2]
     rows, valid = row_indices(a.crow_indices, length)
     value_batches = a.values.shape[0] if a.values.dim() == 2 else 1
     v = torch.where(valid, a.values.reshape(value_batches, length), torch.zeros((), dtype=a.dtype,
                                                                                 device=a.device))
-    degree = torch.zeros(value_batches, m, dtype=a.dtype, device=a.device).scatter_add_(
+    degree = torch.zeros(value_batches, m, dtype=a.dtype, device=a.device).scatter_add(
         1, rows.expand(value_batches, -1), v)
     d = degree.pow(-0.5)
     d = torch.where(torch.isinf(d), torch.zeros_like(d), d)
@@ -74,59 +86,189 @@ def gcn_normalize(A: Any, add_loops: bool = True, dtype: Optional[torch.dtype] =
     return F.scale(a, d, d)
 
 
-class GCNConv(nn.Module):
-    """Graph convolution (Kipf & Welling 2017): ``act(Â @ (x @ W) + bias)``, Â = D^-1/2 (A + I) D^-1/2.
+def _edges_with_loops(e: Edges, mode: str, fill_value: float, dtype: torch.dtype) -> CSR:
+    """adj_t of an edge list with self loops as PyG adds them: ``"remaining"`` (an edge_index:
+    existing loops dropped, one loop per node carrying the weight of the node's existing loop, else
+    ``fill_value``; without edge weights every edge, loops included, weighs 1, as in torch_geometric
+    2.8's gcn_norm), ``"fill"`` (a SparseTensor: the diagonal replaced by ``fill_value``) or None."""
+    n = e.shape[0]
+    rows, cols = e.rows.long(), e.cols.long()
+    w = e.weights.to(dtype) if e.weights is not None else torch.ones(rows.shape[0], dtype=dtype, device=e.device)
+    if mode is not None:
+        loop = rows == cols
+        keep = ~loop
+        node = torch.arange(n, device=e.device)
+        loop_w = torch.full((n,), fill_value if e.weights is not None or mode == "fill" else 1.0, dtype=dtype,
+                            device=e.device)
+        if mode == "remaining" and e.weights is not None:
+            loop_w = loop_w.index_put((rows[loop],), w[loop])
+        rows, cols, w = torch.cat([rows[keep], node]), torch.cat([cols[keep], node]), torch.cat([w[keep], loop_w])
+    return build_csr(rows, cols, w, e.shape)
 
-    ``forward(x, adjacency)``: ``x`` (n, in_channels) with an (n, n) adjacency, or (b, n, in_channels)
-    with a batched (b, n, n) adjacency of per-graph patterns (graphs of different sizes: pad them
-    with :func:`batch_graphs`). ``adjacency`` is anything :func:`sparsetorch.as_csr` takes; it is
-    normalised on each call unless ``normalize=False`` (then it is used as given, e.g. the output of
-    :func:`gcn_normalize`) or ``cached=True`` (normalised on the first call and reused: only for a
-    fixed graph). The SpMM runs with the bias and activation fused in its epilogue at inference.
+
+_warned_improved = False
+
+
+def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: Optional[int] = None,
+             improved: bool = False, add_self_loops: bool = True, normalize: bool = True,
+             dtype: torch.dtype = torch.float32) -> CSR:
+    """GCNConv's propagation matrix ``D^-1/2 (A + I) D^-1/2`` as a :class:`CSR` (rows = targets),
+    for any graph a PyG user holds, computed exactly as torch_geometric's ``gcn_norm``: from an
+    ``edge_index`` (+ ``edge_weight``) or a ``Data`` with "remaining" self loops; from a torch
+    sparse / SciPy / :class:`CSR` adj_t with ``A + fill * I``; from a ``SparseTensor`` with the
+    diagonal set to ``fill``; ``fill = 2`` when ``improved``. ``normalize=False``: A as given.
+    The pattern of an undirected graph is marked symmetric (see ``_transpose.mark_symmetric``)."""
+    global _warned_improved
+    fill = 2.0 if improved else 1.0
+    if is_edge_index(graph) or is_data(graph):
+        e = edges_of(graph, edge_weight, num_nodes)
+        if improved and add_self_loops and normalize and e.weights is None and not _warned_improved:
+            _warned_improved = True
+            warnings.warn("GCNConv(improved=True) with an edge_index and no edge_weight: self loops get weight 1, "
+                          "as in torch_geometric 2.8's gcn_norm (pass edge_weight=torch.ones(E) for A + 2I)")
+        mode = "remaining" if add_self_loops and normalize else None
+    else:
+        if edge_weight is not None:
+            raise ValueError("edge_weight: only with an edge_index (a sparse adjacency carries its weights as its "
+                             "values)")
+        if not is_sparse_tensor(graph):
+            a = as_csr(as_adjacency(check_coordinates(graph)))
+            ensure_valid(a)  # normalising runs torch ops over the indices: they must be in range first
+            if a.batched:
+                return gcn_normalize(a, add_self_loops, dtype, fill) if normalize else a.to(dtype=dtype)
+            a = a.to(dtype=dtype)
+            if not normalize:
+                return a
+            a = gcn_normalize(a, add_self_loops, None, fill)
+            return mark_transpose(a)
+        e = sparse_edges(graph)
+        mode = "fill" if add_self_loops and normalize else None
+    if e.shape[0] != e.shape[1]:
+        raise ValueError(f"edge_index: GCNConv needs a square adjacency (one node set), got {e.shape[1]} sources "
+                         f"and {e.shape[0]} targets")
+    a = _edges_with_loops(e, mode, fill, dtype)
+    if normalize:
+        a = _symmetric_scale(a)
+    return mark_transpose(a)
+
+
+_PYG_DEFAULTS = {"aggr": ("add", "sum"), "flow": ("source_to_target",), "node_dim": (-2, 0),
+                 "decomposed_layers": (1,)}
+
+
+class GCNConv(nn.Module):
+    """Graph convolution (Kipf & Welling 2017): ``act(Â @ x @ W.T + bias)``, Â = D^-1/2 (A + I) D^-1/2,
+    with torch_geometric's constructor, forward signature and parameters (a drop-in for
+    ``torch_geometric.nn.GCNConv``: ``lin.weight`` (out, in) and ``bias``, so state dicts load both
+    ways).
+
+    ``GCNConv(in_channels, out_channels, improved=False, cached=False, add_self_loops=None,
+    normalize=True, bias=True, *, activation=None, negative_slope=0.01, backend="auto")``;
+    ``forward(x, edge_index, edge_weight=None)``. The graph may be an ``edge_index`` (2, E) with
+    optional ``edge_weight`` (E,), a torch sparse tensor or ``SparseTensor`` (adj_t, rows =
+    targets), a :class:`sparsetorch.CSR` or anything :func:`sparsetorch.as_csr` takes (batched
+    (b, n, n) too, with x (b, n, in)), a ``Data`` (``conv(x, data)`` or ``conv(data)``), or a
+    distributed matrix (``type(A).__sparsetorch_spmm__``: it normalises itself through
+    ``A.gcn_normalized(add_self_loops=, improved=)``). Self loops and normalisation follow PyG's
+    ``gcn_norm`` for each kind of input (see :func:`gcn_norm`).
+
+    The propagation matrix is built once per graph: on the layer with ``cached=True`` (then the
+    graph argument is not read again: only for a fixed graph), otherwise keyed on the graph's
+    tensors (identity + version counter), shared by all layers. PyG keywords of MessagePassing are
+    accepted at their defaults; others (``flow="target_to_source"``, ``aggr="mean"``, lazy
+    ``in_channels=-1``) raise naming the argument.
+
+    Beyond PyG: ``activation`` (one of :data:`sparsetorch.ACTIVATIONS`) is applied inside the layer,
+    fused into the SpMM or GEMM epilogue at inference and as one fused bias + activation pass in
+    training. The dense product runs on the cheaper side: ``Â @ (x @ W.T)`` when ``in_channels >=
+    out_channels``, ``(Â @ x) @ W.T`` otherwise (a first layer on raw features then needs no SpMM
+    in its backward). ``weight`` is the (in, out) view ``lin.weight.T`` of earlier versions, and
+    their state dicts (key ``weight``, (in, out)) still load.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, bias: bool = True, activation: Optional[str] = None,
-                 negative_slope: float = 0.01, normalize: bool = True, add_self_loops: bool = True,
-                 cached: bool = False, backend: str = "auto"):
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
+                 add_self_loops: Optional[bool] = None, normalize: bool = True, bias: bool = True, *,
+                 activation: Optional[str] = None, negative_slope: float = 0.01, backend: str = "auto", **kwargs):
         super().__init__()
+        name = type(self).__name__
+        check_pyg_kwargs(name, kwargs, _PYG_DEFAULTS)
+        if not isinstance(in_channels, int) or in_channels <= 0:
+            raise ValueError(f"in_channels: expected a positive int, got {in_channels!r} (lazy initialisation "
+                             "with -1 and bipartite (tuple) channels are not supported by GCNConv)")
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError(f"{name}: add_self_loops=True needs normalize=True (as in torch_geometric)")
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.weight = nn.Parameter(torch.empty(in_channels, out_channels))
-        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.improved, self.cached = bool(improved), bool(cached)
+        self.add_self_loops, self.normalize = bool(add_self_loops), bool(normalize)
         self.activation = F._activation_name(activation)
         self.negative_slope = float(negative_slope)
-        self.normalize, self.add_self_loops, self.cached = normalize, add_self_loops, cached
         self.backend = backend
-        self._cached_adjacency: Optional[CSR] = None
+        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self._cached_adjacency: Any = None
         self.reset_parameters()
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight as (in_channels, out_channels): a view of ``lin.weight`` (earlier layout)."""
+        return self.lin.weight.t()
+
     def reset_parameters(self) -> None:
-        bound = math.sqrt(6.0 / (self.in_channels + self.out_channels))  # Glorot, as in the paper
-        nn.init.uniform_(self.weight, -bound, bound)
+        bound = math.sqrt(6.0 / (self.in_channels + self.out_channels))  # Glorot, as in the paper and PyG
+        nn.init.uniform_(self.lin.weight, -bound, bound)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
         self._cached_adjacency = None
 
-    def propagation_matrix(self, adjacency: Any, dtype: torch.dtype) -> CSR:
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # The earlier layout, ``weight`` (in, out): renamed in place (load_state_dict passes its own
+        # copy, and the child ``lin`` reads its key after this).
+        if prefix + "weight" in state_dict and prefix + "lin.weight" not in state_dict:
+            state_dict[prefix + "lin.weight"] = state_dict.pop(prefix + "weight").t()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def propagation_matrix(self, graph: Any, dtype: torch.dtype, num_nodes: Optional[int] = None,
+                           edge_weight: Optional[torch.Tensor] = None) -> Any:
+        """Â for ``graph`` (cached as described in the class docstring)."""
         if self.cached and self._cached_adjacency is not None:
             return self._cached_adjacency
-        a = as_csr(adjacency)
-        ensure_valid(a)  # normalising runs torch ops over the indices: they must be in range first
-        if self.normalize:
-            a = gcn_normalize(a, add_loops=self.add_self_loops, dtype=dtype)
-        elif a.dtype != dtype:
-            a = a.to(dtype=dtype)
+        if graph is None:
+            raise ValueError("edge_index: a graph is needed (an edge_index, a sparse adjacency or a Data)")
+        if is_distributed(graph):
+            a = (graph.gcn_normalized(add_self_loops=self.add_self_loops, improved=self.improved)
+                 if self.normalize else graph)
+        else:
+            def build():
+                return gcn_norm(graph, edge_weight, num_nodes, self.improved, self.add_self_loops, self.normalize,
+                                dtype)
+
+            keys = graph_keys(graph, edge_weight)
+            a = build() if keys is None else cached_graph(
+                keys, ("gcn", num_nodes, self.improved, self.add_self_loops, self.normalize, dtype), build)
         if self.cached:
             self._cached_adjacency = a
         return a
 
-    def forward(self, x: torch.Tensor, adjacency: Any) -> torch.Tensor:
-        if x.shape[-1] != self.in_channels:
-            raise ValueError(f"x: expected last dimension {self.in_channels} (in_channels), got shape {tuple(x.shape)}")
-        a = self.propagation_matrix(adjacency, x.dtype)
-        h = torch.matmul(x, self.weight)
-        return F.spmm(a, h, bias=self.bias, activation=self.activation, negative_slope=self.negative_slope,
-                      backend=self.backend)
+    def forward(self, x: Any, edge_index: Any = None, edge_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x, graph = split_data(x, edge_index)
+        if isinstance(x, (tuple, list)):
+            raise ValueError(f"x: {type(self).__name__} does not support bipartite message passing (a tuple of "
+                             "node features), as in torch_geometric; use SAGEConv")
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-1] != self.in_channels:
+            raise ValueError(f"x: expected (num_nodes, {self.in_channels}) node features (in_channels), got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        a = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight)
+        w, act = self.lin.weight, self.activation
+        if self.in_channels < self.out_channels and not is_distributed(a):
+            # (Â x) W^T: the SpMM on the narrower side; x needs no gradient in a first layer, so
+            # neither does the SpMM.
+            return dense(propagate(a, x, None, "none", 0.0, self.backend), w, self.bias, act, self.negative_slope)
+        return propagate(a, dense(x, w), self.bias, act, self.negative_slope, self.backend)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, bias={self.bias is not None}, "
-                f"activation={self.activation!r}, cached={self.cached}")
+        extra = f", activation={self.activation!r}" if self.activation != "none" else ""
+        return (f"{self.in_channels}, {self.out_channels}, improved={self.improved}, cached={self.cached}, "
+                f"normalize={self.normalize}, bias={self.bias is not None}{extra}")
+

@@ -9,6 +9,7 @@ from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_mo
 from sparsetorch.bench.suites.density import density_suite
 from sparsetorch.bench.suites.distributed import distributed_suite
 from sparsetorch.bench.suites.elementwise import elementwise_suite
+from sparsetorch.bench.suites.gnn import gnn_suite
 from sparsetorch.bench.suites.graphs import graph_suite, power_law_graph, random_graph, real_graphs
 from sparsetorch.bench.suites.pruned import pruned_suite
 from sparsetorch.bench.suites.skew import skew_suite
@@ -21,6 +22,7 @@ SUITES = {
     "skew": skew_suite,
     "distributed": distributed_suite,
     "pruned": pruned_suite,
+    "gnn": gnn_suite,
 }
 
 __all__ = ["SUITES", "Context", "Job", "densify_model", "gemm_model", "measure", "spmm_model", "power_law_graph",
