@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [densify] [graphs] [sddmm] [examples] [ffn] [harness] [routing] [sanitizer]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [densify] [graphs] [sddmm] [examples] [ffn] [harness] [safety] [skew] [gnn] [sanitizer]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
 #   backward; tiled: the tiled SpMM density sweep (TILED_ARGS=--quick); graphs: every SpMM backend on the
 #   graph suite (GRAPHS_ARGS=--quick); densify: the densify route against the others (DENSIFY_ARGS=--quick); examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
@@ -80,15 +80,25 @@ if [[ "$what" == *" harness "* ]]; then
   python3 -m sparsetorch.bench --full --suites density,graphs,batched,elementwise --out "$OUT/harness" \
     2>&1 | tee "$OUT/harness.log" | tail -40 || rc=1
 fi
-if [[ "$what" == *" routing "* ]]; then
-  # Safe and fast by default: the safety tests (corruptions x entry points, CUDA in subprocesses), the
-  # routing tests, the counts by outcome, then the skew suite of the main job (every route on every case).
-  python3 -m pytest -q -p no:cacheprovider tests/test_safety.py tests/test_routing.py tests/test_plan.py \
-    tests/test_errors.py ${ROUTING_EXTRA_TESTS:-} > "$OUT/routing_tests.log" 2>&1 || rc=1
-  grep -E "^(FAILED|ERROR)" "$OUT/routing_tests.log" | head -20; tail -2 "$OUT/routing_tests.log"
+if [[ "$what" == *" safety "* ]]; then
+  # Safe by default: every corruption x entry point, counted by outcome (CUDA in worker processes), then
+  # the CUDA safety tests under compute-sanitizer memcheck (every child process is checked).
   python3 benchmarks/safety_probe.py --device cuda --out "$OUT/safety.json" 2>&1 | tee "$OUT/safety.log" | head -30
-  python3 -m sparsetorch.bench ${SKEW_ARGS:---full} --suites skew --no-plots --out "$OUT/skew" 2>&1 \
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+  if [ -n "$SAN" ]; then
+    timeout ${SAFETY_SANITIZER_S:-240} "$SAN" --tool memcheck --target-processes all --error-exitcode 99 --print-limit 20 \
+      python3 -m pytest -q -p no:cacheprovider tests/test_safety.py -k "cuda and int64" > "$OUT/safety_sanitizer.log" 2>&1
+    echo "compute-sanitizer exit: $?" | tee -a "$OUT/safety_sanitizer.log"
+    grep -E "ERROR SUMMARY|passed|failed" "$OUT/safety_sanitizer.log" | tail -3
+  fi
+fi
+if [[ "$what" == *" skew "* ]]; then
+  # Fast by default: the skew suite of the main job (the default call against every route and torch.sparse.mm).
+  python3 -m sparsetorch.bench ${SKEW_ARGS:-} --suites skew --no-plots --out "$OUT/skew" 2>&1 \
     | tee "$OUT/skew.log" | tail -8 || rc=1
+fi
+if [[ "$what" == *" gnn "* ]]; then
+  python3 -m sparsetorch.bench ${GNN_ARGS:-} --suites gnn --no-plots --out "$OUT/gnn" 2>&1 | tee "$OUT/gnn.log" | tail -12 || rc=1
 fi
 if [[ "$what" == *" sanitizer "* ]]; then
   # compute-sanitizer memcheck over a representative subset (every CUDA route, malformed indices,
