@@ -247,8 +247,14 @@ std::shared_ptr<const CsrAnalysis> analyze_csr(const at::Tensor& crow, const at:
 
 std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
                                                bool validate, const char* what) {
-  auto a = analyze_csr(crow, col, ncols, validate ? AnalysisMode::kCompute : AnalysisMode::kLookup);
-  if (a && !a->valid()) TORCH_CHECK_VALUE(false, a->defect(what));
+  if (!validate) {
+    // The caller vouches for the matrix: never an error from here; a verdict of "malformed" only means
+    // the routes must treat it as unchecked.
+    auto a = analyze_csr(crow, col, ncols, AnalysisMode::kLookup);
+    return a && a->valid() ? a : nullptr;
+  }
+  auto a = analyze_csr(crow, col, ncols, AnalysisMode::kCompute);
+  if (!a->valid()) TORCH_CHECK_VALUE(false, a->defect(what));
   return a;
 }
 

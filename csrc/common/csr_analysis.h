@@ -96,8 +96,8 @@ std::shared_ptr<const CsrAnalysis> analyze_csr(const at::Tensor& crow, const at:
 
 // What every op that takes a sparse matrix runs first. validate=true: the matrix is analysed once
 // per pattern and a malformed one raises ValueError naming the defect; validate=false: the caller
-// vouches for the matrix and only the cache is consulted (the result may be nullptr; a matrix the
-// cache knows to be malformed still raises). `what` names the op in messages.
+// vouches for the matrix, nothing is raised and only the cache is consulted (nullptr unless it holds a
+// valid verdict: the caller then gets the routes for an unchecked matrix). `what` names the op.
 std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
                                                bool validate, const char* what);
 

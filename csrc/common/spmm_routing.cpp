@@ -58,10 +58,12 @@ constexpr double kSmallHalfProduct = 1.5e6;  // entries * n
 constexpr int64_t kSplitLongRow = 4096;
 constexpr double kSplitLongShare = 0.02;
 constexpr int64_t kSplitMinEntries = 8000000;
-// cuSPARSE accumulates half-precision products in half precision on long rows: on rows of 205k entries
-// its bf16 results were 2.2-2.5% off float64 (split's: within bf16 rounding). Half types go to it only
-// while every row is shorter than this.
-constexpr int64_t kCusparseHalfMaxRow = 4096;
+// cuSPARSE sums half-precision products with half-precision partial sums once B has more than one
+// column: its bf16 error against float64 grows with the row length -- 2.5e-3 at a longest row of 843,
+// 5.9e-3 at 1000, 1.1e-2 at 21k, 1.8e-2 at 63k, 2.2-2.5e-2 at 205k, where the own kernels (fp32 sums)
+// stay at 1.6-1.7e-3 (H100 skew suite; split sweep). Half types go to it only on rows shorter than this
+// at n > 2; for a vector (n <= 2) its error equalled the own kernels' on every matrix.
+constexpr int64_t kCusparseHalfMaxRow = 256;
 // n = 1 (a matrix-vector product): the row-group kernel wastes most lanes; cuSPARSE was the fastest route
 // on every matrix of >= 200k entries (uniform 200k rows 47 vs 57 us; power-law 35 vs 125+ us).
 constexpr int64_t kVectorMaxN = 2;
@@ -97,7 +99,7 @@ bool densify_fits(const SpmmProblem& p, at::ScalarType dtype) {
 // pattern, at most one entry per position (it refuses more); half types only on rows it sums accurately.
 bool cusparse_applies(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
   return a != nullptr && a->valid() && !p.pattern_batched && !p.values_batched && p.nnz_stride <= p.m * p.k &&
-         (!is_half(dtype) || a->max_row() < kCusparseHalfMaxRow);
+         (!is_half(dtype) || p.n <= kVectorMaxN || a->max_row() < kCusparseHalfMaxRow);
 }
 
 bool skewed(const CsrAnalysis& a) { return a.max_row() > kSkewedRow && a.mean_row() < kSkewedRow; }
@@ -131,8 +133,8 @@ SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const 
   }
   const bool cusparse = cusparse_applies(p, dtype, a);
   const double product = static_cast<double>(a->entries()) * static_cast<double>(p.n);
+  if (p.n <= kVectorMaxN && cusparse && a->entries() >= kVectorCusparseEntries) return SpmmBackend::Cusparse;
   if (!skewed(*a)) {
-    if (p.n <= kVectorMaxN && cusparse && a->entries() >= kVectorCusparseEntries) return SpmmBackend::Cusparse;
     if (long_rows_wide_b(p, dtype, mean_row)) return SpmmBackend::Tiled;
     if (!cusparse || is_half(dtype)) return SpmmBackend::Native;
     return p.n <= kNativeMaxN || product < kLargeProduct ? SpmmBackend::Native : SpmmBackend::Cusparse;

@@ -72,6 +72,8 @@ def main(argv=None):
     ap.add_argument("--full", action="store_true", help="every size (minutes); default: the quick set")
     ap.add_argument("--data", default=None, help="folder with matrices/ and planetoid/ (default ../shared/data)")
     ap.add_argument("--out", default=None, help="results folder (default bench-results/<device>)")
+    ap.add_argument("--widths", default=None, help="comma-separated B widths, for suites that sweep them (skew)")
+    ap.add_argument("--dtypes", default=None, help="comma-separated dtypes, e.g. float32,bfloat16 (skew)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--replot", metavar="DIR", default=None,
                     help="rewrite README.md, CSV and plots of DIR from its results.json, without running")
@@ -93,7 +95,9 @@ def main(argv=None):
     print(f"sparsetorch {st.__version__} on {name}: copy {ceilings.bandwidth / 1e9:.0f} GB/s, GEMM "
           + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in ceilings.gemm.items())
           + f"; {'full' if args.full else 'quick'} run of {', '.join(wanted)}")
-    ctx = Context(device, timer, ceilings, quick, data_root if os.path.isdir(data_root) else None)
+    widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else None
+    dtypes = tuple(getattr(torch, d.strip()) for d in args.dtypes.split(",")) if args.dtypes else None
+    ctx = Context(device, timer, ceilings, quick, data_root if os.path.isdir(data_root) else None, widths, dtypes)
     jobs = [(s, j, False) for s in wanted if s != "cpu" for j in SUITES[s](ctx)]
     if "cpu" in wanted:
         cpu = torch.device("cpu")

@@ -24,9 +24,11 @@ TOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 3e-2, "float16": 1e-2, "float6
 
 
 class Context:
-    def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, data_root: Optional[str]):
+    def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, data_root: Optional[str],
+                 widths: Optional[tuple] = None, dtypes: Optional[tuple] = None):
         self.device, self.timer, self.ceilings, self.quick = device, timer, ceilings, quick
         self.data_root = data_root
+        self.widths, self.dtypes = widths, dtypes  # overrides of a suite's B widths / dtypes (--widths, --dtypes)
 
     @property
     def cuda(self) -> bool:

@@ -22,7 +22,7 @@ from sparsetorch.bench.suites.common import Context, Job, measure, spmm_model
 from sparsetorch.bench.suites.graphs import real_graphs
 from sparsetorch.bench.timing import l2_bytes
 
-ROUTES = ("native", "balanced", "tiled", "cusparse", "densify")
+ROUTES = ("native", "balanced", "split", "tiled", "cusparse", "densify")
 # The densify route expands A: only where that stays small.
 DENSIFY_MAX_BYTES = 1 << 30
 
@@ -132,6 +132,8 @@ def skew_suite(ctx: Context) -> List[Job]:
     dtypes = (torch.float32, torch.bfloat16) if ctx.cuda else (torch.float32,)
     if ctx.quick and ctx.cuda:
         widths = (1, 32, 128)
+    widths = ctx.widths or widths
+    dtypes = ctx.dtypes or dtypes
 
     def job(name, make):
         def run():
