@@ -1,7 +1,7 @@
 """python -m sparsetorch.bench: sparsetorch against dense matmul and the libraries users would pick,
 on the best device present (CUDA if available, else the CPU).
 
-Suites (--suites, comma-separated; default: all of the first four):
+Suites (--suites, comma-separated; default: the first five, and with --full also gnn and pruned):
   density      A (4096 x 4096 on CUDA, 1024 on the CPU) at 50% .. 0.1% density @ B: sparsetorch vs dense
                matmul in fp32 (TF32 off), TF32 and bf16, and torch.sparse.mm (fp32; bf16 on CUDA); the
                crossover densities.
@@ -12,6 +12,16 @@ Suites (--suites, comma-separated; default: all of the first four):
                torch.sparse.mm, dense torch.bmm (fp32, TF32) and one block-diagonal torch.sparse.mm.
   elementwise  the fused bias + activation and elementwise kernels against the copy bandwidth, eager
                torch and (with --full) torch.compile.
+  skew         matrices adversarial to a route chooser (power-law rows at 4 exponents, one dense row, half
+               the rows empty, banded, clustered, pruned, the real matrices), B widths 1..512, fp32 and
+               bf16: the default st.spmm (its route recorded) against every route and torch.sparse.mm;
+               the host time per call and the cost of validation by default.
+  gnn          2-layer GCN and GraphSAGE training steps (fwd + bwd + Adam) and peak memory against
+               torch_geometric (edge_index and sparse adjacency), Planetoid and power-law graphs (1M nodes
+               with --full); Cora accuracy.
+  pruned       pruned linear layers and a Llama-style MLP block in bf16 (unstructured 50-95%, 2:4) against
+               dense F.linear, torch's 2:4 and BSR.
+  distributed  SpMM and GCN steps on 1 vs 2+ GPUs (skipped with fewer than 2 devices).
   cpu          density and graphs on the CPU (vs SciPy and torch.sparse.mm), also on a GPU machine.
 The quick default takes about a minute on a 2-core CPU; --full runs every size. Every implementation's
 output is checked against a float64 reference before it is timed. Results go to --out (default
@@ -67,7 +77,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m sparsetorch.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    ap.add_argument("--suites", default="density,graphs,batched,elementwise",
+    ap.add_argument("--suites", default=None,
                     help=f"comma-separated, from {', '.join(list(SUITES) + ['cpu'])}")
     ap.add_argument("--full", action="store_true", help="every size (minutes); default: the quick set")
     ap.add_argument("--data", default=None, help="folder with matrices/ and planetoid/ (default ../shared/data)")
@@ -81,7 +91,8 @@ def main(argv=None):
     if args.replot:
         print("wrote", ", ".join(report.replot(args.replot, plots=not args.no_plots)))
         return
-    wanted = [s.strip() for s in args.suites.split(",") if s.strip()]
+    suites = args.suites or ("density,graphs,batched,elementwise,skew" + (",gnn,pruned" if args.full else ""))
+    wanted = [s.strip() for s in suites.split(",") if s.strip()]
     for s in wanted:
         if s not in SUITES and s != "cpu":
             ap.error(f"unknown suite {s!r}; choose from {', '.join(list(SUITES) + ['cpu'])}")
