@@ -1,6 +1,7 @@
 // Vectorized building blocks of the CPU kernels: loads and stores of any float dtype as vectors of
 // its accumulate type (float for float16/bfloat16), and the activations and their derivatives on
-// those vectors (the same formulas as common/activation.h, on at::vec::Vectorized).
+// those vectors (common/activation.h's functions, on at::vec::Vectorized; the GELUs in forms that
+// keep their accuracy for negative inputs).
 // Included inside a kernel build (between isa_begin.h and isa_end.h).
 #pragma once
 
@@ -155,6 +156,37 @@ C10_ALWAYS_INLINE V sigmoid_vec(const V& x) {
   return one / (one + x.neg().exp());
 }
 
+// The standard normal CDF Phi(x) and exp(-x^2 / 2), for GELU. Phi(x) = 0.5 erfc(-x / sqrt 2) keeps
+// its relative accuracy for negative x, where 0.5 (1 + erf(x / sqrt 2)) cancels (at::vec's float erf
+// has an absolute error of 1.5e-7, so GELU(-4) comes out with 4 correct digits, in torch too).
+// Float: erfc(z) = t P(t) exp(-z^2), t = 1 / (1 + 0.3 z), z = |x| / sqrt 2, with P of degree 8
+// fitted for relative error (2e-8 in exact arithmetic; 4.4e-7 measured in float over x >= -13, where
+// Phi underflows), and exp(-x^2 / 2) from x^2 split into two floats so that it is accurate to ~1 ulp
+// even where x^2 is large. Double: at::vec's erfc (Sleef, 1.5 ulp).
+template <typename V>
+C10_ALWAYS_INLINE V normal_cdf(const V& x, V& gauss) {
+  using A = typename V::value_type;
+  if constexpr (std::is_same_v<A, float>) {
+    // |x| >= 16: Phi is 0 or 1 and exp(-x^2 / 2) is 0 in float; clamping keeps x^2 finite (NaN stays NaN).
+    const V xc = at::vec::clamp(x, V(-16.f), V(16.f));
+    const V t = V(1.f) / at::vec::fmadd(V(0.2121320343559642f), xc.abs(), V(1.f));
+    V poly(-0.12925514578819275f);
+    for (const float c : {0.48431095480918884f, -0.5097912549972534f, 0.5449883341789246f, -0.09284068644046783f,
+                          0.2141876220703125f, 0.14851967990398407f, 0.17069114744663239f, 0.16918933391571045f}) {
+      poly = at::vec::fmadd(poly, t, V(c));
+    }
+    const V hi = xc * xc;
+    const V lo = at::vec::fmsub(xc, xc, hi);  // x^2 - hi exactly (with a fused multiply-subtract)
+    const V e = (hi * V(-0.5f)).exp();
+    gauss = at::vec::fmadd(e, lo * V(-0.5f), e);  // exp(-(hi + lo) / 2)
+    const V half_erfc = V(0.5f) * t * poly * gauss;
+    return V::blendv(V(1.f) - half_erfc, half_erfc, x < V(0.f));
+  } else {
+    gauss = (V(A(-0.5)) * x * x).exp();
+    return V(A(0.5)) * (x * V(A(-0.70710678118654752440))).erfc();
+  }
+}
+
 // act(x) on a vector; NaN propagates through every activation (relu included, as in torch).
 template <Activation ACT, typename V>
 C10_ALWAYS_INLINE V activation_vec(const V& x, const V& slope) {
@@ -166,10 +198,12 @@ C10_ALWAYS_INLINE V activation_vec(const V& x, const V& slope) {
   } else if constexpr (ACT == Activation::LeakyRelu) {
     return V::blendv(x, x * slope, x < V(A(0)));
   } else if constexpr (ACT == Activation::Gelu) {
-    return x * V(A(0.5)) * (V(A(1)) + (x * V(A(0.70710678118654752440))).erf());
+    V gauss;
+    return x * normal_cdf(x, gauss);
   } else if constexpr (ACT == Activation::GeluTanh) {
-    const V inner = V(A(0.79788456080286535588)) * (x + V(A(0.044715)) * x * x * x);
-    return V(A(0.5)) * x * (V(A(1)) + inner.tanh());
+    // 0.5 (1 + tanh u) = sigmoid(2 u): the same function, accurate for negative u.
+    const V u2 = V(A(2 * 0.79788456080286535588)) * (x + V(A(0.044715)) * x * x * x);
+    return x / (V(A(1)) + u2.neg().exp());
   } else if constexpr (ACT == Activation::Silu) {
     return x / (V(A(1)) + x.neg().exp());
   } else if constexpr (ACT == Activation::Sigmoid) {
@@ -191,14 +225,15 @@ C10_ALWAYS_INLINE V activation_derivative_vec(const V& x, const V& slope) {
   } else if constexpr (ACT == Activation::LeakyRelu) {
     return V::blendv(slope, one, x > zero);
   } else if constexpr (ACT == Activation::Gelu) {
-    const V cdf = V(A(0.5)) * (one + (x * V(A(0.70710678118654752440))).erf());
-    const V pdf = V(A(0.39894228040143267794)) * (V(A(-0.5)) * x * x).exp();
-    return cdf + x * pdf;
+    V gauss;
+    const V cdf = normal_cdf(x, gauss);
+    return at::vec::fmadd(x * V(A(0.39894228040143267794)), gauss, cdf);  // cdf + x * pdf
   } else if constexpr (ACT == Activation::GeluTanh) {
+    // With s = sigmoid(2u) = 0.5 (1 + tanh u): 1 - tanh^2 u = 4 s (1 - s).
     constexpr A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);
-    const V t = (V(kBeta) * (x + V(kKappa) * x * x * x)).tanh();
+    const V s = sigmoid_vec(V(A(2) * kBeta) * (x + V(kKappa) * x * x * x));
     const V dinner = V(kBeta) * (one + V(A(3) * kKappa) * x * x);
-    return V(A(0.5)) * (one + t) + V(A(0.5)) * x * (one - t * t) * dinner;
+    return s + V(A(2)) * x * s * (one - s) * dinner;
   } else if constexpr (ACT == Activation::Silu) {
     const V s = sigmoid_vec(x);
     return s * (one + x * (one - s));

@@ -21,7 +21,7 @@ NOTES = [
 ]
 
 REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
-                  "elementwise": "st.bias_act gelu (fused)"}
+                  "elementwise": "st.bias_act gelu (fused)", "cpu": "sparsetorch"}
 
 
 def add_speedups(rows: List[dict]) -> None:
@@ -99,6 +99,9 @@ def headlines(rows: List[dict]) -> List[str]:
             if sp:
                 lines.append(f"{suite}: {geomean(sp):.2f}x geomean over {base} (min {min(sp):.2f}x, max "
                              f"{max(sp):.2f}x, {len(sp)} cases)")
+    from sparsetorch.bench.suites.cpu import headlines as cpu_headlines
+
+    lines += cpu_headlines(rows)
     for r in rows:
         if r["suite"] == "elementwise" and r["impl"].startswith("st.bias_act"):
             others = {x["impl"]: x for x in rows if x["suite"] == "elementwise" and x["dtype"] == r["dtype"]}
