@@ -27,8 +27,9 @@ inline namespace CPU_CAPABILITY {
 // size of the slice of B above which that is done.
 constexpr int64_t kPrefetchAhead = 8;
 constexpr int64_t kPrefetchAboveBytes = 512 * 1024;
-// Multiply-adds below which a part is not worth a thread.
-constexpr double kMinPartWork = 65536;
+// Multiply-adds below which a part is not worth a thread (~30-60 us of work: waking a second thread
+// costs microseconds on an idle machine, milliseconds on a busy one).
+constexpr double kMinPartWork = 131072;
 
 template <typename T>
 C10_ALWAYS_INLINE void prefetch_bytes(const T* p, int64_t bytes) {
