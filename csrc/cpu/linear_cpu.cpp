@@ -1,8 +1,11 @@
-// Dense path on the CPU: ATen's matmul (MKL / OpenBLAS) and the fused bias + activation.
+// Dense path on the CPU: ATen's matmul (MKL / OpenBLAS), then the bias + activation in place on the
+// product (the vectorised bias_act kernel; no second output).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "common/activation.h"
 #include "common/checks.h"
+#include "cpu/kernels.h"
 
 namespace sparsetorch {
 namespace {
@@ -10,12 +13,15 @@ namespace {
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                       c10::string_view activation, double negative_slope) {
   check_linear_args(x, weight, bias);
-  const at::Tensor y = at::matmul(x, weight.t());
-  static const auto bias_act = c10::Dispatcher::singleton().findSchemaOrThrow("sparsetorch::bias_act", "")
-                                   .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&,
-                                                     const std::optional<at::Tensor>&, c10::string_view, double)>();
-  if (!bias.has_value() && activation == "none") return y;
-  return bias_act.call(y, std::nullopt, bias, activation, negative_slope);
+  const Activation act = parse_activation(std::string(activation));
+  at::Tensor y = at::matmul(x, weight.t());
+  if (!bias.has_value() && act == Activation::None) return y;
+  if (!y.is_contiguous()) y = y.contiguous();
+  if (y.numel() == 0) return y;
+  // y is this call's own tensor: the kernel reads each element before it writes it.
+  cpu::kernels().bias_act(y, at::Tensor(), bias.has_value() ? bias->contiguous() : at::Tensor(), y, act,
+                          negative_slope);
+  return y;
 }
 
 at::Tensor dense_bmm_cpu(const at::Tensor& a, const at::Tensor& b) {

@@ -23,7 +23,8 @@ NOTES = [
 ]
 
 REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
-                  "elementwise": "st.bias_act gelu (fused)", "skew": "st.spmm (default)", "distributed": "2 GPUs"}
+                  "elementwise": "st.bias_act gelu (fused)", "skew": "st.spmm (default)", "distributed": "2 GPUs",
+                  "cpu": "sparsetorch"}
 
 
 def add_speedups(rows: List[dict]) -> None:
@@ -102,6 +103,9 @@ def headlines(rows: List[dict]) -> List[str]:
                 lines.append(f"{suite}: {geomean(sp):.2f}x geomean over {base} (min {min(sp):.2f}x, max "
                              f"{max(sp):.2f}x, {len(sp)} cases)")
     lines += gnn_headlines(rows)
+    from sparsetorch.bench.suites.cpu import headlines as cpu_headlines
+
+    lines += cpu_headlines(rows)
     for r in rows:
         if r["suite"] == "elementwise" and r["impl"].startswith("st.bias_act"):
             others = {x["impl"]: x for x in rows if x["suite"] == "elementwise" and x["dtype"] == r["dtype"]}

@@ -5,6 +5,7 @@ returns rows (see common.py for the byte/flop models and the row format).
 To add a suite: a module here with its function, and one line in SUITES below.
 """
 from sparsetorch.bench.suites.batched import batched_suite
+from sparsetorch.bench.suites.cpu import cpu_suite
 from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_model, measure, spmm_model
 from sparsetorch.bench.suites.density import density_suite
 from sparsetorch.bench.suites.distributed import distributed_suite
@@ -23,6 +24,7 @@ SUITES = {
     "distributed": distributed_suite,
     "pruned": pruned_suite,
     "gnn": gnn_suite,
+    "cpu": cpu_suite,
 }
 
 __all__ = ["SUITES", "Context", "Job", "densify_model", "gemm_model", "measure", "spmm_model", "power_law_graph",
