@@ -255,7 +255,7 @@ def main():
 def knob_sweep(A, B, name, dtype, n, timer, default_s):
     """The split route with each lane count (column tile) and a few unit sizes forced by its knobs."""
     out = []
-    variants = [(lanes, None) for lanes in (8, 16, 32)] + [(None, unit) for unit in (64, 256, 1024)]
+    variants = [(lanes, None) for lanes in (4, 8, 16, 32)] + [(None, unit) for unit in (64, 256, 1024)]
     for lanes, unit in variants:
         os.environ["SPARSETORCH_SPLIT_LANES"] = str(lanes or 0)
         os.environ["SPARSETORCH_SPLIT_UNIT"] = str(unit or 0)

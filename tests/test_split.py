@@ -57,7 +57,7 @@ def knobs(monkeypatch):
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("unit,lanes", [(None, None), (1, 8), (3, 16), (7, 32), (64, 8)])
+@pytest.mark.parametrize("unit,lanes", [(None, None), (1, 4), (1, 8), (3, 16), (7, 32), (64, 8)])
 def test_split_skewed_rows_every_dtype(rng, knobs, dtype, index_dtype, unit, lanes):
     """Rows cut into many pieces (one of 1,500 entries: more than 16 pieces at every unit size, so
     the whole-block sum runs), rows of 50-300, short rows never cut, empty rows; widths that give
@@ -243,6 +243,6 @@ def test_split_random_graph_unchanged_by_knobs(rng, knobs):
     a = random_csr(rng, 3000, 3000, 20 / 3000, duplicates=True, unsorted=True)
     b = randn(rng, 3000, 128, device="cuda")
     ref = a @ b.double().cpu().numpy()
-    for lanes in (8, 16, 32):
+    for lanes in (4, 8, 16, 32):
         knobs(lanes=lanes)
         assert_matches(st.spmm(to_cuda(a, torch.float32, torch.int32), b, backend="split"), ref, torch.float32)

@@ -3,7 +3,7 @@
 // entries is spread over hundreds of groups of lanes instead of holding up one block.
 //
 // Units. The entries [e_lo, e_hi) of each batch are cut into units of E entries (E chosen on the
-// host from the problem size); one group of GROUP lanes (8, 16, 32) runs one unit for one column
+// host from the problem size); one group of GROUP lanes (4, 8, 16, 32) runs one unit for one column
 // tile of GROUP * VEC columns. A unit boundary is moved back to the start of the row it falls in
 // when that row is short (at most E entries): short rows are never cut and a unit holds 1 .. 2E-1
 // entries. A long row is cut at the nominal boundaries e_lo + u*E; each piece's sum goes to a
@@ -315,14 +315,15 @@ int64_t env_knob(const char* name) {
   return v ? std::max<int64_t>(0, std::atoll(v)) : 0;
 }
 
-// Lanes per group: the fewest (8, 16, 32) covering B's width in 16-byte vectors. Measured on the
+// Lanes per group: the fewest (4, 8, 16, 32) covering B's width in 16-byte vectors. Measured on the
 // H100 (benchmarks/results/h100/spmm_skew_cuda_v1.txt, sweep, power-law 100k and 1M): narrower
 // groups, more column tiles, were 1.09-2.44x slower at n = 128 and 256; wider ones (idle lanes)
-// 1.26-1.96x slower at n = 32.
+// 1.26-1.96x slower at n = 32. Groups of 4 (n <= 16 in fp32, <= 32 in bf16/fp16) put twice as many
+// units in flight per warp as groups of 8 with half their lanes idle.
 int lanes_per_group(int64_t n_vectors) {
   const int forced = static_cast<int>(env_knob("SPARSETORCH_SPLIT_LANES"));
-  if (forced == 8 || forced == 16 || forced == 32) return forced;
-  return row_group_size(n_vectors);
+  if (forced == 4 || forced == 8 || forced == 16 || forced == 32) return forced;
+  return n_vectors <= 4 ? 4 : row_group_size(n_vectors);
 }
 
 // Entries per unit: about 4 units per group the GPU holds at once (load balance), at least 64 (the
@@ -366,6 +367,8 @@ void dispatch(const NativeArgs<scalar_t, index_t>& args, bool aligned, const at:
   constexpr int kVec = 16 / sizeof(scalar_t);
   if (!aligned) return launch<scalar_t, index_t, 1, 32>(args, out);
   switch (lanes_per_group(ceil_div(args.n, kVec))) {
+    case 4:
+      return launch<scalar_t, index_t, kVec, 4>(args, out);
     case 8:
       return launch<scalar_t, index_t, kVec, 8>(args, out);
     case 16:
