@@ -277,10 +277,10 @@ class _Forms:
         if backend == "blocked":
             y_t = self.blocked(x.t())
         else:
-            y_t = ops.spmm(layer.crow_indices, layer.col_indices, layer.values, x.t(), 1.0, None, 0.0, None, "none",
-                           0.01, backend)
+            y_t = F._without_autograd(ops.spmm.default, layer.crow_indices, layer.col_indices, layer.values, x.t(),
+                                      1.0, None, 0.0, None, "none", 0.01, backend)
         if bias is not None or act != "none":
-            return ops.bias_act(y_t.t(), None, bias, act, slope)
+            return F._without_autograd(ops.bias_act.default, y_t.t(), None, bias, act, slope)
         return y_t.t().contiguous()
 
     def runner(self, layer: "SparseLinear", x: torch.Tensor, bucket: int):
