@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import triton.testing
 
 import sparsetorch as st
+from sparsetorch.bench.timing import call_seconds
 from _results import ceiling_meta, measure_ceilings, write_results
 
 
@@ -40,12 +41,7 @@ def bench_clean(fn, reps=40):
     times = []
     for _ in range(reps):
         _flush.sum()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
+        times.append(call_seconds(fn, torch.device("cuda")))
     return statistics.median(times)
 
 

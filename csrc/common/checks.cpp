@@ -254,6 +254,19 @@ ScaleVector check_scale_vector(const std::optional<at::Tensor>& s, const at::Ten
   return out;
 }
 
+CsrScaleArgs check_csr_scale_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                                  const std::optional<at::Tensor>& row_scale,
+                                  const std::optional<at::Tensor>& col_scale) {
+  CsrScaleArgs a;
+  a.shape = check_csr_components(crow, col, &values);
+  check_float_dtype(values, "values");
+  const bool values_batched = values.dim() == 2;
+  a.batch = values_batched ? values.size(0) : 1;
+  a.rows = check_scale_vector(row_scale, values, a.batch, values_batched, "row_scale", a.shape.m);
+  a.cols = check_scale_vector(col_scale, values, a.batch, values_batched, "col_scale", -1);
+  return a;
+}
+
 void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_float_dtype(x, "x");
   check_same_dtype(x, "x", weight, "weight");

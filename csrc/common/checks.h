@@ -121,4 +121,16 @@ struct ScaleVector {
 ScaleVector check_scale_vector(const std::optional<at::Tensor>& s, const at::Tensor& values, int64_t batch,
                                bool batched, const char* name, int64_t expected_len);
 
+// csr_scale's arguments, one check for both devices: the pattern (values of a float dtype; 2-D values
+// with a 1-D pattern are a batch sharing it), row factors of length m, column factors of any length.
+struct CsrScaleArgs {
+  CsrShape shape;
+  int64_t batch = 1;  // batches of values
+  ScaleVector rows, cols;
+  bool scales() const { return rows.t.defined() || cols.t.defined(); }
+};
+CsrScaleArgs check_csr_scale_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                                  const std::optional<at::Tensor>& row_scale,
+                                  const std::optional<at::Tensor>& col_scale);
+
 }  // namespace sparsetorch

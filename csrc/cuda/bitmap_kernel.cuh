@@ -42,6 +42,7 @@
 
 #include "common/activation.h"
 #include "common/bitmap_layout.h"
+#include "cuda/cp_async.cuh"
 
 namespace sparsetorch {
 namespace cuda {
@@ -114,17 +115,10 @@ struct Mma<__half> {
   static __device__ __forceinline__ uint16_t from_float(float v) { return __half_as_ushort(__float2half_rn(v)); }
 };
 
-__device__ __forceinline__ void copy16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-}
 // Hint: bring `bytes` (a multiple of 16) at p (16-byte aligned) into L2 (sm_90 bulk copy engine).
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes));
 }
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // PRMT selectors that turn (v0 = value at the lane's first index, v1 = the next value), both
 // zero-extended, into the A register for the lane's two bits b: 0 -> 0, 1 -> (v0, 0), 2 -> (0, v0),
@@ -154,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
   auto issue = [&](int i) {
     unsigned char* st = my + (i % kStages) * kStageBytes;
     const int64_t g = group0 + i;
-    if (lane < 8) copy16(st + 16 * lane, p.bitmaps + g * 16 + 2 * lane);
+    if (lane < 8) cp_async_16(st + 16 * lane, p.bitmaps + g * 16 + 2 * lane);
     const int64_t start = min(max(static_cast<int64_t>(__ldg(p.offsets + g)), int64_t{0}), p.nvalues);
     const int64_t end = min(max(static_cast<int64_t>(__ldg(p.offsets + g + 1)), start),
                             min(p.nvalues, start + kBitmapGroupElems));
@@ -164,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
     for (int c = lane; c < pieces; c += 32) {
       const int64_t e = first + 8 * c;
       if (e + 8 <= p.nvalues) {
-        copy16(dst + 8 * c, p.values + e);
+        cp_async_16(dst + 8 * c, p.values + e);
       } else {
         for (int j = 0; j < p.nvalues - e; ++j) dst[8 * c + j] = __ldg(p.values + e + j);
       }
@@ -195,13 +189,13 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < count) issue(i);
-    commit();
+    cp_async_commit();
   }
   for (int i = 0; i < count; ++i) {
-    wait_groups<kStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncwarp();  // group i is in its stage for every lane; every lane is done with stage i - 1
     if (i + kStages - 1 < count) issue(i + kStages - 1);
-    commit();
+    cp_async_commit();
     prefetch(i + kStages - 1 + p.prefetch);
     const unsigned char* st = my + (i % kStages) * kStageBytes;
     const int lead = *reinterpret_cast<const int*>(st + kBitmapBytes);
@@ -312,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
       }
     }
   }
-  wait_groups<0>();
+  cp_async_wait<0>();
   __syncthreads();  // every warp is done with its stages: they become the reduction buffer
 
   // acc[j]: (row g, token 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1).

@@ -1,5 +1,6 @@
 // cp.async (sm_80+): global -> shared copies that bypass registers, for kernels that stage B (or A's
-// layout) in shared memory while computing on the previous stage (spmm_tiled.cu, spmm_blocked.cu).
+// layout) in shared memory while computing on the previous stage (spmm_tiled.cu, spmm_blocked.cu,
+// bitmap_kernel.cuh).
 #pragma once
 
 namespace sparsetorch {
@@ -22,8 +23,10 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most one committed group is still in flight.
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait_one() { cp_async_wait<1>(); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 }  // namespace cuda

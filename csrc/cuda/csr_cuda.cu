@@ -57,18 +57,15 @@ __global__ void csr_scale_kernel(const index_t* crow, const index_t* col, scalar
 
 at::Tensor csr_scale_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
                           const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_scale) {
-  const CsrShape s = check_csr_components(crow_in, col_in, &values_in);
-  check_float_dtype(values_in, "values");
-  const bool values_batched = values_in.dim() == 2;
-  const int64_t batch = values_batched ? values_in.size(0) : 1;
-  const ScaleVector rs = check_scale_vector(row_scale, values_in, batch, values_batched, "row_scale", s.m);
-  const ScaleVector cs = check_scale_vector(col_scale, values_in, batch, values_batched, "col_scale", -1);
+  const CsrScaleArgs args = check_csr_scale_args(crow_in, col_in, values_in, row_scale, col_scale);
+  const CsrShape& s = args.shape;
+  const ScaleVector &rs = args.rows, &cs = args.cols;
   const c10::cuda::CUDAGuard guard(values_in.device());
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   at::Tensor out = values_in.contiguous().clone();
-  if (out.numel() == 0 || s.m == 0 || (!rs.t.defined() && !cs.t.defined())) return out;
+  if (out.numel() == 0 || s.m == 0 || !args.scales()) return out;
   at::Tensor bad = at::zeros({1}, crow.options().dtype(at::kInt));
-  const int64_t rows = batch * s.m;
+  const int64_t rows = args.batch * s.m;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "csr_scale_cuda", [&] {
     AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_scale_cuda", [&] {
       csr_scale_kernel<scalar_t, index_t><<<blocks_for(rows * 32), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(

@@ -12,6 +12,21 @@ from typing import Callable, Dict, List
 import torch
 
 
+def call_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``fn``: between two CUDA events on the current stream (then waited for),
+    or by the wall clock on the CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], object]], float]:
     """A function that returns the median time of ``fn()`` in seconds."""
     if device.type == "cuda":
@@ -26,15 +41,7 @@ def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], obje
         def cuda_time(fn, reps=20 if quick else 50):
             for _ in range(3):
                 fn()
-            times = []
-            for _ in range(reps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e-3)
-            return statistics.median(times)
+            return statistics.median(call_seconds(fn, device) for _ in range(reps))
 
         return cuda_time
 
@@ -43,9 +50,7 @@ def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], obje
         times = []
         budget = time.perf_counter() + (2.0 if quick else 10.0)
         for i in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+            times.append(call_seconds(fn, device))
             if i >= 1 and time.perf_counter() > budget:  # slow baselines: fewer repetitions
                 break
         return statistics.median(times)

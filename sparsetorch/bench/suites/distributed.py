@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from sparsetorch.bench.suites.common import Context, Job, gemm_model, spmm_model
+from sparsetorch.bench.timing import call_seconds
 
 GIB = 2**30
 
@@ -100,17 +101,7 @@ def _time(fn, group, device, reps: int, warmup: int) -> float:
     times = []
     for _ in range(reps):
         _sync(group, device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(call_seconds(fn, device))
     return _max(statistics.median(times), group, device)
 
 
