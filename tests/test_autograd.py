@@ -16,6 +16,16 @@ TARGETS = [("cpu", "auto")] + ([("cuda", be) for be in ("native", "balanced", "s
 LAYOUTS = ["single", "per_batch", "shared", "broadcast_b", "batched_b"]
 
 
+@pytest.fixture(autouse=True)
+def _rules_routes_only():
+    """gradcheck runs the backward twice and wants the same bits: with autotuning on, the second call
+    may take a measured route that rounds differently (seen on the H100 with the densify forward).
+    These tests check the formulas; measuring is tested in test_routing.py."""
+    previous = st.set_autotune(False)
+    yield
+    st.set_autotune(previous)
+
+
 def make_a(rng, layout, device, dtype=torch.float64, index_dtype=torch.int64, m=6, k=5):
     """A in one of the batch layouts; unsorted, repeated columns and empty rows included."""
     kw = dict(unsorted=True, duplicates=True, empty_rows=0.3)

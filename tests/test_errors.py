@@ -244,8 +244,11 @@ def test_cusparse_refuses_more_entries_than_positions_clearly():
     says why; 'auto' and the own kernels sum the repeats."""
     A = st.CSR(torch.tensor([0, 3, 5]), torch.tensor([0, 0, 1, 1, 1]), torch.ones(5), (2, 2)).to(device="cuda")
     b = torch.ones(2, 300, device="cuda")  # n > 256: "auto" would otherwise pick cuSPARSE
-    with pytest.raises(ValueError, match="cuSPARSE refuses"):
-        st.spmm(A, b, backend="cusparse")
+    # Twice with the same tensors: the refused call must leave nothing in the descriptor cache that the
+    # second would find (it once did: a half-built entry, then "cusparseDnMatSetValues failed").
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cuSPARSE refuses"):
+            st.spmm(A, b, backend="cusparse")
     want = torch.tensor([[3.0], [2.0]], device="cuda").expand(2, 300)
     for be in ("auto", "native", "balanced", "tiled", "densify"):
         torch.testing.assert_close(st.spmm(A, b, backend=be), want)

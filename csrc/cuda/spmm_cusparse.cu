@@ -74,21 +74,30 @@ void cusparse_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tens
   } else {
     call_cache.emplace_front();
     CallSetup& setup = call_cache.front();
-    setup.key = key;
-    setup.A.create_csr(rows, cols, nnz, crow, col, values);
-    if (batch > 1) {
-      SPARSETORCH_CUSPARSE_CHECK(
-          cusparseCsrSetStridedBatch(setup.A.get(), static_cast<int>(batch), 0, colval_stride));
+    try {
+      setup.A.create_csr(rows, cols, nnz, crow, col, values);
+      if (batch > 1) {
+        SPARSETORCH_CUSPARSE_CHECK(
+            cusparseCsrSetStridedBatch(setup.A.get(), static_cast<int>(batch), 0, colval_stride));
+      }
+      setup.B.create(cols, n, key.ldb, dense.data_ptr(), dtype, row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL);
+      setup.C.create(rows, n, n, out.data_ptr(), dtype, CUSPARSE_ORDER_ROW);
+      if (batch > 1) {
+        SPARSETORCH_CUSPARSE_CHECK(
+            cusparseDnMatSetStridedBatch(setup.B.get(), static_cast<int>(batch), dense_bstride));
+        SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(setup.C.get(), static_cast<int>(batch), rows * n));
+      }
+      SPARSETORCH_CUSPARSE_CHECK(cusparseSpMM_bufferSize(handle, op, op, a.ptr(), setup.A.get(), setup.B.get(),
+                                                         b.ptr(), setup.C.get(), compute, CUSPARSE_SPMM_ALG_DEFAULT,
+                                                         &setup.buffer_bytes));
+    } catch (...) {
+      // A refused matrix (repeated columns) or a failed call must not leave a half-built entry: a later
+      // call whose tensors reuse these addresses would find it and hand cuSPARSE null descriptors (found
+      // by the hypothesis test on the H100).
+      call_cache.pop_front();
+      throw;
     }
-    setup.B.create(cols, n, key.ldb, dense.data_ptr(), dtype, row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL);
-    setup.C.create(rows, n, n, out.data_ptr(), dtype, CUSPARSE_ORDER_ROW);
-    if (batch > 1) {
-      SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(setup.B.get(), static_cast<int>(batch), dense_bstride));
-      SPARSETORCH_CUSPARSE_CHECK(cusparseDnMatSetStridedBatch(setup.C.get(), static_cast<int>(batch), rows * n));
-    }
-    SPARSETORCH_CUSPARSE_CHECK(cusparseSpMM_bufferSize(handle, op, op, a.ptr(), setup.A.get(), setup.B.get(), b.ptr(),
-                                                       setup.C.get(), compute, CUSPARSE_SPMM_ALG_DEFAULT,
-                                                       &setup.buffer_bytes));
+    setup.key = key;  // only a complete entry can be found
     if (call_cache.size() > kCacheEntries) call_cache.pop_back();
   }
   CallSetup& setup = call_cache.front();
