@@ -114,7 +114,10 @@ def _forward_backward_case(D, a64, dtype, device, n, rng, act, with_c, beta=0.5,
     _close(y2, D.local_rows(y_ref), dtype, f"no-grad forward {act}")
 
 
-def _products_worker(rank, world, backend):
+def _products_worker(rank, world, backend, transport="auto"):
+    import os
+
+    os.environ["SPARSETORCH_HALO_TRANSPORT"] = transport  # every matrix built below moves its halo this way
     device = _device(backend, rank)
     rng = np.random.default_rng(1234)  # the same global data on every rank
     cases = 0
@@ -154,6 +157,35 @@ def test_products_match_single_process(backend, world):
         pytest.skip(f"needs {world} CUDA devices")
     counts = spawn(_products_worker, world, backend, backend=backend, timeout=60)
     assert counts == [counts[0]] * world and counts[0] > 10
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("transport", ["all_to_all", "copy_engine"])
+def test_products_match_single_process_each_cuda_transport(transport):
+    counts = spawn(_products_worker, 2, "nccl", transport, backend="nccl", timeout=60)
+    assert counts == [counts[0]] * 2 and counts[0] > 10
+
+
+def _transport_worker(rank, world):
+    from sparsetorch.distributed.transport import make_transport  # noqa: F401 - the module imports on CPUs
+
+    a = st.from_scipy(random_csr(np.random.default_rng(3), 12, 12, 0.4), dtype=torch.float64)
+    D = DistributedCSR.from_global(a)
+    assert D.halo_plan.transport.name == "all_to_all" and not D.halo_plan.halo_is_transient  # gloo: "auto"
+    out = []
+    for transport in ("copy_engine", "carrier pigeon"):
+        try:
+            DistributedCSR.from_global(a, transport=transport)
+            out.append(None)
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_transport_choice_and_bad_transport_on_cpu():
+    for messages in spawn(_transport_worker, 2, backend="gloo", timeout=30):
+        assert messages[0] is not None and "transport: 'copy_engine' needs a group of CUDA ranks" in messages[0]
+        assert messages[1] is not None and "transport: expected one of" in messages[1]
 
 
 def _structure_worker(rank, world):
@@ -279,7 +311,7 @@ def _failing_case(rank, case):
 
 def test_bad_input_on_one_rank_raises_on_every_rank():
     expected = [("bad_block", "ValueError", "rank 1"), ("bad_b", "ValueError", "rank 0"),
-                ("bad_width", "ValueError", "rank 1: 5")]
+                ("bad_width", "ValueError", "rank 1: (5, 8)")]
     got = spawn(_failing_worker, 2, [case for case, _, _ in expected], backend="gloo", timeout=20)
     for rank, results in enumerate(got):
         for (case, kind, rank_named), res in zip(expected, results):

@@ -95,6 +95,8 @@ class DistributedSpmm(torch.autograd.Function):
         need_b, need_vl, need_vr = ctx.needs_input_grad[:3]
         ctx.matrix, ctx.alpha, ctx.beta, ctx.backend = matrix, alpha, beta, backend
         ctx.exchanging = halo is not None
+        if need_vr and halo is not None and matrix.halo_plan.halo_is_transient:
+            halo = halo.clone()  # the transport's buffer is reused by the next exchange
         ctx.save_for_backward(B if need_vl else None, halo if need_vr else None,
                               v_local if need_b else None, v_remote if need_b else None)
         return z

@@ -8,6 +8,8 @@ whole block. The whole block costs at most 1/0.95 = 1.053x the minimum bytes, an
 sends its block of B as it is: no gather into a send buffer (with two ranks, no copy at all), and
 in the backward the returned gradient is the accumulate operand of the local product (no scatter).
 The halo rows are in global order either way, so a remote column's halo index is its rank in it.
+The rows move through the plan's transport (transport.py): the group's all-to-all, or copy-engine
+writes between GPUs of one host.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from sparsetorch.distributed._comm import Comm
+from sparsetorch.distributed.transport import make_transport
 
 __all__ = ["HaloPlan", "DENSE_FRACTION"]
 
@@ -27,10 +30,11 @@ class HaloPlan:
     block that its rows reference. ``halo``: the global rows received, in order (``remap[i]`` is
     ``needed[i]``'s index in it); ``recv_counts[p]`` / ``send_counts[p]``: rows received from / sent
     to rank p; ``send_index``: the rows of this rank's block sent, grouped by destination.
-    ``active`` is False when no rank receives anything (then nothing is sent either)."""
+    ``active`` is False when no rank receives anything (then nothing is sent either).
+    ``transport``: "auto", "all_to_all" or "copy_engine" (transport.py)."""
 
     def __init__(self, comm: Comm, needed: torch.Tensor, col_bounds: Sequence[int],
-                 dense_fraction: float = DENSE_FRACTION):
+                 dense_fraction: float = DENSE_FRACTION, transport: str = "auto"):
         self.comm = comm
         rank, size = comm.rank, comm.size
         c0, c1 = col_bounds[rank], col_bounds[rank + 1]
@@ -70,10 +74,17 @@ class HaloPlan:
         # Two ranks (or one receiver) taking this rank's whole block: B is the send buffer as it is.
         receivers = [p for p in range(size) if self.send_counts[p]]
         self.sends_whole_block = len(receivers) == 1 and self.send_size == self.block_rows
-        sizes = comm.all_gather_ints([self.halo_size, self.send_size, needed.numel()], "building the halo exchange (sizes)")
+        sizes = comm.all_gather_ints([self.halo_size, self.send_size, needed.numel()] + self.recv_counts,
+                                     "building the halo exchange (sizes)")
         self.halo_sizes = [s[0] for s in sizes]    # per rank: rows received per product
         self.needed_sizes = [s[2] for s in sizes]  # per rank: the minimum (distinct remote rows referenced)
+        # counts[r][p]: rows rank r receives from rank p in the forward exchange (the backward's is its transpose)
+        self.counts = [s[3:] for s in sizes]
+        self.counts_reverse = [[self.counts[p][r] for p in range(size)] for r in range(size)]
         self.active = sum(self.halo_sizes) > 0
+        max_rows = max(max(s[0], s[1]) for s in sizes)
+        self.transport = make_transport(comm, transport, max_rows) if self.active else make_transport(
+            comm, "all_to_all", 0)
         self.stats: Dict[str, int] = {}
         self.reset_stats()
 
@@ -92,34 +103,34 @@ class HaloPlan:
         self.stats[f"{direction}_bytes_received"] += received * row_bytes
         self.stats[f"{direction}_bytes_sent"] += sent * row_bytes
 
+    @property
+    def halo_is_transient(self) -> bool:
+        """The received rows live in the transport's buffer until the next exchange of this plan."""
+        return self.transport.name == "copy_engine"
+
     def start(self, b_block: torch.Tensor) -> Tuple[torch.Tensor, object]:
         """Begin receiving the halo rows of B; returns (halo rows, pending). Call :meth:`finish` before
         reading the rows; the product of the local columns can run in between."""
         n = b_block.shape[1]
         send = b_block.contiguous() if self.sends_whole_block else b_block.index_select(0, self.send_index)
-        recv = b_block.new_empty((self.halo_size, n))
-        work = self.comm.all_to_all(recv, send, self.recv_counts, self.send_counts, "halo exchange of B",
-                                    async_op=True)
+        recv, pending = self.transport.start(send, self.counts, "halo exchange of B")
         self._count("forward", self.halo_size, self.send_size, n * b_block.element_size())
-        return recv, (work, send)
+        return recv, pending
 
     def start_reverse(self, grad_halo: torch.Tensor) -> Tuple[torch.Tensor, object]:
         """Begin sending the gradients of the halo rows back to their owners; returns (the gradient
         rows this rank's block receives, in ``send_index`` order; pending)."""
         n = grad_halo.shape[1]
-        grad_halo = grad_halo.contiguous()
-        recv = grad_halo.new_empty((self.send_size, n))
-        work = self.comm.all_to_all(recv, grad_halo, self.send_counts, self.recv_counts,
-                                    "halo exchange of the gradient of B", async_op=True)
+        recv, pending = self.transport.start(grad_halo.contiguous(), self.counts_reverse,
+                                             "halo exchange of the gradient of B")
         self._count("backward", self.send_size, self.halo_size, n * grad_halo.element_size())
-        return recv, (work, grad_halo)
+        return recv, pending
 
     def finish(self, pending) -> None:
-        work, _keep_alive = pending  # the send buffer lives until the collective is done
-        self.comm.wait(work, "halo exchange")
+        self.transport.finish(pending)
 
     def exchange(self, b_block: torch.Tensor) -> torch.Tensor:
-        """The halo rows of ``b_block`` (blocking)."""
+        """The halo rows of ``b_block`` (blocking; a tensor of its own, also with the copy engines)."""
         recv, pending = self.start(b_block)
         self.finish(pending)
-        return recv
+        return recv.clone() if self.halo_is_transient else recv

@@ -19,6 +19,7 @@ from sparsetorch.csr import CSR, as_csr
 from sparsetorch.distributed._comm import Comm
 from sparsetorch.distributed._spmm import DistributedSpmm, product
 from sparsetorch.distributed.halo import DENSE_FRACTION, HaloPlan
+from sparsetorch.distributed.transport import TRANSPORTS
 from sparsetorch.distributed.partition import (append_diagonal, balanced_row_bounds, check_bounds, entry_rows,
                                                even_bounds, split_block)
 from sparsetorch.functional import _activation_name, scale
@@ -59,16 +60,19 @@ class DistributedCSR:
     @classmethod
     def from_global(cls, A: Any, *, group=None, device=None, row_bounds: Optional[Sequence[int]] = None,
                     col_bounds: Optional[Sequence[int]] = None, row_weight: float = 1.0,
-                    validate: bool = True, dense_fraction: float = DENSE_FRACTION) -> "DistributedCSR":
+                    validate: bool = True, dense_fraction: float = DENSE_FRACTION,
+                    transport: str = "auto") -> "DistributedCSR":
         """Every rank holds the whole matrix ``A`` (anything ``st.as_csr`` takes) and keeps its rows.
 
         ``row_bounds`` default: blocks balanced by entries (:func:`balanced_row_bounds`, computed on
         rank 0 and broadcast); ``col_bounds`` default: ``row_bounds`` for a square matrix, else an
         even split of the columns. ``device``: where this rank's part lives (default: the current
         CUDA device for an NCCL group, the CPU for gloo). ``dense_fraction``: a rank receives a peer's
-        whole block of B when it needs at least this fraction of its rows (halo.py). ``validate``:
-        check each block's structure (O(nnz)) before splitting it. The same keywords apply to
-        :meth:`scatter` and :meth:`from_blocks`.
+        whole block of B when it needs at least this fraction of its rows (halo.py). ``transport``:
+        how the halo rows move: "all_to_all" (the group's collective), "copy_engine" (copy-engine
+        writes into the peers' buffers, GPUs of one host) or "auto" (the copy engines where every
+        rank's GPU reaches the others'; transport.py). ``validate``: check each block's structure
+        (O(nnz)) before splitting it. The same keywords apply to :meth:`scatter` and :meth:`from_blocks`.
         """
         comm = Comm(group, device)
 
@@ -88,13 +92,14 @@ class DistributedCSR:
                 "DistributedCSR.from_global")
         rb, cb = comm.check("DistributedCSR.from_global", lambda: _bounds(row_bounds, col_bounds, rows, cols, comm.size))
         block = _row_block(a, rb[comm.rank], rb[comm.rank + 1])
-        return cls._build(comm, block, (rows, cols), rb, cb, validate, "DistributedCSR.from_global", dense_fraction)
+        return cls._build(comm, block, (rows, cols), rb, cb, validate, "DistributedCSR.from_global", dense_fraction,
+                          transport)
 
     @classmethod
     def scatter(cls, A: Any = None, *, src: int = 0, group=None, device=None,
                 row_bounds: Optional[Sequence[int]] = None, col_bounds: Optional[Sequence[int]] = None,
                 row_weight: float = 1.0, validate: bool = True,
-                dense_fraction: float = DENSE_FRACTION) -> "DistributedCSR":
+                dense_fraction: float = DENSE_FRACTION, transport: str = "auto") -> "DistributedCSR":
         """Rank ``src`` (of the group) holds ``A`` and sends each rank its rows; the others pass ``A=None``."""
         import torch.distributed as dist
 
@@ -138,11 +143,12 @@ class DistributedCSR:
             for t in parts:
                 comm._run(lambda t=t: dist.recv(t, comm.global_ranks[src], group=comm.group), what, comm.global_ranks)
             block = CSR(parts[0], parts[1], parts[2], (m, shape[1]))
-        return cls._build(comm, block, tuple(shape), rb, cb, validate, what, dense_fraction)
+        return cls._build(comm, block, tuple(shape), rb, cb, validate, what, dense_fraction, transport)
 
     @classmethod
     def from_blocks(cls, block: Any, *, group=None, device=None, col_bounds: Optional[Sequence[int]] = None,
-                    validate: bool = True, dense_fraction: float = DENSE_FRACTION) -> "DistributedCSR":
+                    validate: bool = True, dense_fraction: float = DENSE_FRACTION,
+                    transport: str = "auto") -> "DistributedCSR":
         """Each rank passes its own consecutive block of rows (rank 0 the first), an (m_r, k) matrix
         with global column numbers; k is the same on every rank. The row bounds follow from the
         blocks' sizes (balancing them is the caller's part: :func:`balanced_row_bounds`)."""
@@ -162,18 +168,20 @@ class DistributedCSR:
             rb.append(rb[-1] + size[0])
         rows, cols = rb[-1], b.shape[1]
         _, cb = comm.check(what, lambda: _bounds(rb, col_bounds, rows, cols, comm.size))
-        return cls._build(comm, b, (rows, cols), rb, cb, validate, what, dense_fraction)
+        return cls._build(comm, b, (rows, cols), rb, cb, validate, what, dense_fraction, transport)
 
     @classmethod
     def _build(cls, comm: Comm, block: CSR, shape, rb: List[int], cb: List[int], validate: bool, what: str,
-               dense_fraction: float):
+               dense_fraction: float, transport: str):
         def split():
+            if transport not in TRANSPORTS:
+                raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
             if validate:
                 validate_csr(block)
             return split_block(block, cb[comm.rank], cb[comm.rank + 1])
 
         local, remote, needed = comm.check(what, split)
-        plan = HaloPlan(comm, needed, cb, dense_fraction)
+        plan = HaloPlan(comm, needed, cb, dense_fraction, transport)
         comm.check(what, plan.check_indices)
         remote = CSR(remote.crow_indices, plan.remap[remote.col_indices.long()].to(remote.index_dtype),
                      remote.values, (remote.shape[0], plan.halo_size))
@@ -343,8 +351,9 @@ class DistributedCSR:
         ``(row_end - row_start, n)``. Collective. The ranks first agree that every rank's arguments
         are valid (a rank with bad input makes every rank raise, naming it)."""
         width = B.shape[-1] if isinstance(B, torch.Tensor) and B.dim() >= 1 else -1
+        element = B.element_size() if isinstance(B, torch.Tensor) else -1
         act = self.comm.check("spmm", lambda: self._check_args(B, c, bias, out, activation, backend, policy, validate),
-                              same=[width], same_name="the width of B (n)")
+                              same=[width, element], same_name="the width of B (n) and its element size")
         accumulate = out if out is not None else c
         records = torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import sparsetorch as st
+from sparsetorch.nn.gcn import graph_linear
 
 __all__ = ["GCN", "sync_gradients", "masked_cross_entropy"]
 
@@ -24,8 +24,10 @@ class GCN(nn.Module):
     """``A_hat relu(A_hat (x W1) + b1) W2 + b2`` with ``A_hat = adjacency.gcn_normalized()``
     (Kipf & Welling's D^-1/2 (A + I) D^-1/2, computed once per adjacency and cached on it), for any
     adjacency that has ``gcn_normalized`` and that ``st.spmm`` multiplies: a :class:`DistributedCSR`
-    (this rank's rows of ``x`` in, this rank's rows of the logits out). The products run through
-    ``st.spmm`` with the bias (and the ReLU at inference) fused in their epilogue."""
+    (this rank's rows of ``x`` in, this rank's rows of the logits out). Each layer is
+    :func:`sparsetorch.nn.gcn.graph_linear`, as in ``st.nn.GCNConv``: the dense product on the cheaper
+    side of the SpMM (the first layer ``(A_hat x) W1`` when in < hidden: no SpMM in its backward),
+    bias and activation fused."""
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, backend: str = "auto"):
         super().__init__()
@@ -46,8 +48,8 @@ class GCN(nn.Module):
 
     def forward(self, x: torch.Tensor, adjacency) -> torch.Tensor:
         a = adjacency.gcn_normalized(add_self_loops=True, improved=False)
-        h = st.spmm(a, x @ self.w1, bias=self.b1, activation="relu", backend=self.backend)
-        return st.spmm(a, h @ self.w2, bias=self.b2, backend=self.backend)
+        h = graph_linear(a, x, self.w1.t(), self.b1, "relu", 0.0, self.backend)
+        return graph_linear(a, h, self.w2.t(), self.b2, "none", 0.0, self.backend)
 
 
 def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, group=None) -> torch.Tensor:

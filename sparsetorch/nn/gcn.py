@@ -152,6 +152,17 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
     return mark_transpose(a)
 
 
+def graph_linear(a: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
+                 negative_slope: float, backend: str) -> torch.Tensor:
+    """``act(a @ x @ weight.T + bias)`` (weight (out, in)) with the dense product on the cheaper side:
+    ``(a @ x) @ weight.T`` when in < out (the SpMM on the narrower side; a first layer's x needs no
+    gradient, so neither does its SpMM), else ``a @ (x @ weight.T)``. ``a``: a CSR or a
+    distributed matrix."""
+    if weight.shape[1] < weight.shape[0]:
+        return dense(propagate(a, x, None, "none", 0.0, backend), weight, bias, activation, negative_slope)
+    return propagate(a, dense(x, weight), bias, activation, negative_slope, backend)
+
+
 _PYG_DEFAULTS = {"aggr": ("add", "sum"), "flow": ("source_to_target",), "node_dim": (-2, 0),
                  "decomposed_layers": (1,)}
 
@@ -260,12 +271,7 @@ class GCNConv(nn.Module):
             raise ValueError(f"x: expected (num_nodes, {self.in_channels}) node features (in_channels), got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         a = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight)
-        w, act = self.lin.weight, self.activation
-        if self.in_channels < self.out_channels and not is_distributed(a):
-            # (Â x) W^T: the SpMM on the narrower side; x needs no gradient in a first layer, so
-            # neither does the SpMM.
-            return dense(propagate(a, x, None, "none", 0.0, self.backend), w, self.bias, act, self.negative_slope)
-        return propagate(a, dense(x, w), self.bias, act, self.negative_slope, self.backend)
+        return graph_linear(a, x, self.lin.weight, self.bias, self.activation, self.negative_slope, self.backend)
 
     def extra_repr(self) -> str:
         extra = f", activation={self.activation!r}" if self.activation != "none" else ""

@@ -37,7 +37,7 @@ def _gib(nbytes):
 def _config(quick: bool, device: str = "cuda", nodes: int = 1 << 22) -> dict:
     """4.2M nodes, mean degree 32: 134M stored entries (+ 4.2M self loops in the GCN)."""
     return {"device": device, "nodes": nodes, "degree": 32, "seed": 11, "widths": (64, 256), "features": 128,
-            "hidden": 256, "classes": 16, "reps": 10 if quick else 20, "warmup": 2, "capped": device == "cuda",
+            "hidden": 256, "classes": 16, "reps": 10 if quick else 20, "warmup": 2, "loop": 5, "capped": device == "cuda",
             "capped_epochs": 5, "link_sizes": (2**24, 2**27, 2**30) if device == "cuda" else (2**20,),
             "partial": os.environ.get("SPARSETORCH_BENCH_PARTIAL")}
 
@@ -94,14 +94,22 @@ def _max(value: float, group, device) -> float:
     return float(t)
 
 
-def _time(fn, group, device, reps: int, warmup: int) -> float:
-    """The slowest rank's median seconds per call (ranks aligned before each call)."""
+def _time(fn, group, device, reps: int, warmup: int, calls: int = 1) -> float:
+    """The slowest rank's median seconds per call (ranks aligned before each timing). ``calls`` > 1:
+    each timing runs that many calls back to back and divides, a loop's steady state, where the
+    host's work for a call (argument checks, the ranks' agreement on them) overlaps the GPU's work
+    for the previous one; with 1 the host's latency is on the critical path."""
     for _ in range(warmup):
         fn()
     times = []
+
+    def loop():
+        for _ in range(calls):
+            fn()
+
     for _ in range(reps):
         _sync(group, device)
-        times.append(call_seconds(fn, device))
+        times.append(call_seconds(loop, device) / calls)
     return _max(statistics.median(times), group, device)
 
 
@@ -160,6 +168,7 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         if plan is not None:
             _peak_reset(device)
             rec["plan_s"] = _time(functools.partial(plan, B), group, device, cfg["reps"], cfg["warmup"])
+            rec["plan_loop_s"] = _time(functools.partial(plan, B), group, device, cfg["reps"], 0, cfg["loop"])
             rec["plan_peak"] = _peak(device)
             full = plan(B)
             rec["reference_rows"] = full[b_rows[0]:b_rows[1]].cpu()  # off the GPU: not in the 2-GPU peaks
@@ -169,15 +178,19 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         _free(device)
         _peak_reset(device)
         rec["seconds"] = _time(functools.partial(st.spmm, A, b), group, device, cfg["reps"], cfg["warmup"])
+        rec["loop_s"] = _time(functools.partial(st.spmm, A, b), group, device, cfg["reps"], 0, cfg["loop"])
         rec["peak"] = _peak(device)
         A.halo_plan.reset_stats()
         y = st.spmm(A, b)
         rec["bytes_received"] = A.halo_plan.stats["forward_bytes_received"]
         rec["bytes_sent"] = A.halo_plan.stats["forward_bytes_sent"]
+        rec["transport"] = A.halo_plan.transport.name
+        rec["outside_bytes"] = A.halo_plan.transport.bytes_outside_allocator
         if A.halo_plan.active:  # the three parts alone, to see how much of the exchange the overlap hides
             from sparsetorch.distributed._spmm import _route
 
-            rec["exchange_s"] = _time(functools.partial(A.halo_plan.exchange, b), group, device, cfg["reps"], 1)
+            rec["exchange_s"] = _time(functools.partial(_exchange_only, A.halo_plan, b), group, device,
+                                      cfg["reps"], 1)
             halo = A.halo_plan.exchange(b)
             for part, operand, key in ((A.local, b, "local"), (A.remote, halo, "remote")):
                 route = _route(A, key, part, operand, "auto")
@@ -194,6 +207,12 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         del b, y
         _free(device)
     return out
+
+
+def _exchange_only(plan, b):
+    recv, pending = plan.start(b)
+    plan.finish(pending)
+    return recv
 
 
 def _gcn_case(cfg, A, rows, group, device, steps: int, reps: int):
@@ -226,11 +245,14 @@ def _gcn_case(cfg, A, rows, group, device, steps: int, reps: int):
     if reps:
         _peak_reset(device)
         rec["seconds"] = _time(step, group, device, reps, 1)
+        rec["loop_s"] = _time(step, group, device, reps, 0, cfg["loop"])
         rec["peak"] = _peak(device)
         plan = A.gcn_normalized().halo_plan
         plan.reset_stats()
         step()
         rec["exchange"] = dict(plan.stats)
+        rec["transport"] = plan.transport.name
+        rec["outside_bytes"] = plan.transport.bytes_outside_allocator
     return rec
 
 
@@ -301,30 +323,34 @@ def _worker(rank, world, cfg) -> dict:
     _save_partial(cfg, rank, res)
     _log(rank, start, f"1 GPU: GCN step {gcn1['seconds'] * 1e3:.2f} ms, peak {_gib(gcn1['peak'])} GiB")
 
-    # 2 GPUs: each rank generates only its rows
+    # 2 GPUs: each rank generates only its rows; the default transport (the headline rows), then
+    # NCCL's all-to-all where the default is the copy engines
     _sync(world_group, device)
     t0 = time.perf_counter()
     block = power_law_block(N, cfg["degree"], rows=(r0, r1), seed=cfg["seed"], device=device, degrees=degrees)
     res["generate_block_s"] = time.perf_counter() - t0
     res["min_rows"] = _remote_rows(block, r0, r1)
     res["block_entries"] = block.col_indices.numel()
-    t0 = time.perf_counter()
-    two = DistributedCSR.from_blocks(block)
-    res["build_s"] = time.perf_counter() - t0
-    res["halo_rows"] = two.halo_size
-    del block
-    _log(rank, start, f"{world} ranks: built in {res['build_s']:.2f} s, halo {res['halo_rows']} rows "
-                      f"(minimum {res['min_rows']})")
-    spmm2 = _spmm_cases(cfg, two, world_group, device, (r0, r1), reference=reference)
-    _log(rank, start, f"{world} GPUs: spmm " + ", ".join(f"n={n} {v['seconds'] * 1e3:.2f} ms" for n, v in spmm2.items()))
-    del reference
-    _free(device)
-    gcn2 = _gcn_case(cfg, two, (r0, r1), world_group, device, steps=3, reps=cfg["reps"])
-    del two
-    _free(device)
-    res["two"] = {"spmm": spmm2, "gcn": gcn2}
-    _save_partial(cfg, rank, res)
-    _log(rank, start, f"{world} GPUs: GCN step {gcn2['seconds'] * 1e3:.2f} ms, peak {_gib(gcn2['peak'])} GiB")
+    for key, transport in (("two", "auto"), ("two_all_to_all", "all_to_all")):
+        if key == "two_all_to_all" and res["two"]["transport"] == "all_to_all":
+            break  # the default already was the all-to-all
+        t0 = time.perf_counter()
+        two = DistributedCSR.from_blocks(block, transport=transport)
+        res["build_s"] = time.perf_counter() - t0
+        res["halo_rows"] = two.halo_size
+        spmm2 = _spmm_cases(cfg, two, world_group, device, (r0, r1), reference=reference)
+        _log(rank, start, f"{world} GPUs ({two.halo_plan.transport.name}): spmm " +
+             ", ".join(f"n={n} {v['seconds'] * 1e3:.2f} ms" for n, v in spmm2.items()))
+        _free(device)
+        gcn2 = _gcn_case(cfg, two, (r0, r1), world_group, device, steps=3, reps=cfg["reps"])
+        res[key] = {"spmm": spmm2, "gcn": gcn2, "transport": two.halo_plan.transport.name}
+        del two
+        _free(device)
+        _save_partial(cfg, rank, res)
+        _log(rank, start, f"{world} GPUs ({res[key]['transport']}): GCN step {gcn2['seconds'] * 1e3:.2f} ms, peak "
+                          f"{_gib(gcn2['peak'])} GiB (+ {_gib(gcn2['outside_bytes'])} GiB outside the allocator)")
+    del block, reference
+    gcn2 = res["two"]["gcn"]
 
     if cfg["capped"] and device.type == "cuda":
         res["capped"] = _capped(cfg, degrees, rank, world, (r0, r1), gcn1, gcn2, solo, world_group, device)
@@ -336,10 +362,13 @@ def _worker(rank, world, cfg) -> dict:
 def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, device) -> dict:
     from sparsetorch.distributed import DistributedCSR, power_law_block
 
+    # The copy-engine transport's buffer is symmetric memory, outside the caching allocator (and its
+    # cap): it is counted in the peaks, and the 2-GPU run's allocator gets the cap less the buffer.
+    outside = int(_max(float(gcn2.get("outside_bytes", 0)), world_group, device))
     one_peak = _max(float(gcn1["peak"]), world_group, device)
-    two_peak = _max(float(gcn2["peak"]), world_group, device)
+    two_peak = _max(float(gcn2["peak"] + gcn2.get("outside_bytes", 0)), world_group, device)
     total = torch.cuda.get_device_properties(device).total_memory
-    out = {"one_gpu_peak": one_peak, "two_gpu_peak_uncapped": two_peak, "total": total}
+    out = {"one_gpu_peak": one_peak, "two_gpu_peak_uncapped": two_peak, "total": total, "outside_bytes": outside}
     if two_peak >= 0.9 * one_peak:
         out["skipped"] = "2 ranks need nearly what one GPU needs: no cap separates them"
         return out
@@ -351,6 +380,7 @@ def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, devi
         if rank == 0:
             out["one_gpu_under_cap"] = _solo_under_cap(cfg, degrees, solo, device)
         _free(device)
+        torch.cuda.set_per_process_memory_fraction((cap - outside) / total, device)
         _sync(world_group, device)
         block = power_law_block(cfg["nodes"], cfg["degree"], rows=rows, seed=cfg["seed"], device=device,
                                 degrees=degrees)
@@ -359,7 +389,9 @@ def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, devi
         rec = _gcn_case(cfg, A, rows, world_group, device, steps=cfg["capped_epochs"], reps=3)
         out["epoch_s"] = rec["seconds"]
         out["losses"] = rec["losses"]
-        out["peak"] = rec["peak"]
+        out["peak"] = rec["peak"] + rec.get("outside_bytes", 0)
+        out["outside_bytes_run"] = rec.get("outside_bytes", 0)
+        out["within_cap"] = out["peak"] <= cap
         del A
     except torch.cuda.OutOfMemoryError as e:
         out["error"] = str(e).split("\n")[0][:300]
@@ -370,6 +402,20 @@ def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, devi
 
 
 # --- rows and summary ----------------------------------------------------------------------------
+
+def _total_peak(rec: dict):
+    """The allocator's peak plus the transport's buffer outside it (None on CPUs)."""
+    return None if rec["peak"] is None else rec["peak"] + rec.get("outside_bytes", 0)
+
+
+def _two_keys(r0: dict) -> List[str]:
+    """The 2-GPU runs present: the default transport, then the all-to-all if it was not the default."""
+    return [k for k in ("two", "two_all_to_all") if k in r0]
+
+
+def _impl(world: int, transport: str) -> str:
+    return f"{world} GPUs ({'copy engines' if transport == 'copy_engine' else 'all-to-all'})"
+
 
 def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
     r0 = results[0]
@@ -393,6 +439,7 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
         floor1 = spmm_model(E, N, N, n, 4, 4)[0] / bw
         floor2 = max(spmm_model(e, m, N, n, 4, 4)[0] for e, m in zip(per_rank_nnz, per_rank_m)) / bw
         best1 = min(one["plan_s"], one["seconds"])
+        best1_loop = min(one["plan_loop_s"], one["loop_s"])
         two = [r["two"]["spmm"][n] for r in results]
         t2 = two[0]["seconds"]
         base = {"suite": "distributed", "case": case, "dtype": "float32", "n": n, "nodes": N, "entries": E}
@@ -404,53 +451,68 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
                      "GBps": spmm_model(E, N, N, n, 4, 4)[0] / one["seconds"] / 1e9,
                      "GFLOPs": flops / one["seconds"] / 1e9, "floor_ms": floor1 * 1e3,
                      "of_floor": floor1 / one["seconds"], "rel_err": 0.0, "peak_GiB_per_rank": [_gib(one["peak"])]})
-        received = [t["bytes_received"] for t in two]
         minimum = [r["min_rows"] * n * 4 for r in results]
-        rows.append({**base, "impl": f"{world} GPUs", "time_ms": t2 * 1e3, "GBps": float("nan"),
-                     "GFLOPs": flops / t2 / 1e9, "floor_ms": floor2 * 1e3, "of_floor": floor2 / t2,
-                     "rel_err": two[0].get("rel_err", float("nan")),
-                     "scaling": best1 / t2, "bytes_received_per_rank": received, "min_bytes_per_rank": minimum,
-                     "bytes_vs_min": max(b / m if m else (1.0 if b == 0 else float("inf"))
-                                         for b, m in zip(received, minimum)),
-                     "exchange_alone_ms": two[0].get("exchange_s", 0.0) * 1e3,
-                     "local_product_alone_ms": two[0].get("local_alone_s", 0.0) * 1e3,
-                     "remote_product_alone_ms": two[0].get("remote_alone_s", 0.0) * 1e3,
-                     "peak_GiB_per_rank": [_gib(t["peak"]) for t in two],
-                     "entries_per_rank": per_rank_nnz, "rows_per_rank": per_rank_m,
-                     "halo_rows_per_rank": [r["halo_rows"] for r in results]})
+        for key in _two_keys(r0):
+            two = [r[key]["spmm"][n] for r in results]
+            t2 = two[0]["seconds"]
+            received = [t["bytes_received"] for t in two]
+            rows.append({**base, "impl": _impl(world, r0[key]["transport"]), "time_ms": t2 * 1e3, "GBps": float("nan"),
+                         "GFLOPs": flops / t2 / 1e9, "floor_ms": floor2 * 1e3, "of_floor": floor2 / t2,
+                         "rel_err": two[0].get("rel_err", float("nan")), "transport": r0[key]["transport"],
+                         "scaling": best1 / t2, "loop_time_ms": two[0]["loop_s"] * 1e3,
+                         "scaling_loop": best1_loop / two[0]["loop_s"], "one_gpu_loop_ms": best1_loop * 1e3,
+                         "bytes_received_per_rank": received, "min_bytes_per_rank": minimum,
+                         "bytes_vs_min": max(b / m if m else (1.0 if b == 0 else float("inf"))
+                                             for b, m in zip(received, minimum)),
+                         "exchange_alone_ms": two[0].get("exchange_s", 0.0) * 1e3,
+                         "local_product_alone_ms": two[0].get("local_alone_s", 0.0) * 1e3,
+                         "remote_product_alone_ms": two[0].get("remote_alone_s", 0.0) * 1e3,
+                         "peak_GiB_per_rank": [_gib(_total_peak(t)) for t in two],
+                         "transport_buffer_GiB_per_rank": [_gib(t.get("outside_bytes", 0)) for t in two],
+                         "entries_per_rank": per_rank_nnz, "rows_per_rank": per_rank_m,
+                         "halo_rows_per_rank": [r["halo_rows"] for r in results]})
     # GCN step
     F_, H, C = cfg["features"], cfg["hidden"], cfg["classes"]
 
+    # The first layer is (A x) W1 when F < H (graph_linear): one SpMM of width F and none in its
+    # backward; else A (x W1): width H forward and backward. The second: width C forward and backward.
+    sparse_widths = (F_, C, C) if F_ < H else (H, H, C, C)
+    exchanged_widths = (F_, C) if F_ < H else (H, C)  # forward exchanges per step
+
     def step_floor(e, m):
         s = 0.0
-        for width in (H, H, C, C):  # forward and backward products of both layers
+        for width in sparse_widths:
             b, f = spmm_model(e + m, m, N, width, 4, 4)
             s += max(b / bw, f / rate)
-        for mm, kk, nn in ((m, F_, H), (F_, m, H), (m, H, C), (H, m, C), (m, C, H)):  # x W1, its grad; h W2, its grads
+        for mm, kk, nn in ((m, F_, H), (F_, m, H), (m, H, C), (H, m, C), (m, C, H)):  # layer 1 and its grad; h W2, its grads
             b, f = gemm_model(mm, kk, nn, 4)
             s += max(b / bw, f / rate)
         return s
 
     one = r0["one"]["gcn"]
-    two = [r["two"]["gcn"] for r in results]
     case = f"GCN step {graph}, {F_}-{H}-{C}"
     base = {"suite": "distributed", "case": case, "dtype": "float32", "nodes": N, "entries": E}
     f1 = step_floor(E, N)
     f2 = max(step_floor(e, m) for e, m in zip(per_rank_nnz, per_rank_m))
-    loss_diff = max(abs(a - b) / abs(a) for a, b in zip(one["losses"], two[0]["losses"]))
     rows.append({**base, "impl": "1 GPU: DistributedCSR", "time_ms": one["seconds"] * 1e3, "GBps": float("nan"),
                  "GFLOPs": float("nan"), "floor_ms": f1 * 1e3, "of_floor": f1 / one["seconds"], "rel_err": 0.0,
                  "peak_GiB_per_rank": [_gib(one["peak"])], "losses": one["losses"]})
-    rows.append({**base, "impl": f"{world} GPUs", "time_ms": two[0]["seconds"] * 1e3, "GBps": float("nan"),
-                 "GFLOPs": float("nan"), "floor_ms": f2 * 1e3, "of_floor": f2 / two[0]["seconds"], "rel_err": loss_diff,
-                 "scaling": one["seconds"] / two[0]["seconds"], "losses": two[0]["losses"],
-                 "peak_GiB_per_rank": [_gib(t["peak"]) for t in two],
-                 "exchange_per_step_per_rank": [t["exchange"] for t in two],
-                 "bytes_received_per_rank": [t["exchange"]["forward_bytes_received"] for t in two],
-                 "min_bytes_per_rank": [r["min_rows"] * 4 * (H + C) for r in results]})
-    last = rows[-1]
-    last["bytes_vs_min"] = max(b / m if m else 1.0 for b, m in zip(last["bytes_received_per_rank"],
-                                                                     last["min_bytes_per_rank"]))
+    for key in _two_keys(r0):
+        two = [r[key]["gcn"] for r in results]
+        loss_diff = max(abs(a - b) / abs(a) for a, b in zip(one["losses"], two[0]["losses"]))
+        received = [t["exchange"]["forward_bytes_received"] for t in two]
+        minimum = [r["min_rows"] * 4 * sum(exchanged_widths) for r in results]
+        rows.append({**base, "impl": _impl(world, r0[key]["transport"]), "time_ms": two[0]["seconds"] * 1e3,
+                     "GBps": float("nan"), "GFLOPs": float("nan"), "floor_ms": f2 * 1e3,
+                     "of_floor": f2 / two[0]["seconds"], "rel_err": loss_diff, "transport": r0[key]["transport"],
+                     "scaling": one["seconds"] / two[0]["seconds"], "loop_time_ms": two[0]["loop_s"] * 1e3,
+                     "scaling_loop": one["loop_s"] / two[0]["loop_s"], "one_gpu_loop_ms": one["loop_s"] * 1e3,
+                     "losses": two[0]["losses"],
+                     "peak_GiB_per_rank": [_gib(_total_peak(t)) for t in two],
+                     "transport_buffer_GiB_per_rank": [_gib(t.get("outside_bytes", 0)) for t in two],
+                     "exchange_per_step_per_rank": [t["exchange"] for t in two],
+                     "bytes_received_per_rank": received, "min_bytes_per_rank": minimum,
+                     "bytes_vs_min": max(b / m if m else 1.0 for b, m in zip(received, minimum))})
     capped = [r.get("capped") for r in results]
     if capped[0] and "epoch_s" in capped[0]:
         c0 = capped[0]
@@ -460,7 +522,10 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
                      "of_floor": f2 / c0["epoch_s"], "rel_err": 0.0,
                      "cap_GiB": c0["cap"] / GIB, "one_gpu_peak_GiB": c0["one_gpu_peak"] / GIB,
                      "one_gpu_under_cap": c0.get("one_gpu_under_cap"), "losses": c0["losses"],
-                     "peak_GiB_per_rank": [_gib(c["peak"]) for c in capped]})
+                     "peak_GiB_per_rank": [_gib(c["peak"]) for c in capped],
+                     "transport_buffer_GiB_per_rank": [_gib(c.get("outside_bytes_run", 0)) for c in capped],
+                     "allocator_cap_GiB": (c0["cap"] - c0.get("outside_bytes", 0)) / GIB,
+                     "within_cap": [c.get("within_cap") for c in capped]})
     return rows
 
 
@@ -479,12 +544,15 @@ def _print_summary(r0: dict, rows: List[dict]) -> None:
                 extra += (f"; alone: exchange {r['exchange_alone_ms']:.2f} ms, local product "
                           f"{r['local_product_alone_ms']:.2f} ms, remote product {r['remote_product_alone_ms']:.2f} ms")
             peaks = [round(p, 2) for p in r["peak_GiB_per_rank"] if p is not None]
-            print(f"  {r['case']}: {r['time_ms']:.2f} ms on {r['impl']}, scaling {r['scaling']:.2f}x; peak {peaks} GiB"
-                  f"{extra}; error vs 1 GPU {r['rel_err']:.2g}")
+            print(f"  {r['case']}: {r['time_ms']:.2f} ms on {r['impl']}, scaling {r['scaling']:.2f}x; in a loop of "
+                  f"calls {r['one_gpu_loop_ms']:.2f} -> {r['loop_time_ms']:.2f} ms, scaling {r['scaling_loop']:.2f}x; "
+                  f"peak {peaks} GiB{extra}; error vs 1 GPU {r['rel_err']:.2g}")
         if "cap_GiB" in r:
             print(f"  capped at {r['cap_GiB']:.1f} GiB per GPU (one GPU's step peaks at {r['one_gpu_peak_GiB']:.1f} "
                   f"GiB): one GPU: {r['one_gpu_under_cap']}; {r['impl']}: {r['time_ms']:.1f} ms per epoch, losses "
-                  f"{[round(x, 4) for x in r['losses']]}, peak {[round(p, 2) for p in r['peak_GiB_per_rank']]} GiB")
+                  f"{[round(x, 4) for x in r['losses']]}, peak {[round(p, 2) for p in r['peak_GiB_per_rank']]} GiB "
+                  f"(incl. the transport's buffer {[round(p, 2) for p in r['transport_buffer_GiB_per_rank']]}), "
+                  f"within the cap: {r['within_cap']}")
     capped = r0.get("capped")
     if capped and "epoch_s" not in capped:
         print(f"  capped run: {capped}")
