@@ -58,12 +58,6 @@ constexpr double kSmallHalfProduct = 1.5e6;  // entries * n
 constexpr int64_t kSplitLongRow = 4096;
 constexpr double kSplitLongShare = 0.02;
 constexpr int64_t kSplitMinEntries = 8000000;
-// cuSPARSE sums half-precision products with half-precision partial sums once B has more than one
-// column: its bf16 error against float64 grows with the row length -- 2.5e-3 at a longest row of 843,
-// 5.9e-3 at 1000, 1.1e-2 at 21k, 1.8e-2 at 63k, 2.2-2.5e-2 at 205k, where the own kernels (fp32 sums)
-// stay at 1.6-1.7e-3 (H100 skew suite; split sweep). Half types go to it only on rows shorter than this
-// at n > 2; for a vector (n <= 2) its error equalled the own kernels' on every matrix.
-constexpr int64_t kCusparseHalfMaxRow = 256;
 // n = 1 (a matrix-vector product): the row-group kernel wastes most lanes; cuSPARSE was the fastest route
 // on every matrix of >= 200k entries (uniform 200k rows 47 vs 57 us; power-law 35 vs 125+ us).
 constexpr int64_t kVectorMaxN = 2;
@@ -96,10 +90,10 @@ bool densify_fits(const SpmmProblem& p, at::ScalarType dtype) {
 }
 
 // cuSPARSE: one matrix (a batch of patterns would be a block-diagonal copy per call), a validated
-// pattern, at most one entry per position (it refuses more); half types only on rows it sums accurately.
-bool cusparse_applies(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
-  return a != nullptr && a->valid() && !p.pattern_batched && !p.values_batched && p.nnz_stride <= p.m * p.k &&
-         (!is_half(dtype) || p.n <= kVectorMaxN || a->max_row() < kCusparseHalfMaxRow);
+// pattern, at most one entry per position (it refuses more). Half types sum in float there too
+// (a float32 C: spmm_cusparse.cu).
+bool cusparse_applies(const SpmmProblem& p, const CsrAnalysis* a) {
+  return a != nullptr && a->valid() && !p.pattern_batched && !p.values_batched && p.nnz_stride <= p.m * p.k;
 }
 
 bool skewed(const CsrAnalysis& a) { return a.max_row() > kSkewedRow && a.mean_row() < kSkewedRow; }
@@ -131,7 +125,7 @@ SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const 
   if (a == nullptr) {  // unchecked matrix: O(1) facts only, own kernels only
     return long_rows_wide_b(p, dtype, mean_row) ? SpmmBackend::Tiled : SpmmBackend::Native;
   }
-  const bool cusparse = cusparse_applies(p, dtype, a);
+  const bool cusparse = cusparse_applies(p, a);
   const double product = static_cast<double>(a->entries()) * static_cast<double>(p.n);
   if (p.n <= kVectorMaxN && cusparse && a->entries() >= kVectorCusparseEntries) return SpmmBackend::Cusparse;
   if (!skewed(*a)) {
@@ -194,7 +188,7 @@ std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarT
   routes.push_back(SpmmBackend::Split);
   // Tiled streams B through shared memory: it pays only on long, even rows and a wide B.
   if (dtype != at::kDouble && p.n >= 256 && mean_row >= 64 && !(a && skewed(*a))) routes.push_back(SpmmBackend::Tiled);
-  if (cusparse_applies(p, dtype, a)) routes.push_back(SpmmBackend::Cusparse);
+  if (cusparse_applies(p, a)) routes.push_back(SpmmBackend::Cusparse);
   // Densify: only where its m*k work can catch up with the sparse routes' nnz*n (A at least 1/512 dense).
   if (densify_fits(p, dtype) && p.m * p.k <= 512 * std::max<int64_t>(1, p.nnz_stride)) {
     routes.push_back(SpmmBackend::Densify);

@@ -29,13 +29,14 @@ struct CallKey {
   int device;
   const void *crow, *col, *values;
   int64_t rows, cols, nnz, batch, colval_stride;
-  int index_type, dtype;
+  int index_type, dtype, b_dtype;
   int64_t n, ldb, b_stride;
   bool b_row_major;
   bool operator==(const CallKey& o) const {
     return device == o.device && crow == o.crow && col == o.col && values == o.values && rows == o.rows &&
            cols == o.cols && nnz == o.nnz && batch == o.batch && colval_stride == o.colval_stride &&
-           index_type == o.index_type && dtype == o.dtype && n == o.n && ldb == o.ldb && b_stride == o.b_stride &&
+           index_type == o.index_type && dtype == o.dtype && b_dtype == o.b_dtype && n == o.n && ldb == o.ldb &&
+           b_stride == o.b_stride &&
            b_row_major == o.b_row_major;
   }
 };
@@ -53,14 +54,16 @@ thread_local std::list<CallSetup> call_cache;
 
 // C (row-major, ldc = n, batch stride m*n) = alpha * A @ B + beta * C.
 // A: CSR rows x cols with nnz entries (strided batch when batch > 1); B row-major (dense_for_cusparse copies any other layout).
+// C's dtype is the compute type's: float32 C with half A and B is cuSPARSE's mixed precision.
 void cusparse_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, int64_t rows,
                    int64_t cols, int64_t nnz, int64_t batch, int64_t colval_stride, const at::Tensor& dense,
                    int64_t n, int64_t dense_bstride, const at::Tensor& out, double alpha, double beta) {
-  const at::ScalarType dtype = out.scalar_type();
+  const at::ScalarType dtype = out.scalar_type(), b_dtype = dense.scalar_type();
   const bool row_major = dense.stride(-1) == 1;
   const CallKey key{out.get_device(), crow.data_ptr(), col.data_ptr(), values.data_ptr(), rows, cols, nnz, batch,
-                    colval_stride, static_cast<int>(crow.scalar_type()), static_cast<int>(dtype), n,
-                    row_major ? dense.stride(-2) : dense.stride(-1), dense_bstride, row_major};
+                    colval_stride, static_cast<int>(crow.scalar_type()), static_cast<int>(dtype),
+                    static_cast<int>(b_dtype), n, row_major ? dense.stride(-2) : dense.stride(-1), dense_bstride,
+                    row_major};
   auto it = std::find_if(call_cache.begin(), call_cache.end(), [&](const CallSetup& c) { return c.key == key; });
   const Scalar a(alpha, dtype), b(beta, dtype);
   const cudaDataType compute = compute_dtype(dtype);
@@ -80,7 +83,7 @@ void cusparse_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tens
         SPARSETORCH_CUSPARSE_CHECK(
             cusparseCsrSetStridedBatch(setup.A.get(), static_cast<int>(batch), 0, colval_stride));
       }
-      setup.B.create(cols, n, key.ldb, dense.data_ptr(), dtype, row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL);
+      setup.B.create(cols, n, key.ldb, dense.data_ptr(), b_dtype, row_major ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL);
       setup.C.create(rows, n, n, out.data_ptr(), dtype, CUSPARSE_ORDER_ROW);
       if (batch > 1) {
         SPARSETORCH_CUSPARSE_CHECK(
@@ -140,9 +143,17 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
   }
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   at::Tensor dense = dense_for_cusparse(dense_in);
+  // Half types: cuSPARSE keeps its partial sums in C's type, and with a bf16/fp16 C its error against
+  // float64 grew with the row length (H100 skew suite, bf16: 2.5e-3 at a longest row of 843, 1.1e-2
+  // at 21k, 2.2-2.5e-2 at 205k; the own kernels, summing in float, 1.6-1.7e-3). So C is float32 here
+  // (cuSPARSE's mixed precision: half A and B, float C and compute), rounded to the output once.
+  const bool float_sums = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
+  const at::Tensor c = !float_sums ? out
+                       : beta != 0.0 ? out.to(at::kFloat)
+                                     : at::empty(out.sizes(), out.options().dtype(at::kFloat));
 
   if (!p.batched) {
-    cusparse_spmm(crow, col, values, p.m, p.k, p.nnz_stride, 1, 0, dense, p.n, 0, out, epi.alpha, beta);
+    cusparse_spmm(crow, col, values, p.m, p.k, p.nnz_stride, 1, 0, dense, p.n, 0, c, epi.alpha, beta);
   } else if (!p.pattern_batched) {
     // One pattern for every batch: the strided batch's precondition holds. cuSPARSE takes one
     // batch stride for columns and values, so per-batch values need the columns repeated.
@@ -155,7 +166,7 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
     if (!p.dense_batched) dense = dense.unsqueeze(0).expand({p.batch, p.k, p.n});
     if (dense.stride(0) == 0 && p.batch > 1) dense = dense.contiguous();
     cusparse_spmm(crow, col_b, values, p.m, p.k, p.nnz_stride, p.batch, colval_stride, dense, p.n, dense.stride(0),
-                  out, epi.alpha, beta);
+                  c, epi.alpha, beta);
   } else {
     // Different pattern per batch: one block-diagonal CSR. Padding after crow[i, -1] is dropped.
     const at::Tensor crow64 = crow.to(at::kLong);
@@ -183,8 +194,9 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
     if (p.dense_batched && dense.stride(0) != p.k * dense.stride(1)) dense = dense.contiguous();
     if (p.dense_batched && dense.stride(-1) != 1) dense = dense.contiguous();
     const at::Tensor stacked = p.dense_batched ? dense.view({p.batch * p.k, p.n}) : dense;
-    cusparse_spmm(big_crow, big_col, big_values, rows, cols, total, 1, 0, stacked, p.n, 0, out, epi.alpha, beta);
+    cusparse_spmm(big_crow, big_col, big_values, rows, cols, total, 1, 0, stacked, p.n, 0, c, epi.alpha, beta);
   }
+  if (float_sums) out.copy_(c);
   if (epi.bias.defined() || epi.act != Activation::None) {
     bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
   }
