@@ -58,6 +58,14 @@ constexpr double kSmallHalfProduct = 1.5e6;  // entries * n
 constexpr int64_t kSplitLongRow = 4096;
 constexpr double kSplitLongShare = 0.02;
 constexpr int64_t kSplitMinEntries = 8000000;
+// cuSPARSE sums half-precision products with half-precision partial sums (in C's type) once B has more
+// than one column: its bf16 error against float64 grew with the row length -- 2.5e-3 at a longest row of
+// 843, 5.9e-3 at 1000, 1.1e-2 at 21k, 1.8e-2 at 63k, 2.2-2.5e-2 at 205k -- where the own kernels (float
+// sums) stay at 1.6-1.7e-3 (H100 skew suite). There the cuSPARSE route gives it a float32 C (mixed
+// precision); below this row length, and for n <= 2 (its error equalled the own kernels'), a half C,
+// which saves a float C and its rounding pass (~8 us on the host-bound small graphs: G51 bf16 28-30
+// vs 20 us).
+constexpr int64_t kCusparseHalfMaxRow = 256;
 // n = 1 (a matrix-vector product): the row-group kernel wastes most lanes; cuSPARSE was the fastest route
 // on every matrix of >= 200k entries (uniform 200k rows 47 vs 57 us; power-law 35 vs 125+ us).
 constexpr int64_t kVectorMaxN = 2;
@@ -90,11 +98,19 @@ bool densify_fits(const SpmmProblem& p, at::ScalarType dtype) {
 }
 
 // cuSPARSE: one matrix (a batch of patterns would be a block-diagonal copy per call), a validated
-// pattern, at most one entry per position (it refuses more). Half types sum in float there too
-// (a float32 C: spmm_cusparse.cu).
+// pattern, at most one entry per position (it refuses more). Half types on long rows sum in float there
+// (cusparse_sums_in_float).
 bool cusparse_applies(const SpmmProblem& p, const CsrAnalysis* a) {
   return a != nullptr && a->valid() && !p.pattern_batched && !p.values_batched && p.nnz_stride <= p.m * p.k;
 }
+
+}  // namespace
+
+bool cusparse_sums_in_float(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
+  return is_half(dtype) && p.n > kVectorMaxN && (a == nullptr || a->max_row() >= kCusparseHalfMaxRow);
+}
+
+namespace {
 
 bool skewed(const CsrAnalysis& a) { return a.max_row() > kSkewedRow && a.mean_row() < kSkewedRow; }
 

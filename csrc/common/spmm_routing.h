@@ -21,6 +21,11 @@ const char* spmm_route_name(SpmmBackend route);
 // cuSPARSE -- which must never see a matrix that has not passed the check -- is not chosen.
 SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
 
+// Whether the cuSPARSE route sums a half-precision product in float (a float32 C, then one rounding to
+// the output) rather than in C's own type: where half sums lose accuracy (long rows, n > 2). `a`: the
+// matrix's analysis (nullptr: unknown rows, so float).
+bool cusparse_sums_in_float(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
+
 // The key a measured route is kept under, in the matrix's analysis: B's width, the dtype and the
 // batch layout.
 std::vector<int64_t> spmm_measure_key(const SpmmProblem& p, at::ScalarType dtype);

@@ -13,6 +13,7 @@
 #include <limits>
 #include <list>
 
+#include "common/spmm_routing.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 
@@ -143,11 +144,11 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
   }
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   at::Tensor dense = dense_for_cusparse(dense_in);
-  // Half types: cuSPARSE keeps its partial sums in C's type, and with a bf16/fp16 C its error against
-  // float64 grew with the row length (H100 skew suite, bf16: 2.5e-3 at a longest row of 843, 1.1e-2
-  // at 21k, 2.2-2.5e-2 at 205k; the own kernels, summing in float, 1.6-1.7e-3). So C is float32 here
-  // (cuSPARSE's mixed precision: half A and B, float C and compute), rounded to the output once.
-  const bool float_sums = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
+  // Half types on long rows: cuSPARSE keeps its partial sums in C's type, so C is float32 there
+  // (cuSPARSE's mixed precision: half A and B, float C and compute), rounded to the output once
+  // (common/spmm_routing.cpp has the measurements). The analysis is the cached one (no device work).
+  const bool float_sums = cusparse_sums_in_float(
+      p, out.scalar_type(), analyze_csr(crow_in, col_in, p.k, AnalysisMode::kLookup).get());
   const at::Tensor c = !float_sums ? out
                        : beta != 0.0 ? out.to(at::kFloat)
                                      : at::empty(out.sizes(), out.options().dtype(at::kFloat));
