@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from sparsetorch.distributed._comm import Comm
 
-__all__ = ["TRANSPORTS", "AllToAll", "CopyEngine", "make_transport"]
+__all__ = ["TRANSPORTS", "AllToAll", "CopyEngine", "copy_plan", "make_transport"]
 
 TRANSPORTS = ("auto", "all_to_all", "copy_engine")
 _ENV = "SPARSETORCH_HALO_TRANSPORT"  # overrides "auto" (benchmarks compare the two)
@@ -45,6 +45,16 @@ def _prefix(counts: Sequence[int]) -> List[int]:
     for c in counts:
         out.append(out[-1] + c)
     return out
+
+
+def copy_plan(counts: List[List[int]], me: int) -> List[Tuple[int, int, int, int]]:
+    """The copies rank ``me`` makes in an exchange with count matrix ``counts`` (``counts[r][p]``: rows
+    rank r receives from p): per receiving peer p, ``(p, rows, first row in me's send buffer, first row
+    in p's receive buffer)``. The send buffer is grouped by destination in rank order; a receive
+    buffer by source in rank order, as ``all_to_all_single`` lays them out."""
+    send_offsets = _prefix([counts[p][me] for p in range(len(counts))])
+    return [(p, counts[p][me], send_offsets[p], sum(counts[p][:me]))
+            for p in range(len(counts)) if p != me and counts[p][me]]
 
 
 class AllToAll:
@@ -136,23 +146,20 @@ class CopyEngine:
         self._reserve(self.max_rows * n * send.element_size())
         recv_counts = counts[me]
         senders = [p for p in range(size) if p != me and recv_counts[p]]
-        receivers = [p for p in range(size) if p != me and counts[p][me]]
         main = torch.cuda.current_stream(self.comm.device)
         for p in senders:
             self.handle.put_signal(p, _FREE, self.timeout_ms)
-        if receivers:
+        copies = copy_plan(counts, me)
+        if copies:
             self.side.wait_stream(main)
-            send_offsets = _prefix([counts[p][me] for p in range(size)])
             with torch.cuda.stream(self.side):
-                for p in receivers:
+                for p, rows, first, at in copies:
                     self.handle.wait_signal(p, _FREE, self.timeout_ms)
-                    rows = counts[p][me]
-                    at = sum(counts[p][:me])  # where rank p keeps the rows from this rank
-                    self._rows(self.peers[p], at, rows, n, dtype).copy_(send[send_offsets[p]:send_offsets[p] + rows])
+                    self._rows(self.peers[p], at, rows, n, dtype).copy_(send[first:first + rows])
                     self.handle.put_signal(p, _READY, self.timeout_ms)
             send.record_stream(self.side)
         recv = self._rows(self.buffer, 0, sum(recv_counts), n, dtype)
-        return recv, (senders, bool(receivers))
+        return recv, (senders, bool(copies))
 
     def finish(self, pending) -> None:
         senders, sent = pending
