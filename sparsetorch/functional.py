@@ -138,27 +138,41 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
         raise TypeError(f"B: expected a dense torch.Tensor, got "
                         f"{type(B).__name__ if not isinstance(B, torch.Tensor) else B.layout}")
-    delegate = getattr(type(A), "__sparsetorch_spmm__", None)
-    if delegate is not None:  # matrices that run their own product (sparsetorch.distributed)
-        return delegate(A, B, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation,
-                        negative_slope=negative_slope, out=out, validate=validate, backend=backend, policy=policy)
-    a = as_csr(A, device=B.device)
-    if B.dim() not in (2, 3):
+    if type(A) is CSR:  # the common case, checked first: a small matrix's call is mostly this layer
+        a = A
+    else:
+        delegate = getattr(type(A), "__sparsetorch_spmm__", None)
+        if delegate is not None:  # matrices that run their own product (sparsetorch.distributed)
+            return delegate(A, B, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation,
+                            negative_slope=negative_slope, out=out, validate=validate, backend=backend, policy=policy)
+        a = as_csr(A, device=B.device)
+    b_dim, shape = B.dim(), a.shape
+    if b_dim != 2 and b_dim != 3:
         raise ValueError(f"B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape {tuple(B.shape)}")
-    if a.shape[-1] != B.shape[-2]:
+    if shape[-1] != B.size(-2):
         raise ValueError(f"shape mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)} "
                          f"(A's columns {a.shape[-1]} != B's rows {B.shape[-2]})")
-    if a.batched and B.dim() == 3 and a.shape[0] != B.shape[0]:
+    if len(shape) == 3 and b_dim == 3 and shape[0] != B.size(0):
         raise ValueError(f"batch size mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)}")
     if validate:
         validate_csr(a)
     check = validate is not False
-    act = _activation_name(activation)
-    if policy not in ("auto", "sparse", "dense"):
+    act = "none" if activation is None else _activation_name(activation)
+    if policy != "sparse" and policy not in ("auto", "dense"):
         raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
     if policy == "dense" or (policy == "auto" and _prefers_dense(a)):
         ensure_valid(a, False if validate is False else None)  # the dense route expands A with torch ops
         return _spmm_dense(a, B, alpha, beta, c, bias, act, negative_slope, out)
+    if (out is None and c is None and bias is None and act == "none" and alpha == 1.0 and backend == "auto" and check
+            and not (torch.is_grad_enabled() and (a.values.requires_grad or B.requires_grad))
+            and not torch.compiler.is_compiling()):
+        # The plain product, recording no gradient (_without_autograd), inlined: a small graph's call is
+        # mostly fixed costs. Only the four tensors are passed: the trailing arguments are the schema's
+        # defaults (beta is unused without c), which the dispatcher fills in itself, and parsing them
+        # cost ~1.2 us per call; this path measured 7.0 us per call against 9.4 us through _spmm_op
+        # (2-core CPU machine, a 1 x 1 matrix).
+        with torch._C._AutoDispatchBelowAutograd():
+            return ops.spmm.default(a.crow_indices, a.col_indices, a.values, B)
     if out is not None:
         if c is not None:
             raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
@@ -172,7 +186,12 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
 
 
 def _records_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # a loop, not any(generator): this runs on every call (~1 us saved)
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
 
 
 def _without_autograd(op, *args):
@@ -184,6 +203,16 @@ def _without_autograd(op, *args):
         return op(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
+
+
+def _op_call(op, grad_inputs, *args):
+    """op(*args); below the autograd key (_without_autograd) when none of the tensors in `grad_inputs`
+    records a gradient. The elementwise ops are memory-bound, yet torch.library's Python autograd
+    wrapper cost them more than its fixed microseconds: add on 2^22 float32 measured 1.84 ms through
+    it against 1.77 ms below it and 1.76 ms for torch.add (2-core CPU machine, interleaved medians)."""
+    if _records_grad(*grad_inputs):
+        return op(*args)
+    return _without_autograd(op.default, *args)
 
 
 def _spmm_op(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate=True):
@@ -346,7 +375,7 @@ def _binary_dense(x: torch.Tensor, y: Any, op: str, alpha: float) -> torch.Tenso
     if isinstance(y, numbers.Number):
         if op in ("add", "sub"):
             y = alpha * y
-        return ops.binary_scalar(x, float(y), op)
+        return _op_call(ops.binary_scalar, (x,), x, float(y), op)
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"y: expected a tensor or a number, got {type(y).__name__}")
     if y.shape != x.shape:
@@ -354,7 +383,7 @@ def _binary_dense(x: torch.Tensor, y: Any, op: str, alpha: float) -> torch.Tenso
             y = y.expand(x.shape)  # broadcasting y onto x; the kernel reads a contiguous copy
         except RuntimeError:
             raise ValueError(f"y: shape {tuple(y.shape)} does not broadcast to x's shape {tuple(x.shape)}") from None
-    return ops.binary(x, y, op, float(alpha))
+    return _op_call(ops.binary, (x, y), x, y, op, float(alpha))
 
 
 def add(x, y, *, alpha: float = 1.0):
@@ -385,8 +414,8 @@ def activation(x, name: Optional[str], negative_slope: float = 0.01):
     if _is_sparse(x):
         a = as_csr(x)
         ensure_valid(a)
-        return _like(x, a.with_values(ops.activation(a.values, act, float(negative_slope))))
-    return ops.activation(x, act, float(negative_slope))
+        return _like(x, a.with_values(_op_call(ops.activation, (a.values,), a.values, act, float(negative_slope))))
+    return _op_call(ops.activation, (x,), x, act, float(negative_slope))
 
 
 def relu(x):
@@ -428,7 +457,7 @@ def bias_act(x: torch.Tensor, bias: Optional[torch.Tensor] = None,
         if x.dim() == 0:
             raise ValueError("x: expected at least 1 dimension (features last), got a 0-D tensor")
         scale = torch.full((x.shape[-1],), float(scale), dtype=x.dtype, device=x.device)
-    return ops.bias_act(x, scale, bias, _activation_name(activation), float(negative_slope))
+    return _op_call(ops.bias_act, (x, scale, bias), x, scale, bias, _activation_name(activation), float(negative_slope))
 
 
 # --- CSR scaling -----------------------------------------------------------------------------

@@ -318,6 +318,72 @@ def test_spmm_large_graph_many_parts(rng, threads):
         assert_matches(st.spmm(to_st(a, torch.float32, torch.int32, "cpu"), b), spmm_ref(a, b), torch.float32)
 
 
+def short_rows_batch(rng, m, k, long_row, long_len, empty_rows):
+    """Rows of 0..5 entries (a share forced empty), one long row, columns unsorted and repeated."""
+    rows, cols = [], []
+    for r in range(m):
+        cnt = long_len if r == long_row else (0 if rng.random() < empty_rows else int(rng.integers(1, 6)))
+        rows.append(np.full(cnt, r))
+        cols.append(rng.integers(0, k, cnt))
+    return unsummed_csr(rng, m, k, np.concatenate(rows), np.concatenate(cols))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 8, 20])
+def test_spmm_part_boundaries_at_every_thread_count(rng, dtype, n):
+    """The SpMM walk (csr_rows.h walk_path_runs) runs the rows a part holds whole in a loop of their own
+    and only the rows it shares with its neighbours as pieces. The cut points move with the number of
+    threads: onto empty rows, inside long rows, onto batch boundaries (one batch empty, one ending in
+    its long row). Every count gives the float64 product, with the identity epilogue and with
+    alpha/bias/activation, for int32 and int64 indices and a column-major B."""
+    m, k = 1500, 70
+    mats = [rounded(x, dtype) for x in (short_rows_batch(rng, m, k, 7, 3000, 0.2), random_csr(rng, m, k, 0.0),
+                                        short_rows_batch(rng, m, k, m - 1, 2500, 0.5),
+                                        short_rows_batch(rng, m, k, 600, 40, 0.0))]
+    L = max(x.nnz for x in mats) + 3
+    b = randn(rng, len(mats), n, k, dtype=dtype).transpose(1, 2)  # (batch, k, n), column-major
+    bias = randn(rng, n, dtype=dtype)
+    ref = torch.stack([spmm_ref(x, b[i]) for i, x in enumerate(mats)])
+    pre = 0.5 * ref + bias.double()
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 5, 7):
+            torch.set_num_threads(threads)
+            for index_dtype in INDEX_DTYPES:
+                crow = torch.stack([torch.from_numpy(x.indptr).to(index_dtype) for x in mats])
+                col = torch.full((len(mats), L), 10**6, dtype=index_dtype)  # padding: out of range on purpose
+                val = torch.full((len(mats), L), float("nan"), dtype=dtype)
+                for i, x in enumerate(mats):
+                    col[i, :x.nnz] = torch.from_numpy(x.indices).to(index_dtype)
+                    val[i, :x.nnz] = torch.from_numpy(x.data).to(dtype)
+                assert_matches(ops.spmm(crow, col, val, b), ref, dtype)
+                out = ops.spmm(crow, col, val, b, 0.5, None, 0.0, bias, "relu")
+                assert_matches(out, torch.relu(pre), dtype, input_scale=pre)
+                A0 = to_st(mats[0], dtype, index_dtype, "cpu")
+                assert_matches(st.spmm(A0, b[0]), ref[0], dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+# Outputs of 8 MiB and more are stored past the caches (elementwise_kernels.h, kStreamBytes), from each
+# thread's first 32-byte boundary on: thread chunks and broadcast periods that start misaligned, odd
+# lengths, every dtype.
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_binary_streamed_output(rng, dtype, threads):
+    numel = (8 << 20) // torch.tensor([], dtype=dtype).element_size() + 13
+    x = randn(rng, numel, dtype=dtype)
+    y = randn(rng, numel, dtype=dtype)
+    x_before, y_before = x.clone(), y.clone()
+    assert_matches(st.add(x, y, alpha=-0.75), x.double() - 0.75 * y.double(), dtype)
+    assert_matches(st.mul(x[1:], y[:-1]), x[1:].double() * y[:-1].double(), dtype)
+    # y broadcast over x's rows: pieces of one period (1003 elements) each begin at another alignment.
+    rows = numel // 1003 + 1
+    x2 = randn(rng, rows, 1003, dtype=dtype)
+    y2 = randn(rng, 1003, dtype=dtype)
+    assert_matches(st.sub(x2, y2, alpha=2.0), x2.double() - 2.0 * y2.double(), dtype)
+    assert torch.equal(x, x_before) and torch.equal(y, y_before)
+
+
 # --- SDDMM and csr_scale ------------------------------------------------------------------------
 
 def sddmm_ref(a, x, y):

@@ -4,6 +4,8 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <list>
@@ -95,7 +97,11 @@ struct Key {
   const c10::StorageImpl* crow_storage;
   const c10::StorageImpl* col_storage;
   int64_t crow_offset, col_offset, ncols;
-  std::vector<int64_t> geometry;  // sizes and strides of both tensors
+  // Per tensor: its dim, then size and stride per dimension (index tensors have 1 or 2 dimensions;
+  // check_csr_components refuses more, and a key is made before that check, so more are cut short
+  // and told apart by the dims). A fixed array: a key is made on every call, a heap vector cost a
+  // malloc and a free each time.
+  std::array<int64_t, 10> geometry{};
   at::ScalarType index_dtype;
   c10::Device device;
 
@@ -196,17 +202,18 @@ AnalysisCache& cache() {
 }
 
 Key make_key(const at::Tensor& crow, const at::Tensor& col, int64_t ncols) {
-  std::vector<int64_t> geometry;
-  geometry.reserve(8);
+  std::array<int64_t, 10> geometry{};
+  size_t i = 0;
   for (const at::Tensor* t : {&crow, &col}) {
-    geometry.push_back(t->dim());
-    for (int64_t d = 0; d < t->dim(); ++d) {
-      geometry.push_back(t->size(d));
-      geometry.push_back(t->stride(d));
+    const int64_t dims = t->dim();
+    geometry[i++] = dims;
+    for (int64_t d = 0; d < std::min<int64_t>(dims, 2); ++d) {
+      geometry[i++] = t->size(d);
+      geometry[i++] = t->stride(d);
     }
   }
   return Key{crow.storage().unsafeGetStorageImpl(), col.storage().unsafeGetStorageImpl(), crow.storage_offset(),
-             col.storage_offset(), ncols, std::move(geometry), crow.scalar_type(), crow.device()};
+             col.storage_offset(), ncols, geometry, crow.scalar_type(), crow.device()};
 }
 
 bool cacheable(const at::Tensor& crow, const at::Tensor& col) {

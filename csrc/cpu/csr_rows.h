@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <limits>
@@ -50,15 +51,17 @@ class CsrRows {
   // One batch: crow[0] >= 0, crow[m] <= L and no decrease, as a branch-free pass (vectorised); the
   // row-by-row check, which names the first bad row, only when that fails.
   static void check_spans(const I* c, int64_t m, int64_t L, int64_t b) {
-    bool bad = m > 0 && (c[0] < 0 || static_cast<int64_t>(c[m]) > L);
-    for (int64_t r = 0; r < m; ++r) bad |= c[r] > c[r + 1];
+    // (The flag in I, not bool: GCC vectorises an I-typed OR reduction, not a bool one.)
+    I decreasing = 0;
+    for (int64_t r = 0; r < m; ++r) decreasing |= static_cast<I>(c[r] > c[r + 1]);
+    const bool bad = decreasing != 0 || (m > 0 && (c[0] < 0 || static_cast<int64_t>(c[m]) > L));
     if (C10_LIKELY(!bad)) return;
     for (int64_t r = 0; r < m; ++r) check_row_span(c[r], c[r + 1], L, r, b);
   }
 
   const I* crow_;
   int64_t crow_bstride_, m_, batch_;
-  std::vector<int64_t> offset_;
+  c10::SmallVector<int64_t, 8> offset_;
 };
 
 // A point on the merge path: `row` rows finished, `entry` entries (global numbering) consumed.
@@ -75,10 +78,13 @@ struct RowPiece {
 };
 
 // The merge path cut into `parts` pieces of equal rows + entries.
+// (Held inline up to 16 threads: a call on a small matrix should not pay for heap allocations.)
+using PathCuts = c10::SmallVector<PathPoint, 17>;
+
 template <typename I>
-std::vector<PathPoint> split_path(const CsrRows<I>& rows, int64_t parts) {
+PathCuts split_path(const CsrRows<I>& rows, int64_t parts) {
   const int64_t R = rows.rows(), N = rows.nnz(), total = R + N;
-  std::vector<PathPoint> cut(parts + 1);
+  PathCuts cut(parts + 1);
   for (int64_t t = 0; t <= parts; ++t) {
     const int64_t d = t == parts ? total : total / parts * t + total % parts * t / parts;
     // Rows finished at diagonal d: the first g whose end marker (at path index row_end(g) + g)
@@ -123,6 +129,41 @@ C10_ALWAYS_INLINE void walk_path(const CsrRows<I>& rows, PathPoint from, PathPoi
   }
 }
 
+// As walk_path, but the rows this part holds whole go to whole(b, r0, r1, g0) in runs -- rows r0 .. r1 - 1
+// of batch b, the first being global row g0, each spanning local slots crow[r] .. crow[r + 1] -- so that
+// the caller loops over them with nothing but crow to read per row; only the (at most two) rows shared
+// with the neighbouring parts go to piece(RowPiece), as walk_path would give them.
+template <typename I, typename P, typename W>
+C10_ALWAYS_INLINE void walk_path_runs(const CsrRows<I>& rows, PathPoint from, PathPoint to, P&& piece, W&& whole) {
+  const int64_t m = rows.m(), R = rows.rows();
+  int64_t g = from.row;
+  if (g >= R || g > to.row) return;
+  {
+    const int64_t b = g / m, r = g % m;
+    const I* crow = rows.crow(b);
+    const int64_t begin = rows.global(b, crow[r]);
+    if (g == to.row) {  // the part lies inside one row, which it does not finish
+      const int64_t lo = rows.local(b, from.entry), hi = rows.local(b, to.entry);
+      if (lo < hi) piece(RowPiece{g, b, r, lo, hi, from.entry == begin, false});
+      return;
+    }
+    if (from.entry > begin) {  // a row begun by an earlier part, finished here
+      piece(RowPiece{g, b, r, rows.local(b, from.entry), static_cast<int64_t>(crow[r + 1]), false, true});
+      ++g;
+    }
+  }
+  while (g < to.row) {
+    const int64_t b = g / m, r0 = g % m, r1 = std::min(m, r0 + (to.row - g));
+    whole(b, r0, r1, g);
+    g += r1 - r0;
+  }
+  if (g < R) {  // a row begun here and finished by a later part
+    const int64_t b = g / m, r = g % m;
+    const int64_t lo = rows.crow(b)[r], hi = rows.local(b, to.entry);
+    if (lo < hi) piece(RowPiece{g, b, r, lo, hi, true, false});
+  }
+}
+
 // The first slot of [lo, hi) whose column is outside [0, k), or -1: min/max reductions (which
 // compilers vectorise; never inlined, so also into callers compiled without the vectoriser), then a
 // search only when one fails.
@@ -154,9 +195,11 @@ class ColumnCheck {
   // (batch, slot) of an out-of-range column at or after the piece's first entry, or batch -1. The
   // piece's fields go by value: a reference would make the row loop store every piece to memory for
   // the rare call below (measured: ~5 ns per row on a short-row matrix).
-  C10_ALWAYS_INLINE std::pair<int64_t, int64_t> check(const RowPiece& p) {
-    if (C10_LIKELY(p.b == b_ && p.hi <= until_)) return {-1, 0};
-    return extend(p.b, p.lo, p.hi);
+  C10_ALWAYS_INLINE std::pair<int64_t, int64_t> check(const RowPiece& p) { return check(p.b, p.lo, p.hi); }
+  // The same for slots [lo, hi) of batch b.
+  C10_ALWAYS_INLINE std::pair<int64_t, int64_t> check(int64_t b, int64_t lo, int64_t hi) {
+    if (C10_LIKELY(b == b_ && hi <= until_)) return {-1, 0};
+    return extend(b, lo, hi);
   }
 
  private:

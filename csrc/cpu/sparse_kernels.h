@@ -30,6 +30,12 @@ constexpr int64_t kPrefetchAboveBytes = 512 * 1024;
 // Multiply-adds below which a part is not worth a thread (~30-60 us of work: waking a second thread
 // costs microseconds on an idle machine, milliseconds on a busy one).
 constexpr double kMinPartWork = 131072;
+// SpMM's own: (entries + rows) * max(n, 4) below which a part is not worth a thread, lower than
+// kMinPartWork since its row walk got cheaper (the whole-row loop). 16384 (~2.5 us of work per part),
+// measured on the 2-core machine against 131072: Cora (2708 rows, 10556 entries) at n = 1: 19 -> 16 us per call in a loop and 0.78-0.92x ->
+// 0.91-0.97x MKL timed between MKL and SciPy calls; at n = 16 1.0x -> 1.25x MKL. (MKL's own SpMM
+// runs that n = 1 product on both threads.)
+constexpr double kMinSpmmPartWork = 16384;
 
 template <typename T>
 C10_ALWAYS_INLINE void prefetch_bytes(const T* p, int64_t bytes) {
@@ -170,8 +176,8 @@ class SpmmKernel {
 
   void run() {
     const int64_t parts = parts_for(static_cast<double>(rows_.nnz() + rows_.rows()) * std::max<int64_t>(n_, 4),
-                                    kMinPartWork);
-    const std::vector<PathPoint> cut = split_path(rows_, parts);
+                                    kMinSpmmPartWork);
+    const PathCuts cut = split_path(rows_, parts);
     // Partial rows: each part's first row when an earlier part began it (head), and its last row
     // when a later part finishes it (tail).
     head_.assign(parts * n_, A(0));
@@ -183,9 +189,10 @@ class SpmmKernel {
         for (const ColumnBlock& blk : blocks_) run_block(t, cut[t], cut[t + 1], blk);
       }
     });
+    if (parts == 1) return;  // one part holds every row whole
     // Rows shared by several parts: the head of the part that finished the row plus the tails of
     // the parts before it, in part order (deterministic), then the epilogue.
-    std::vector<A> sum(n_);
+    c10::SmallVector<A, 128> sum(n_);
     for (int64_t t = 0; t < parts; ++t) {
       const int64_t g = head_row_[t];
       if (g < 0) continue;
@@ -231,9 +238,9 @@ class SpmmKernel {
     }
   }
 
-  // Where a piece's partial sums go when the row is not whole here (nullptr: the row is whole).
+  // Where the partial sums of a piece of a row shared with other parts go (walk_path_runs gives whole
+  // rows separately: a piece never both begins and ends its row).
   C10_ALWAYS_INLINE A* partial_slot(int64_t t, const RowPiece& piece) {
-    if (piece.begins && piece.ends) return nullptr;
     if (piece.ends) {
       head_row_[t] = piece.g;
       return head_.data() + t * n_;
@@ -243,8 +250,8 @@ class SpmmKernel {
   }
 
   // IndexError for an out-of-range column at or ahead of the piece (before any is used).
-  C10_ALWAYS_INLINE void check(ColumnCheck<I>& guard, const RowPiece& piece) const {
-    const auto bad = guard.check(piece);
+  C10_ALWAYS_INLINE void check(ColumnCheck<I>& guard, int64_t b, int64_t lo, int64_t hi) const {
+    const auto bad = guard.check(b, lo, hi);
     if (C10_UNLIKELY(bad.first >= 0)) raise_bad_column(bad);
   }
   C10_NOINLINE void raise_bad_column(std::pair<int64_t, int64_t> bad) const {
@@ -302,22 +309,41 @@ class SpmmKernel {
     const int64_t q0 = blk.q0;
     ColumnCheck<I> guard(rows_, col_, col_bstride_, k_);
     T* out = out_ + q0;
-    const int64_t n = n_;
-    const bool identity = identity_;
-    walk_path(rows_, from, to, [&](const RowPiece& piece) {
-      if (q0 == 0) check(guard, piece);  // the first block of a part sees every piece first
-      const I* col = col_ + piece.b * col_bstride_;
-      V acc[NV];
-      gather_vectors<NV, PF>(col, val_ + piece.b * val_bstride_, dense_ + piece.b * dense_bstride_ + q0, piece.lo,
-                             piece.hi, rows_.crow(piece.b)[rows_.m()], acc);
-      if (A* slot = partial_slot(t, piece)) {
-        for (int v = 0; v < NV; ++v) acc[v].store(slot + q0 + v * W);
-      } else if (identity) {
-        for (int v = 0; v < NV; ++v) IO::store(out + piece.g * n + v * W, acc[v]);
-      } else {
-        finish_vectors(piece.g, q0, acc, NV);
-      }
-    });
+    const int64_t n = n_, m = rows_.m();
+    walk_path_runs(
+        rows_, from, to,
+        [&](const RowPiece& piece) {
+          if (q0 == 0) check(guard, piece.b, piece.lo, piece.hi);  // the first block of a part sees every row first
+          V acc[NV];
+          gather_vectors<NV, PF>(col_ + piece.b * col_bstride_, val_ + piece.b * val_bstride_,
+                                 dense_ + piece.b * dense_bstride_ + q0, piece.lo, piece.hi, rows_.crow(piece.b)[m],
+                                 acc);
+          A* slot = partial_slot(t, piece);
+          for (int v = 0; v < NV; ++v) acc[v].store(slot + q0 + v * W);
+        },
+        [&](int64_t b, int64_t r0, int64_t r1, int64_t g0) {
+          // Whole rows: a loop reading only crow per row; the identity epilogue stores the sums as they are.
+          const I* crow = rows_.crow(b);
+          const I* col = col_ + b * col_bstride_;
+          const T* val = val_ + b * val_bstride_;
+          const T* dense = dense_ + b * dense_bstride_ + q0;
+          const int64_t end = crow[m];
+          auto rows = [&](auto identity) SPARSETORCH_INLINE_LAMBDA {
+            T* o = out + g0 * n;
+            for (int64_t r = r0; r < r1; ++r, o += n) {
+              const int64_t lo = crow[r], hi = crow[r + 1];
+              if (q0 == 0) check(guard, b, lo, hi);
+              V acc[NV];
+              gather_vectors<NV, PF>(col, val, dense, lo, hi, end, acc);
+              if constexpr (decltype(identity)::value) {
+                for (int v = 0; v < NV; ++v) IO::store(o + v * W, acc[v]);
+              } else {
+                finish_vectors(g0 + (r - r0), q0, acc, NV);
+              }
+            }
+          };
+          identity_ ? rows(std::true_type{}) : rows(std::false_type{});
+        });
   }
 
   // A part's rows for WC < W columns, in one function compiled without the loop vectoriser (see
@@ -334,21 +360,40 @@ class SpmmKernel {
     T* out = out_ + q0;
     const int64_t col_bstride = col_bstride_, val_bstride = val_bstride_, dense_bstride = dense_bstride_;
     const int64_t ldb = ldb_, k = k_, n = n_, m = rows_.m();
-    const bool identity = identity_;
-    walk_path(rows_, from, to, [&](const RowPiece& piece) SPARSETORCH_INLINE_LAMBDA {
-      if (q0 == 0) check(guard, piece);
-      A acc[WC];
-      gather_narrow<WC, PF>(col_base + piece.b * col_bstride, val_base + piece.b * val_bstride,
-                            dense_base + piece.b * dense_bstride, ldb, k, piece.lo, piece.hi,
-                            rows_.crow(piece.b)[m], acc);
-      if (A* slot = partial_slot(t, piece)) {
-        std::copy(acc, acc + WC, slot + q0);
-      } else if (identity) {
-        for (int q = 0; q < WC; ++q) out[piece.g * n + q] = static_cast<T>(acc[q]);
-      } else {
-        finish_scalars(piece.g, q0, WC, acc);
-      }
-    });
+    walk_path_runs(
+        rows_, from, to,
+        [&](const RowPiece& piece) SPARSETORCH_INLINE_LAMBDA {
+          if (q0 == 0) check(guard, piece.b, piece.lo, piece.hi);
+          A acc[WC];
+          gather_narrow<WC, PF>(col_base + piece.b * col_bstride, val_base + piece.b * val_bstride,
+                                dense_base + piece.b * dense_bstride, ldb, k, piece.lo, piece.hi,
+                                rows_.crow(piece.b)[m], acc);
+          std::copy(acc, acc + WC, partial_slot(t, piece) + q0);
+        },
+        [&](int64_t b, int64_t r0, int64_t r1, int64_t g0) SPARSETORCH_INLINE_LAMBDA {
+          // Whole rows: a loop reading only crow per row (a short row's bookkeeping is most of its
+          // cost); the identity epilogue stores the sums as they are.
+          const I* crow = rows_.crow(b);
+          const I* col = col_base + b * col_bstride;
+          const T* val = val_base + b * val_bstride;
+          const T* dense = dense_base + b * dense_bstride;
+          const int64_t end = crow[m];
+          auto rows = [&](auto identity) SPARSETORCH_INLINE_LAMBDA {
+            T* o = out + g0 * n;
+            for (int64_t r = r0; r < r1; ++r, o += n) {
+              const int64_t lo = crow[r], hi = crow[r + 1];
+              if (q0 == 0) check(guard, b, lo, hi);
+              A acc[WC];
+              gather_narrow<WC, PF>(col, val, dense, ldb, k, lo, hi, end, acc);
+              if constexpr (decltype(identity)::value) {
+                for (int q = 0; q < WC; ++q) o[q] = static_cast<T>(acc[q]);
+              } else {
+                finish_scalars(g0 + (r - r0), q0, WC, acc);
+              }
+            }
+          };
+          identity_ ? rows(std::true_type{}) : rows(std::false_type{});
+        });
   }
 
   template <bool PF>
@@ -426,9 +471,9 @@ class SpmmKernel {
   A alpha_, beta_, slope_;
   Activation act_;
   bool identity_;  // the epilogue changes nothing: out = A @ B
-  std::vector<ColumnBlock> blocks_;
-  std::vector<A> head_, tail_;
-  std::vector<int64_t> head_row_, tail_row_;
+  c10::SmallVector<ColumnBlock, 4> blocks_;
+  c10::SmallVector<A, 256> head_, tail_;  // inline up to n = 128 on 2 threads
+  c10::SmallVector<int64_t, 16> head_row_, tail_row_;
 };
 
 inline void spmm_kernel(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
@@ -488,7 +533,7 @@ void sddmm_typed(const SddmmProblem& p, const at::Tensor& crow, const at::Tensor
   const int64_t out_bstride = p.batched ? L : 0;
   const A alpha = static_cast<A>(alpha_in);
   const int64_t parts = parts_for(static_cast<double>(rows.nnz()) * std::max<int64_t>(n, 4), kMinPartWork);
-  const std::vector<PathPoint> cut = split_path(rows, parts);
+  const PathCuts cut = split_path(rows, parts);
   at::parallel_for(0, parts, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       ColumnCheck<I> guard(rows, col, col_bstride, k);
@@ -540,7 +585,7 @@ void csr_scale_typed(const CsrShape& s, const at::Tensor& crow, const at::Tensor
     std::copy(v + b * L + last, v + (b + 1) * L, out + b * L + last);
   }
   const int64_t parts = parts_for(static_cast<double>(rows.nnz()) * 4, kMinPartWork);
-  const std::vector<PathPoint> cut = split_path(rows, parts);
+  const PathCuts cut = split_path(rows, parts);
   at::parallel_for(0, parts, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       ColumnCheck<I> guard(rows, col, col_bstride, cs.len);

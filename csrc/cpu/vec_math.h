@@ -72,6 +72,30 @@ struct VecIO {
       at::vec::convert_from_float<T>(lo, hi).store(p);
     }
   }
+  // store2 past the caches (non-temporal: no read-for-ownership of the lines written), for outputs
+  // too large to stay in them; p aligned to 32 bytes. The portable build stores normally. After a
+  // run of these, fence() before the data is handed to another thread.
+  static C10_ALWAYS_INLINE void stream2(T* p, const V& lo, const V& hi) {
+#if SPARSETORCH_ISA_AVX2
+    if constexpr (std::is_same_v<T, float>) {
+      _mm256_stream_ps(p, lo);
+      _mm256_stream_ps(p + kWidth, hi);
+    } else if constexpr (std::is_same_v<T, double>) {
+      _mm256_stream_pd(p, lo);
+      _mm256_stream_pd(p + kWidth, hi);
+    } else {
+      const __m256i v = at::vec::convert_from_float<T>(lo, hi);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+    }
+#else
+    store2(p, lo, hi);
+#endif
+  }
+  static C10_ALWAYS_INLINE void fence() {
+#if SPARSETORCH_ISA_AVX2
+    _mm_sfence();
+#endif
+  }
   static inline void store2(T* p, int64_t count, const V& lo, const V& hi) {
     if constexpr (kSame) {
       lo.store(p, std::min(count, kWidth));
@@ -114,6 +138,24 @@ inline void map2(const T* x, const T* y, T* out, int64_t n, const F& f) {
     IO::load2(y + i, n - i, c, d);
     IO::store2(out + i, n - i, f(a, c), f(b, d));
   }
+}
+
+// map2 with the output streamed past the caches (VecIO::stream2) from its first 32-byte boundary on.
+template <typename T, typename F>
+inline void map2_stream(const T* x, const T* y, T* out, int64_t n, const F& f) {
+  using IO = VecIO<T>;
+  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 32);
+  const int64_t head = std::min<int64_t>(n, misaligned == 0 ? 0 : (32 - misaligned) / int64_t(sizeof(T)));
+  map2(x, y, out, head, f);
+  typename IO::V a, b, c, d;
+  int64_t i = head;
+  for (; i + IO::kStep <= n; i += IO::kStep) {
+    IO::load2(x + i, a, b);
+    IO::load2(y + i, c, d);
+    IO::stream2(out + i, f(a, c), f(b, d));
+  }
+  map2(x + i, y + i, out + i, n - i, f);
+  IO::fence();
 }
 
 // x op y in the accumulate type; alpha pre-scales y for add and sub (one fused multiply-add, as
