@@ -32,7 +32,7 @@ def _nccl_group(max_ctas):
 
 def _worker(rank, world, cfg):
     import sparsetorch as st
-    from sparsetorch.bench.suites.distributed import _free, _global_b, _time
+    from sparsetorch.bench.suites.distributed import _exchange_only, _free, _global_b, _time
     from sparsetorch.distributed import DistributedCSR, balanced_row_bounds, power_law_block, power_law_degrees
     from sparsetorch.distributed._spmm import _route
 
@@ -129,12 +129,6 @@ def _worker(rank, world, cfg):
         out["gcn"].setdefault(order, {})["two_gpus"] = _gcn_step_time(cfg, A, (r0, r1), world_group, device, order)
     log(f"gcn: {out['gcn']}")
     return out
-
-
-def _exchange_only(plan, b):
-    recv, pending = plan.start(b)
-    plan.finish(pending)
-    return recv
 
 
 def _gcn_step_time(cfg, A, rows, group, device, order):

@@ -137,7 +137,7 @@ class CopyEngine:
 
     @staticmethod
     def _rows(buffer: torch.Tensor, first: int, rows: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-        row_bytes = n * torch.empty((), dtype=dtype).element_size()
+        row_bytes = n * dtype.itemsize
         return buffer[first * row_bytes:(first + rows) * row_bytes].view(dtype).view(rows, n)
 
     def start(self, send: torch.Tensor, counts: List[List[int]], what: str):
