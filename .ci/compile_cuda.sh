@@ -58,5 +58,5 @@ compile_one() {
   esac && echo "compile_cuda: ok   $src" || { echo "compile_cuda: FAIL $src" >&2; return 1; }
 }
 export -f compile_one
-ls csrc/cuda/*.cu csrc/cuda/*.cpp 2>/dev/null | xargs -P "${COMPILE_JOBS:-2}" -I{} bash -c 'compile_one {}'
+ls csrc/cuda/*.cu csrc/cuda/*.cpp benchmarks/*.cu 2>/dev/null | xargs -P "${COMPILE_JOBS:-2}" -I{} bash -c 'compile_one {}'
 echo "compile_cuda: all CUDA sources compile"

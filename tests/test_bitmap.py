@@ -2,7 +2,8 @@
 pruned weights and its product, on the CPU (reference kernel, every float dtype) and CUDA (tensor
 cores, bfloat16/float16). Checked against float64 dense products: N = 1 and odd token counts, shapes
 that are not multiples of the 16 x 64 groups, empty rows and tiles, fully dense tiles, an all-zero
-weight, sparse groups (the CUDA kernel's scatter path) and dense ones (its gather path), non-contiguous
+weight, sparse groups (the CUDA kernel's scatter path) and dense ones (its gather path), groups beyond
+the CUDA kernel's shared-memory stage (decoded from global memory), non-contiguous
 and 3-D x, bias and activations, split-K (fixed-order: bitwise repeatable), NaN/Inf in x, gradients
 (gradcheck in float64 on the CPU, against dense autograd on CUDA), opcheck, torch.compile, building
 from CSR (duplicates, explicit zeros) and refreshing values, errors, and corrupted layouts (IndexError
@@ -168,6 +169,22 @@ def test_cuda_split_k_and_both_paths_repeatable(rng):
         _check(out, F.relu(_ref(x, w) + 1), torch.bfloat16)
         assert torch.equal(out, st.bitmap_linear(x, W, bias=torch.ones(m, dtype=torch.bfloat16, device="cuda"),
                                                  activation="relu"))
+
+
+@pytest.mark.parametrize("n", [1, 16, 40])
+def test_skewed_groups_beyond_the_stage(device, rng, n):
+    # The CUDA kernel sizes its shared-memory stages by the weight's mean group and batches several
+    # sparse groups per stage; groups or batches with more values than a stage holds are decoded from
+    # global memory. Here strip 0 is dense, one chunk of strip 2 is dense among 98%-sparse ones, and the
+    # rest is 98% sparse: the mean is small, so the dense parts overflow their stages.
+    m, k = 64, 4096
+    for dtype in _dtypes(device):
+        w = _pruned(rng, m, k, 0.98, torch.float64, "cpu")
+        w[:16] = torch.from_numpy(rng.standard_normal((16, k)))
+        w[32:48, 640:704] = torch.from_numpy(rng.standard_normal((16, 64)))
+        w = w.to(dtype=dtype, device=device)
+        x = randn(rng, n, k, dtype=dtype, device=device)
+        _check(st.bitmap_linear(x, st.BitmapWeight.from_dense(w)), _ref(x, w), dtype)
 
 
 def test_nonfinite_x_like_dense(device, rng):

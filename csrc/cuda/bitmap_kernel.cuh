@@ -3,35 +3,39 @@
 // Torch-free, so that a standalone benchmark can include it (cuda/bitmap_linear.cu is the op).
 //
 // A warp owns one strip (16 rows of W, the mma's M) and a range of chunks (64 columns each: its K),
-// and multiplies them with up to 8 * NT tokens of x (the mma's N, NT tiles of 8). Per chunk it streams
-// the group's 16 bitmaps and packed values into a shared-memory stage with cp.async (kStages deep,
-// each warp its own pipeline: no block barrier in the main loop), then per mma step decodes the four
-// A registers straight from the bitmaps (two popcounts and at most two 16-bit shared loads per lane
-// and quadrant) and reads its x fragments from global memory (32 contiguous bytes per lane and chunk,
-// L1/L2-resident: x is small next to W). The eight warps of a thread block split the work ws x wk:
-// ws strips, each strip's chunks split among wk warps; their partial sums are added in shared memory in
-// warp order, and the block writes act(sum + bias) for 16 * ws rows x 8 * NT tokens. When the grid
-// would still be too small to fill the GPU (few rows, few tokens), the chunks are also split among
-// thread blocks (blockIdx.z): each writes fp32 partial sums to a workspace that a second kernel adds in
-// split order. Every reduction has a fixed order: the result does not depend on timing.
+// and multiplies them with up to 8 * NT tokens of x (the mma's N, NT tiles of 8). It streams its groups
+// (a strip's consecutive groups are contiguous in bitmaps and values) through shared-memory stages of
+// `batch` groups each with cp.async (kStages deep, each warp its own pipeline: no block barrier in the
+// main loop); per group it decodes the four A registers of each mma step straight from the bitmaps and
+// reads its x fragments from global memory (32 contiguous bytes per lane and chunk, L1/L2-resident: x is
+// small next to W). The eight warps of a thread block split the work ws x wk: ws strips, each strip's
+// chunks split among wk warps; their partial sums are added in shared memory in warp order, and the
+// block writes act(sum + bias) for 16 * ws rows x 8 * NT tokens. When the grid would still be too small
+// to fill the GPU (few rows, few tokens), the chunks are also split among thread blocks (blockIdx.z):
+// each writes fp32 partial sums to a workspace that a second kernel adds in split order. Every reduction
+// has a fixed order: the result does not depend on timing.
 //
 // Decode, two paths chosen per group (Params::scatter_max): gather (work ~ positions: per quadrant a
 // lane's rank is its word's first value, from a warp scan of the 32 words' popcounts, plus one popcount;
 // two 16-bit loads and a PRMT) for dense groups, scatter (work ~ values: each lane writes its word's
 // values into a zeroed fragment-order tile, then reads its 16 registers back) for sparse ones.
 //
-// Measured (H100, benchmarks/results/nvidia-h100-80gb-hbm3/bitmap_cuda.md, 11008 x 4096, N = 1, L2
-// flushed clean): 39 us at 50% sparsity, 31 us at 90%, 29 us at 95%, against dense F.linear's 37 us and
-// floors of 17 / 5.0 / 3.5 us: the time follows the bytes only weakly. What limits it is not settled:
-// the first decode (three popcounts per quadrant) was 39-45 us at every sparsity, integer-bound by
-// count; the cheaper decode gained 10-25% at 90-95%; an L2 bulk prefetch 8 groups ahead lost 7-16%.
-// Per group a warp takes ~2-4k cycles, so latency per group (cp.async wait, x and offsets loads, the
-// decode's dependent chain) with ~24 warps per SM is the next suspect; ncu was not run.
+// What limits it (ncu on the H100, 11008 x 4096 at 90% sparsity, N = 1, one group per stage, 2026-11-23):
+// instructions, not bytes. 17.9M warp instructions for 44k groups (~400 per group: ~100 to issue a
+// group's copies, ~115 of setup, x loads and the popcount scan, ~120 in the scatter loop, whose trip
+// count is the fullest word of the warp), issue slots 55% busy at 31% occupancy, DRAM 13% busy; top stall
+// "wait" (fixed-latency dependencies). Deeper pipelines alone did not help (3, 6 or 8 stages: 34 us);
+// batching four sparse groups per stage (one copy setup and two offsets per batch, int32 value indices)
+// took it to 27.3 us (95%: 31.1 -> 23.8 us; 50-70%, one group per stage: unchanged). Dense F.linear:
+// 37 us; floors 5.0 us (90%) and 17 us (50%). An L2 bulk prefetch 8 groups ahead lost 7-16% (earlier).
+// The standalone harness benchmarks/bitmap_kernel_bench.cu times kernel variants (SPARSETORCH_BITMAP_STAGES,
+// groups per stage) against cuBLAS in one nvcc build.
 //
-// Bounds: whatever the bitmaps and offsets hold, a group's copy is clamped to the values array and to
-// at most 1024 values, and a lane's read index is the count of set bits before its own in a 1024-bit
-// group, so every shared-memory read stays inside its stage; a corrupt layout gives a wrong product,
-// never an out-of-bounds access.
+// Bounds: whatever the bitmaps and offsets hold, a batch's copy is clamped to the values array and to at
+// most 1024 values per group, and is made only when it fits its stage; a group is decoded from the stage
+// only when its bitmaps ask for no more values than the stage holds, else from global memory with every
+// index clamped to the values array. So every read stays in bounds; a corrupt layout gives a wrong
+// product, never an out-of-bounds access.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,24 +54,38 @@ namespace bitmap {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 3;
-constexpr int kBitmapBytes = 16 * 8;
-constexpr int kHeaderBytes = 16;                          // the stage's lead (first value's offset in it)
-constexpr int kStageValues = kBitmapGroupElems + 16;      // 1024 values, up to 7 before them (16-byte copies)
-constexpr int kStageBytes = kBitmapBytes + kHeaderBytes + kStageValues * 2;  // 2224
+// A warp streams its groups through kStages stages of `batch` consecutive groups each (a strip's groups
+// are contiguous in bitmaps and values, so a stage is one copy of each); kStages - 1 stages are in flight.
+// The stages are sized by the weight's mean group (Launch::stage_values), so a sparse weight keeps many
+// groups in flight in little shared memory.
+#ifndef SPARSETORCH_BITMAP_STAGES
+#define SPARSETORCH_BITMAP_STAGES 4
+#endif
+constexpr int kStages = SPARSETORCH_BITMAP_STAGES;
+constexpr int kMaxBatch = 4;                              // groups per stage at most
+constexpr int kBitmapBytes = 16 * 8;                      // one group's 16 bitmaps
+constexpr int kHeaderBytes = 16;                          // lead, staged, first (ints)
 constexpr int kTileBytes = kBitmapGroupElems * 2;         // a group's A fragments, fragment order (scatter path)
 constexpr int kTableBytes = 32 * 8;                       // (bitmap word, first value) of the group's 32 words
-constexpr int kWarpSmem = kStages * kStageBytes + kTileBytes + kTableBytes;
-constexpr int kBlockSmem = kWarps * kWarpSmem;            // 71808 bytes: 3 blocks per H100 SM
 constexpr int kRedStride = 20;                            // floats per token row of the reduction buffer
-// Groups a warp may ask L2 for ahead of its cp.async stages (Launch::prefetch, a bulk L2 prefetch per
-// group). Off: measured on the H100 (11008 x 4096, 50% / 90%, N = 1 .. 512) every case ran 7-16%
-// slower with 8 (benchmarks/results/nvidia-h100-80gb-hbm3/bitmap_prefetch_ab.txt); kept as a launch
-// parameter for the standalone harness's A/B.
-constexpr int kPrefetchGroups = 8;
 constexpr int kMaxNT = 8;
-static_assert(kStageBytes % 16 == 0 && kWarpSmem % 16 == 0, "stages must stay 16-byte aligned");
-static_assert(kWarps * 8 * kMaxNT * kRedStride * 4 <= kBlockSmem, "the reduction buffer reuses the stages");
+// The most values a stage ever holds: a batch's 1024 per group, up to 7 before them (16-byte copies).
+__host__ __device__ constexpr int max_stage_values(int batch) { return batch * kBitmapGroupElems + 16; }
+// Bytes of a stage of `batch` groups and `stage_values` values (a multiple of 8: whole 16-byte copies).
+__host__ __device__ constexpr int stage_bytes(int stage_values, int batch) {
+  return batch * kBitmapBytes + kHeaderBytes + 2 * stage_values;
+}
+__host__ __device__ constexpr int warp_smem(int stage_values, int batch) {
+  return kStages * stage_bytes(stage_values, batch) + kTileBytes + kTableBytes;
+}
+// The block's shared memory: the warps' stages, reused as the reduction buffer at the end.
+__host__ __device__ constexpr int block_smem(int stage_values, int batch, int nt) {
+  return kWarps * warp_smem(stage_values, batch) > kWarps * 8 * nt * kRedStride * 4
+             ? kWarps * warp_smem(stage_values, batch)
+             : kWarps * 8 * nt * kRedStride * 4;
+}
+static_assert(kBitmapBytes % 16 == 0 && kHeaderBytes % 16 == 0 && (kTileBytes + kTableBytes) % 16 == 0,
+              "stages must stay 16-byte aligned");
 
 struct Params {
   const uint64_t* bitmaps;  // (strips, chunks, 16)
@@ -85,7 +103,9 @@ struct Params {
   int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
   int chunks_per_split;     // chunks of one blockIdx.z
   int scatter_max;          // groups with at most this many values take the scatter path
-  int prefetch;             // groups prefetched into L2 ahead of the stages (0: none)
+  int batch;                // groups per stage, 1 .. kMaxBatch
+  int stage_values;         // values a stage holds (a multiple of 8); a batch with more is read from
+                            // global memory instead
 };
 
 template <typename T>
@@ -115,11 +135,6 @@ struct Mma<__half> {
   static __device__ __forceinline__ uint16_t from_float(float v) { return __half_as_ushort(__float2half_rn(v)); }
 };
 
-// Hint: bring `bytes` (a multiple of 16) at p (16-byte aligned) into L2 (sm_90 bulk copy engine).
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes));
-}
-
 // PRMT selectors that turn (v0 = value at the lane's first index, v1 = the next value), both
 // zero-extended, into the A register for the lane's two bits b: 0 -> 0, 1 -> (v0, 0), 2 -> (0, v0),
 // 3 -> (v0, v1) (low half first). Four 16-bit selectors, picked by a PRMT on b * 0x22 + 0x10.
@@ -138,44 +153,44 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
   const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
   const int c_begin = min(split_end, split_begin + ks * per_warp);
   const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
-  unsigned char* my = smem + warp * kWarpSmem;
-  uint16_t* tile = reinterpret_cast<uint16_t*>(my + kStages * kStageBytes);
-  uint2* table = reinterpret_cast<uint2*>(my + kStages * kStageBytes + kTileBytes);
+  const int batch = p.batch, batches = (count + batch - 1) / batch;
+  const int stage_size = stage_bytes(p.stage_values, batch);
+  unsigned char* my = smem + warp * warp_smem(p.stage_values, batch);
+  uint16_t* tile = reinterpret_cast<uint16_t*>(my + kStages * stage_size);
+  uint2* table = reinterpret_cast<uint2*>(my + kStages * stage_size + kTileBytes);
   const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
+  const int nvalues = static_cast<int>(p.nvalues);  // < 2^31 (the op checks)
 
-  // Copies group i of this warp into stage i % kStages: 16-byte pieces, the last one (past the end of
-  // the values array) value by value.
-  auto issue = [&](int i) {
-    unsigned char* st = my + (i % kStages) * kStageBytes;
-    const int64_t g = group0 + i;
-    if (lane < 8) cp_async_16(st + 16 * lane, p.bitmaps + g * 16 + 2 * lane);
-    const int64_t start = min(max(static_cast<int64_t>(__ldg(p.offsets + g)), int64_t{0}), p.nvalues);
-    const int64_t end = min(max(static_cast<int64_t>(__ldg(p.offsets + g + 1)), start),
-                            min(p.nvalues, start + kBitmapGroupElems));
-    const int64_t first = start & ~int64_t{7};
-    const int pieces = static_cast<int>((end - first + 7) >> 3);
-    uint16_t* dst = reinterpret_cast<uint16_t*>(st + kBitmapBytes + kHeaderBytes);
-    for (int c = lane; c < pieces; c += 32) {
-      const int64_t e = first + 8 * c;
-      if (e + 8 <= p.nvalues) {
+  // Copies batch b of this warp (groups b * batch ..) into stage b % kStages: the bitmaps, then the
+  // values from the batch's first, in 16-byte pieces (the last one, past the end of the values array,
+  // value by value). A batch with more values than a stage holds is left in global memory (header:
+  // staged = 0) and decoded from there. Offsets are read at the batch's two ends only: inside a batch a
+  // group's first value follows from the popcounts of the groups before it.
+  auto issue = [&](int b) {
+    unsigned char* st = my + (b % kStages) * stage_size;
+    const int64_t g = group0 + static_cast<int64_t>(b) * batch;
+    const int ng = min(batch, count - b * batch);
+    if (lane < 8 * ng) cp_async_16(st + 16 * lane, p.bitmaps + g * 16 + 2 * lane);
+    const int start = min(max(__ldg(p.offsets + g), 0), nvalues);
+    const int end = start + min(max(__ldg(p.offsets + g + ng) - start, 0), min(nvalues - start, ng * static_cast<int>(kBitmapGroupElems)));
+    const int first = start & ~7;
+    const int pieces = (end - first + 7) >> 3;
+    const bool staged = 8 * pieces <= p.stage_values;
+    uint16_t* dst = reinterpret_cast<uint16_t*>(st + batch * kBitmapBytes + kHeaderBytes);
+    for (int c = lane; staged && c < pieces; c += 32) {
+      const int e = first + 8 * c;
+      if (e <= nvalues - 8) {
         cp_async_16(dst + 8 * c, p.values + e);
       } else {
-        for (int j = 0; j < p.nvalues - e; ++j) dst[8 * c + j] = __ldg(p.values + e + j);
+        for (int j = 0; j < nvalues - e; ++j) dst[8 * c + j] = __ldg(p.values + e + j);
       }
     }
-    if (lane == 0) *reinterpret_cast<int*>(st + kBitmapBytes) = static_cast<int>(start - first);
-  };
-
-  // L2 prefetch of group i (its bitmaps and the whole 16-byte pieces of its values), by one lane.
-  auto prefetch = [&](int i) {
-    if (lane != 0 || i >= count || p.prefetch == 0) return;
-    const int64_t g = group0 + i;
-    prefetch_l2(p.bitmaps + g * 16, kBitmapBytes);
-    const int64_t start = min(max(static_cast<int64_t>(__ldg(p.offsets + g)), int64_t{0}), p.nvalues);
-    const int64_t end = min(max(static_cast<int64_t>(__ldg(p.offsets + g + 1)), start),
-                            min(p.nvalues, start + kBitmapGroupElems));
-    const int64_t first = start & ~int64_t{7}, last = end & ~int64_t{7};
-    if (last > first) prefetch_l2(p.values + first, static_cast<uint32_t>(2 * (last - first)));
+    if (lane == 0) {
+      int* header = reinterpret_cast<int*>(st + batch * kBitmapBytes);
+      header[0] = start - first;
+      header[1] = staged ? 1 : 0;
+      header[2] = first;
+    }
   };
 
   float acc[NT][4];
@@ -184,124 +199,134 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
   const int g = lane >> 2, t = lane & 3;
   const int high = lane >> 4, shift = 2 * (lane & 15);
   const uint32_t below = (1u << shift) - 1u;  // the bits of the lane's word below its two
-
-  for (int i = kStages - 1; i < kStages - 1 + p.prefetch; ++i) prefetch(i);
+  // The lane's rows of x (token 8 j + g of the tile, from column 16 t of each chunk), or null.
+  const uint16_t* xrow[NT];
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < count) issue(i);
+  for (int j = 0; j < NT; ++j) {
+    const int token = n0 + 8 * j + g;
+    xrow[j] = token < p.n ? p.x + static_cast<int64_t>(token) * p.ldx + 16 * t : nullptr;
+  }
+  auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j at chunk column col + 8 h
+    return xrow[j] != nullptr && col + 16 * t + 8 * h + 8 <= p.kx
+               ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + col + 8 * h))
+               : make_uint4(0u, 0u, 0u, 0u);
+  };
+
+#pragma unroll
+  for (int b = 0; b < kStages - 1; ++b) {
+    if (b < batches) issue(b);
     cp_async_commit();
   }
-  for (int i = 0; i < count; ++i) {
+  for (int b = 0; b < batches; ++b) {
     cp_async_wait<kStages - 2>();
-    __syncwarp();  // group i is in its stage for every lane; every lane is done with stage i - 1
-    if (i + kStages - 1 < count) issue(i + kStages - 1);
+    __syncwarp();  // batch b is in its stage for every lane; every lane is done with stage b - 1
+    if (b + kStages - 1 < batches) issue(b + kStages - 1);
     cp_async_commit();
-    prefetch(i + kStages - 1 + p.prefetch);
-    const unsigned char* st = my + (i % kStages) * kStageBytes;
-    const int lead = *reinterpret_cast<const int*>(st + kBitmapBytes);
-    const uint16_t* vals = reinterpret_cast<const uint16_t*>(st + kBitmapBytes + kHeaderBytes);
-    const int col = (c_begin + i) * static_cast<int>(kBitmapGroupCols) + 16 * t;
+    const unsigned char* st = my + (b % kStages) * stage_size;
+    const int* header = reinterpret_cast<const int*>(st + batch * kBitmapBytes);
+    const bool staged = header[1] != 0;
+    const int first = header[2];
+    const uint16_t* vals = reinterpret_cast<const uint16_t*>(st + batch * kBitmapBytes + kHeaderBytes);
+    int base = header[0];  // the next group's first value, counted from `first`
+    const int ng = min(batch, count - b * batch);
+    for (int j = 0; j < ng; ++j) {
+      const int col = (c_begin + b * batch + j) * static_cast<int>(kBitmapGroupCols);
 
-    // x for the whole chunk first (NT <= 2): its latency hides behind the decode.
-    uint4 xq[NT <= 2 ? NT : 1][2];
-    if (NT <= 2) {
+      // x for the whole chunk first (NT <= 2): its latency hides behind the decode.
+      uint4 xq[NT <= 2 ? NT : 1][2];
+      if (NT <= 2) {
 #pragma unroll
-      for (int j = 0; j < (NT <= 2 ? NT : 1); ++j) {
-        const int token = n0 + 8 * j + g;
+        for (int jt = 0; jt < (NT <= 2 ? NT : 1); ++jt) {
+          xq[jt][0] = load_x(jt, col, 0);
+          xq[jt][1] = load_x(jt, col, 1);
+        }
+      }
+
+      // The group's 32 bitmap words (word l: quadrant l / 2, bits 32 (l % 2) ..), each word's first
+      // value by a warp scan of their popcounts (values follow each other in word order).
+      const uint32_t word = reinterpret_cast<const uint32_t*>(st + j * kBitmapBytes)[lane];
+      const int cnt = __popc(word);
+      int incl = cnt;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          xq[j][h] = make_uint4(0u, 0u, 0u, 0u);
-          if (token < p.n && col + 8 * h + 8 <= p.kx) {
-            xq[j][h] = __ldg(reinterpret_cast<const uint4*>(p.x + token * p.ldx + col + 8 * h));
+      for (int d = 1; d < 32; d <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += o;
+      }
+      const int first_value = base + incl - cnt;
+      const int group_values = __shfl_sync(0xffffffffu, incl, 31);
+
+      // Gather: each lane reads its two values of each quadrant from its word's first value plus the
+      // set bits below its own. table[16 half + q] = (word 2q + half, its first value). load(at) is
+      // value `at` counted from `first` (in the stage, or in global memory).
+      uint32_t a[4][4];
+      auto gather = [&](auto load) {
+        table[16 * (lane & 1) + (lane >> 1)] = make_uint2(word, static_cast<uint32_t>(first_value));
+        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint4 e01 = reinterpret_cast<const uint4*>(table)[8 * high + 2 * s];
+          const uint4 e23 = reinterpret_cast<const uint4*>(table)[8 * high + 2 * s + 1];
+          const uint32_t ew[4] = {e01.x, e01.z, e23.x, e23.z}, ev[4] = {e01.y, e01.w, e23.y, e23.w};
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int at = static_cast<int>(ev[r]) + __popc(ew[r] & below);
+            const uint32_t v0 = load(at), v1 = load(at + 1);
+            const uint32_t bits = (ew[r] >> shift) & 3u;
+            a[s][r] = __byte_perm(v0, v1, __byte_perm(kSelect01, kSelect23, bits * 0x22u + 0x10u));
           }
         }
-      }
-    }
-
-    // The group's 32 bitmap words (word l: quadrant l / 2, bits 32 (l % 2) ..), each word's first
-    // value by a warp scan of their popcounts (values follow each other in word order).
-    const uint32_t word = reinterpret_cast<const uint32_t*>(st)[lane];
-    const int cnt = __popc(word);
-    int incl = cnt;
+        __syncwarp();  // every lane has read the table before the next group rewrites it
+      };
+      // The stage serves the group when the batch's values were copied and the bitmaps ask for no
+      // more values than the stage holds (a lane reads at most value base + group_values): warp-uniform.
+      if (!staged || base + group_values + 1 > p.stage_values) {
+        gather([&](int at) -> uint32_t {  // 0 <= at <= ~4100: first + at only clamped, never overflows
+          return nvalues > 0 ? __ldg(p.values + (at < nvalues - first ? first + at : nvalues - 1)) : 0u;
+        });
+      } else if (group_values <= p.scatter_max) {
+        // Scatter: each lane writes its word's values into their fragment slots of a zeroed tile
+        // (work ~ values, not positions: the sparse groups), then reads its 16 registers back.
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += o;
-    }
-    const int first_value = lead + incl - cnt;
-    const int group_values = __shfl_sync(0xffffffffu, incl, 31);
-
-    uint32_t a[4][4];
-    if (group_values <= p.scatter_max) {
-      // Scatter: each lane writes its word's values into their fragment slots of a zeroed tile
-      // (work ~ values, not positions: the sparse groups), then reads its 16 registers back.
-#pragma unroll
-      for (int r = 0; r < 4; ++r) reinterpret_cast<uint4*>(tile)[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
-      __syncwarp();
-      const int q = lane >> 1, half = lane & 1;
-      // Slot of bit b of this word: fragment lane 16 half + b / 2, register q % 4 of step q / 4.
-      const int base = 256 * (q >> 2) + 128 * half + 2 * (q & 3);
-      uint32_t rest = word;
-      int src = first_value;
-      while (rest != 0u) {
-        const int b = __ffs(rest) - 1;
-        rest &= rest - 1u;
-        tile[base + 8 * (b >> 1) + (b & 1)] = vals[src++];
-      }
-      __syncwarp();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint4 v = reinterpret_cast<const uint4*>(tile)[s * 32 + lane];
-        a[s][0] = v.x;
-        a[s][1] = v.y;
-        a[s][2] = v.z;
-        a[s][3] = v.w;
-      }
-      __syncwarp();  // every lane has read the tile before the next group zeroes it
-    } else {
-      // Gather: each lane reads its two values of each quadrant from its word's first value plus
-      // the set bits below its own. table[16 half + q] = (word 2q + half, its first value).
-      table[16 * (lane & 1) + (lane >> 1)] = make_uint2(word, static_cast<uint32_t>(first_value));
-      __syncwarp();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint4 e01 = reinterpret_cast<const uint4*>(table)[8 * high + 2 * s];
-        const uint4 e23 = reinterpret_cast<const uint4*>(table)[8 * high + 2 * s + 1];
-        const uint32_t ew[4] = {e01.x, e01.z, e23.x, e23.z}, ev[4] = {e01.y, e01.w, e23.y, e23.w};
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          // at <= first value + popcount(word) <= lead + 1024: inside the stage for any bitmap.
-          const int at = static_cast<int>(ev[r]) + __popc(ew[r] & below);
-          const uint32_t v0 = vals[at], v1 = vals[at + 1];
-          const uint32_t b = (ew[r] >> shift) & 3u;
-          a[s][r] = __byte_perm(v0, v1, __byte_perm(kSelect01, kSelect23, b * 0x22u + 0x10u));
+        for (int r = 0; r < 4; ++r) reinterpret_cast<uint4*>(tile)[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
+        __syncwarp();
+        const int q = lane >> 1, half = lane & 1;
+        // Slot of bit b of this word: fragment lane 16 half + b / 2, register q % 4 of step q / 4.
+        const int slot0 = 256 * (q >> 2) + 128 * half + 2 * (q & 3);
+        uint32_t rest = word;
+        int src = first_value;
+        while (rest != 0u) {
+          const int bit = __ffs(rest) - 1;
+          rest &= rest - 1u;
+          tile[slot0 + 8 * (bit >> 1) + (bit & 1)] = vals[src++];
         }
+        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint4 v = reinterpret_cast<const uint4*>(tile)[s * 32 + lane];
+          a[s][0] = v.x;
+          a[s][1] = v.y;
+          a[s][2] = v.z;
+          a[s][3] = v.w;
+        }
+        __syncwarp();  // every lane has read the tile before the next group zeroes it
+      } else {
+        gather([&](int at) -> uint32_t { return vals[at]; });  // at + 1 <= base + group_values: in the stage
       }
-      __syncwarp();  // every lane has read the table before the next group rewrites it
-    }
+      base += group_values;
 
-    // B fragments of step s: x[token][col + 4 s .. + 3] (b0 the first two, b1 the last two); 16 bytes
-    // (two steps) per lane and tile at a time.
+      // B fragments of step s: x[token][col + 16 t + 4 s .. + 3] (b0 the first two, b1 the last two);
+      // 16 bytes (two steps) per lane and tile at a time.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint4 xv[NT];
+      for (int h = 0; h < 2; ++h) {
+        uint4 xv[NT];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        if (NT <= 2) {
-          xv[j] = xq[NT <= 2 ? j : 0][h];
-        } else {
-          const int token = n0 + 8 * j + g;
-          xv[j] = make_uint4(0u, 0u, 0u, 0u);
-          if (token < p.n && col + 8 * h + 8 <= p.kx) {
-            xv[j] = __ldg(reinterpret_cast<const uint4*>(p.x + token * p.ldx + col + 8 * h));
+        for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : load_x(jt, col, h);
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2) {
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt) {
+            Mma<T>::run(acc[jt], a[2 * h + s2], s2 ? xv[jt].z : xv[jt].x, s2 ? xv[jt].w : xv[jt].y);
           }
-        }
-      }
-#pragma unroll
-      for (int s2 = 0; s2 < 2; ++s2) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          Mma<T>::run(acc[j], a[2 * h + s2], s2 ? xv[j].z : xv[j].x, s2 ? xv[j].w : xv[j].y);
         }
       }
     }
@@ -353,22 +378,61 @@ __global__ void bitmap_splitk_reduce_kernel(const float* ws, int splits, int64_t
   }
 }
 
-// How a call is cut: NT (tiles of 8 tokens per warp), warps per block along strips (ws) and along
-// chunks (wk), and chunk splits among blocks. Small N: the product is memory-bound and the grid must
-// keep enough bytes in flight, so the strips' chunks are split among the warps of a block, then among
-// blocks, until there are about `blocks_wanted` blocks (3 per SM: what fits in shared memory); each warp
-// keeps at least kMinChunks chunks so that its pipeline has something to overlap.
+// How a call is cut: NT (tiles of 8 tokens per warp), the stages (groups per stage and values per
+// stage), warps per block along strips (ws) and along chunks (wk), and chunk splits among blocks. Small N:
+// the product is memory-bound and the grid must keep enough bytes in flight, so the strips' chunks are
+// split among the warps of a block, then among blocks, until there are about as many blocks as fit on
+// the GPU at once (registers allow 3 per SM, 2 for NT = 8; shared memory may allow fewer); each warp keeps
+// at least kMinChunks chunks so that its pipeline has something to overlap.
 struct Launch {
-  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, prefetch = 0;
+  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1;
+  int batch = 1, stage_values = max_stage_values(1), smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
 };
 constexpr int kMinChunks = 4;
-inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms) {
+constexpr int64_t kBatchValues = 640;  // mean values of a stage's groups, above which a stage holds one group
+
+// Values a stage of `batch` groups holds: the mean batch's count with room for the spread (1.25x + 32:
+// a uniformly pruned group's count stays within ~5 standard deviations of the mean from 50% to 95%
+// sparsity), the up to 7 values before the batch's first in its 16-byte piece and the one a lane reads
+// past the last. A batch with more values is decoded from global memory (correct, slower).
+inline int stage_values_for(int64_t nvalues, int64_t groups, int batch) {
+  const int64_t mean = groups > 0 ? batch * ((std::max<int64_t>(nvalues, 0) + groups - 1) / groups) : 0;
+  const int64_t want = (5 * mean + 3) / 4 + 32 + 16;
+  return static_cast<int>(std::min<int64_t>(max_stage_values(batch), (want + 7) / 8 * 8));
+}
+
+// sms: the GPU's multiprocessors; smem_per_sm / smem_reserved / smem_per_block: shared memory per SM, the
+// part each block reserves and the most one block may have (cudaDeviceProp::sharedMemPerMultiprocessor,
+// reservedSharedMemPerBlock, sharedMemPerBlockOptin). Launch::smem == 0: no configuration fits.
+inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, int sms, int64_t smem_per_sm,
+                            int64_t smem_reserved, int64_t smem_per_block) {
   Launch l;
   l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
   const int64_t strips = bitmap_strips(m), chunks = bitmap_chunks(k);
-  const int64_t wanted = 3 * static_cast<int64_t>(sms);
+  const int64_t by_registers = l.nt <= 4 ? 3 : 2;
+  // Groups per stage: the most whose mean values stay within kBatchValues and that still let as many
+  // blocks share an SM as the registers do; else one. Sparse groups are cheap to decode, so their fixed
+  // costs per stage (the copies' setup, two offsets, the wait) matter; dense groups fill a stage alone
+  // (measured, H100, 11008 x 4096: four per stage took 90% sparsity from 33.8 to 27.3 us at N = 1;
+  // two per stage made 50% at N = 64 slower, 87 -> 103 us, through fewer blocks per SM).
+  const int64_t mean = strips * chunks > 0 ? std::max<int64_t>(nvalues, 0) / (strips * chunks) : 0;
+  for (int batch = kMaxBatch; batch >= 1; batch /= 2) {
+    l.batch = batch;
+    l.stage_values = stage_values_for(nvalues, strips * chunks, batch);
+    l.smem = block_smem(l.stage_values, batch, l.nt);
+    if (batch == 1 || (batch * mean <= kBatchValues && by_registers * (l.smem + smem_reserved) <= smem_per_sm &&
+                       l.smem <= smem_per_block)) {
+      break;
+    }
+  }
+  if (l.smem > smem_per_block) {
+    l.smem = 0;
+    return l;
+  }
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
+  const int64_t wanted = per_sm * sms;
   l.wk = 1;
   while (l.wk < kWarps && chunks >= 2 * l.wk * kMinChunks &&
          ((strips + kWarps / l.wk - 1) / (kWarps / l.wk)) * l.column_tiles < wanted) {

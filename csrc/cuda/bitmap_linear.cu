@@ -32,30 +32,30 @@ int scatter_max() {
 }
 
 template <typename T, int NT>
-void launch_nt(const Params& p, const Launch& l, cudaStream_t stream) {
-  static const bool configured = [] {
+void launch_nt(const Params& p, const Launch& l, int64_t smem_per_block, cudaStream_t stream) {
+  static const bool configured = [smem_per_block] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(bitmap::bitmap_linear_kernel<T, NT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bitmap::kBlockSmem));
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_per_block)));
     return true;
   }();
   (void)configured;
   bitmap::bitmap_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks),
                                              static_cast<unsigned>(l.splits)),
-                                        bitmap::kThreads, bitmap::kBlockSmem, stream>>>(p);
+                                        bitmap::kThreads, l.smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
-void launch(const Params& p, const Launch& l, cudaStream_t stream) {
+void launch(const Params& p, const Launch& l, int64_t smem_per_block, cudaStream_t stream) {
   switch (l.nt) {
     case 1:
-      return launch_nt<T, 1>(p, l, stream);
+      return launch_nt<T, 1>(p, l, smem_per_block, stream);
     case 2:
-      return launch_nt<T, 2>(p, l, stream);
+      return launch_nt<T, 2>(p, l, smem_per_block, stream);
     case 4:
-      return launch_nt<T, 4>(p, l, stream);
+      return launch_nt<T, 4>(p, l, smem_per_block, stream);
     default:
-      return launch_nt<T, 8>(p, l, stream);
+      return launch_nt<T, 8>(p, l, smem_per_block, stream);
   }
 }
 
@@ -88,10 +88,15 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major >= 8 && prop->sharedMemPerBlockOptin >= static_cast<size_t>(bitmap::kBlockSmem),
-              "bitmap_linear: needs mma.sync (sm_80+) and ", bitmap::kBlockSmem,
-              " bytes of shared memory per block; this GPU offers ", prop->sharedMemPerBlockOptin);
-  const Launch l = bitmap::choose_launch(p.m, p.n, p.k, prop->multiProcessorCount);
+  // The cudaFuncSetAttribute above is set once per kernel with this device's limit (the same on every GPU
+  // of one process in practice; a smaller second GPU would fail the launch check, not run out of bounds).
+  const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
+  const Launch l = bitmap::choose_launch(p.m, p.n, p.k, val.size(0), prop->multiProcessorCount,
+                                         static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
+                                         static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
+  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "bitmap_linear: needs mma.sync (sm_80+) and ",
+              bitmap::block_smem(bitmap::stage_values_for(val.size(0), p.strips * p.chunks, 1), 1, l.nt),
+              " bytes of shared memory per block for this weight; this GPU offers ", smem_per_block);
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536, "bitmap_linear: at most ",
                     int64_t{65535} * 16 * bitmap::kWarps, " out_features, got ", p.m);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -117,12 +122,13 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   prm.wk = l.wk;
   prm.chunks_per_split = l.chunks_per_split;
   prm.scatter_max = scatter_max();
-  prm.prefetch = l.prefetch;
+  prm.batch = l.batch;
+  prm.stage_values = l.stage_values;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (bf16) {
-    launch<__nv_bfloat16>(prm, l, stream);
+    launch<__nv_bfloat16>(prm, l, smem_per_block, stream);
   } else {
-    launch<__half>(prm, l, stream);
+    launch<__half>(prm, l, smem_per_block, stream);
   }
   if (l.splits > 1) {
     const int64_t cells = p.n * p.m;

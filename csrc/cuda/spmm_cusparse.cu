@@ -137,21 +137,24 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
     spmm_native(p, crow_in, col_in, values_in, dense_in, out, epi);
     return;
   }
-  double beta = 0.0;
-  if (epi.accumulate.defined() && epi.beta != 0.0) {
-    if (!epi.accumulate.is_same(out)) out.copy_(epi.accumulate);
-    beta = epi.beta;
-  }
+  const bool accumulates = epi.accumulate.defined() && epi.beta != 0.0;
+  const double beta = accumulates ? epi.beta : 0.0;
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   at::Tensor dense = dense_for_cusparse(dense_in);
   // Half types on long rows: cuSPARSE keeps its partial sums in C's type, so C is float32 there
   // (cuSPARSE's mixed precision: half A and B, float C and compute), rounded to the output once
-  // (common/spmm_routing.cpp has the measurements). The analysis is the cached one (no device work).
-  const bool float_sums = cusparse_sums_in_float(
-      p, out.scalar_type(), analyze_csr(crow_in, col_in, p.k, AnalysisMode::kLookup).get());
-  const at::Tensor c = !float_sums ? out
-                       : beta != 0.0 ? out.to(at::kFloat)
-                                     : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  // (common/spmm_routing.cpp has the measurements). The rule reads the cached analysis (no device
+  // work); other dtypes and narrow B never sum in float, so they skip the lookup (a cache probe per call).
+  const bool float_sums =
+      cusparse_sums_in_float(p, out.scalar_type(), nullptr) &&
+      cusparse_sums_in_float(p, out.scalar_type(), analyze_csr(crow_in, col_in, p.k, AnalysisMode::kLookup).get());
+  at::Tensor c = out;
+  if (float_sums) {
+    c = accumulates ? epi.accumulate.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                    : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  } else if (accumulates && !epi.accumulate.is_same(out)) {
+    out.copy_(epi.accumulate);
+  }
 
   if (!p.batched) {
     cusparse_spmm(crow, col, values, p.m, p.k, p.nnz_stride, 1, 0, dense, p.n, 0, c, epi.alpha, beta);
