@@ -69,8 +69,10 @@ inline void binary_scalar_kernel(const at::Tensor& x, double s, const at::Tensor
     dispatch_binary(op, [&](auto OP) {
       at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
         const V sv(static_cast<acc_type<scalar_t>>(s)), one(1);
-        map1(xp + begin, op_ + begin, end - begin,
-             [&](const V& u) { return binary_vec<decltype(OP)::value>(u, sv, one); });
+        map1(xp + begin, op_ + begin, end - begin, [&](V& u, V& v) C10_ALWAYS_INLINE_ATTRIBUTE {
+          u = binary_vec<decltype(OP)::value>(u, sv, one);
+          v = binary_vec<decltype(OP)::value>(v, sv, one);
+        });
       });
     });
   });
@@ -87,7 +89,7 @@ inline void activation_kernel(const at::Tensor& x, const at::Tensor& out, Activa
       at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
         const V slope(static_cast<acc_type<scalar_t>>(negative_slope));
         map1(xp + begin, op_ + begin, end - begin,
-             [&](const V& u) { return activation_vec<decltype(ACT)::value>(u, slope); });
+             [&](V& u, V& v) C10_ALWAYS_INLINE_ATTRIBUTE { activation_pair<decltype(ACT)::value>(u, v, slope); });
       });
     });
   });
@@ -172,8 +174,7 @@ inline void bias_act_kernel(const at::Tensor& x, const at::Tensor& scale, const 
           for (int64_t i = 0; i < size; i += IO::kStep) {
             const int64_t count = std::min(IO::kStep, size - i);
             load_preactivation<scalar_t>(xg, grp, i, count, lo, hi);
-            lo = activation_vec<kAct>(lo, slope);
-            hi = activation_vec<kAct>(hi, slope);
+            activation_pair<kAct>(lo, hi, slope);
             if (count == IO::kStep) {
               IO::store2(og + i, lo, hi);
             } else {
@@ -254,8 +255,8 @@ inline void bias_act_backward_kernel(const at::Tensor& grad, const at::Tensor& x
               } else {
                 IO::load2(gp + offset + i, count, g0, g1);
               }
-              const V d0 = g0 * activation_derivative_vec<kAct>(z0, slope);
-              const V d1 = g1 * activation_derivative_vec<kAct>(z1, slope);
+              activation_derivative_pair<kAct>(z0, z1, slope);
+              const V d0 = g0 * z0, d1 = g1 * z1;
               if (gx) {
                 V o0 = d0, o1 = d1;
                 if (!grp.scale.empty()) {

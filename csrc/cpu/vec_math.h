@@ -106,19 +106,22 @@ struct VecIO {
   }
 };
 
-// out[0:n] = f(x[0:n]) (f on vectors of the accumulate type; the tail through partial loads).
-template <typename T, typename F>
-inline void map1(const T* x, T* out, int64_t n, const F& f) {
+// out[0:n] = f(x[0:n]), f2(a, b) applying f in place to two vectors of the accumulate type (the tail
+// through partial loads).
+template <typename T, typename F2>
+inline void map1(const T* x, T* out, int64_t n, const F2& f2) {
   using IO = VecIO<T>;
   typename IO::V a, b;
   int64_t i = 0;
   for (; i + IO::kStep <= n; i += IO::kStep) {
     IO::load2(x + i, a, b);
-    IO::store2(out + i, f(a), f(b));
+    f2(a, b);
+    IO::store2(out + i, a, b);
   }
   if (i < n) {
     IO::load2(x + i, n - i, a, b);
-    IO::store2(out + i, n - i, f(a), f(b));
+    f2(a, b);
+    IO::store2(out + i, n - i, a, b);
   }
 }
 
@@ -198,59 +201,155 @@ C10_ALWAYS_INLINE V sigmoid_vec(const V& x) {
   return one / (one + x.neg().exp());
 }
 
-// The standard normal CDF Phi(x) and exp(-x^2 / 2), for GELU. Phi(x) = 0.5 erfc(-x / sqrt 2) keeps
-// its relative accuracy for negative x, where 0.5 (1 + erf(x / sqrt 2)) cancels (at::vec's float erf
-// has an absolute error of 1.5e-7, so GELU(-4) comes out with 4 correct digits, in torch too).
-// Float: erfc(z) = t P(t) exp(-z^2), t = 1 / (1 + 0.3 z), z = |x| / sqrt 2, with P of degree 8
-// fitted for relative error (2e-8 in exact arithmetic), and exp(-x^2 / 2) computed here from x^2
-// split into two floats (hi + lo), so that it stays accurate where x^2 is large: 2^n exp(r), the
-// reduction r = -(hi + lo) / 2 - n ln 2 with ln 2 in two parts, exp(r) a degree-6 polynomial
-// (relative error 2e-9), 2^n added to the exponent bits. GELU's relative error in float: 4.7e-7 at
-// most over |x| <= 13 (dense sweep against float64; 5.1e-7 with at::vec's exp_u20 before), 7.8e-7
-// down to where x Phi(x) leaves the normal floats (x = -13.2). The rest is kept because it measured
-// faster on the 2-core Zen 3 machine (in-cache loop, medians): 6.3 ns per 8 floats against 8.0 with
-// exp_u20 and 10.2 for torch's erf-based form. What did not help: 1 / d as a reciprocal estimate
-// plus a Newton step (the division is not the bottleneck; +1%), P in Estrin or split form (more
-// operations, 7-16% slower: the loop is bound by operation count, not latency), a degree-5 exp
-// (as fast in that loop, less accurate), P of degree 7 (3e-7 in exact arithmetic at best).
+// GELU's float math. Phi(x) = 0.5 erfc(-x / sqrt 2) keeps its relative accuracy for negative x, where
+// 0.5 (1 + erf(x / sqrt 2)) cancels (at::vec's float erf has an absolute error of 1.5e-7, so GELU(-4)
+// comes out with 4 correct digits, in torch too; so does oneDNN's GELU, which eager torch runs on
+// float32 CPU tensors). With h = Phi(-|x|): Phi(x) = h for negative x, 1 - h else, and
+// x Phi(x) = relu(x) - |x| h.
+// h = 0.5 erfc(z) = t P(t) exp(-z^2), t = 1 / (1 + c z), z = |x| / sqrt 2, with P fitted for relative
+// error, in two fits: over all x (P of degree 8, 2e-8 in exact arithmetic) and over the near range
+// |x| <= kGeluNear (degree 6, 4e-8 with its float coefficients), which the AVX2 build takes for pairs
+// of vectors whose lanes all lie there (randn data: all but one pair in 10^5).
+// exp(-x^2 / 2) is computed from x^2 split into two floats (hi + lo), so that it stays accurate where
+// x^2 is large: 2^n exp(r), the reduction r = -(hi + lo) / 2 - n ln 2 with ln 2 in two parts, exp(r)
+// a degree-6 polynomial (relative error 2e-9), 2^n added to the exponent bits.
+// Everything runs on N vectors in lock-step (each step for all N before the next): GCC keeps the
+// source order on x86 (no scheduling before register allocation), and two interleaved dependency
+// chains keep the out-of-order window busy where one leaves it waiting on the division and Horner's
+// chain.
+// Measured on the 2-core Zen 3 machine (in-cache loop, medians, ns per 8 floats): 8.0 with at::vec's
+// exp_u20 and a correction for x^2's low part; 6.1 with the exp here (the full path); 5.1 with the near
+// path and the relu form; 4.7 in lock-step pairs. Eager torch (oneDNN's JIT) ~7 at 2^22 elements.
+// What did not help: 1 / d as a reciprocal estimate plus a Newton step (+1%); P in Estrin or split
+// form (7-16% slower: more operations); a degree-5 exp (as fast, less accurate); a degree-3 exp after
+// an 8-entry table of 2^(j/8) (_mm256_permutevar8x32_ps): 4% slower than the degree 6; the full
+// path's clamp and underflow mask as integer instructions (5% slower); a near range of 9 with P of
+// degree 7 (9% slower on randn data); checking the range once per block of 256 floats in a first pass
+// instead of per pair (as fast, more code); streaming the output past the caches at 2^22 floats (no
+// gain: input and output together fit the 32 MiB L3).
 // Double: at::vec's erfc (Sleef, 1.5 ulp).
+using FloatV = Vectorized<float>;
+
+// exp(-xa^2 / 2) for xa = |x| <= 16, hi = xa * xa. Garbage where 2^n leaves the normal floats
+// (|x| > 13.19): callers mask it there or never get there.
+template <int N>
+C10_ALWAYS_INLINE void gauss_from_square(const FloatV (&xa)[N], const FloatV (&hi)[N], FloatV (&gauss)[N]) {
+  using V = FloatV;
+  using I = Vectorized<int32_t>;
+  const V magic(12582912.f);
+  V nm[N], u[N], q[N];
+  for (int j = 0; j < N; ++j) {
+    // n = round(-hi / (2 ln 2)) by adding 1.5 * 2^23: n lands in the low bits of nm.
+    nm[j] = at::vec::fmadd(hi[j], V(-0.72134751081466674805f), magic);
+  }
+  for (int j = 0; j < N; ++j) {
+    // u = hi + lo + 2 n ln 2 = -2 r (|u| <= ln 2), lo = x^2 - hi exactly (a fused multiply-subtract);
+    // 2 ln 2 in two parts, the first of 9 bits: n times it is exact with or without a fused multiply-add.
+    const V n = nm[j] - magic;
+    u[j] = at::vec::fmadd(n, V(1.38671875f), hi[j]);
+    u[j] = at::vec::fmadd(n, V(-4.243888801094e-04f), u[j]) + at::vec::fmsub(xa[j], xa[j], hi[j]);
+  }
+  // exp(r) = Q(u), the -1/2 folded into Q's coefficients.
+  for (int j = 0; j < N; ++j) q[j] = V(2.1620066e-05f);
+  for (const float c : {-0.000261712994f, 0.00260426407f, -0.0208330248f, 0.124999978f, -0.5f, 1.f}) {
+    for (int j = 0; j < N; ++j) q[j] = at::vec::fmadd(q[j], u[j], V(c));
+  }
+  for (int j = 0; j < N; ++j) {
+    gauss[j] = at::vec::cast<float>(at::vec::cast<int32_t>(q[j]) + (at::vec::cast<int32_t>(nm[j]) << I(23)));
+  }
+}
+
+// poly = the polynomial with coefficients coef (highest degree first) at t, for N vectors in lock-step.
+template <int N, size_t K>
+C10_ALWAYS_INLINE void horner(const float (&coef)[K], const FloatV (&t)[N], FloatV (&poly)[N]) {
+  for (int j = 0; j < N; ++j) poly[j] = FloatV(coef[0]);
+  for (size_t k = 1; k < K; ++k) {
+    for (int j = 0; j < N; ++j) poly[j] = at::vec::fmadd(poly[j], t[j], FloatV(coef[k]));
+  }
+}
+
+// h = Phi(-xa) and gauss = exp(-xa^2 / 2) for xa = |x|: NEAR, xa <= kGeluNear; else xa <= 16 (clamped
+// by the caller: beyond, Phi is 0 or 1 and exp(-x^2 / 2) 0 in float; NaN stays NaN).
+constexpr float kGeluNear = 5.f;
+template <bool NEAR, int N>
+C10_ALWAYS_INLINE void half_erfc(const FloatV (&xa)[N], FloatV (&h)[N], FloatV (&gauss)[N]) {
+  using V = FloatV;
+  // 0.5 P(t), highest degree first (the 0.5 of 0.5 erfc folded in).
+  static constexpr float kNear[] = {-9.558405071e-02f, 3.589431534e-01f, -3.001880871e-01f, 3.145083832e-01f,
+                                    6.488311774e-03f,  1.175481634e-01f, 9.828410768e-02f};
+  static constexpr float kFull[] = {-0.064627572894096375f, 0.24215547740459442f, -0.2548956274986267f,
+                                    0.2724941670894623f,    -0.046420343220233917f, 0.10709381103515625f,
+                                    0.074259839951992035f,  0.085345573723316193f, 0.084594666957855225f};
+  const V c(NEAR ? 0.25019699335098267f : 0.2121320343559642f);
+  V t[N], hi[N], poly[N];
+  for (int j = 0; j < N; ++j) t[j] = V(1.f) / at::vec::fmadd(c, xa[j], V(1.f));
+  for (int j = 0; j < N; ++j) hi[j] = xa[j] * xa[j];
+  gauss_from_square(xa, hi, gauss);
+  if constexpr (NEAR) {
+    horner(kNear, t, poly);
+  } else {
+    horner(kFull, t, poly);
+  }
+  for (int j = 0; j < N; ++j) {
+    if (!NEAR) gauss[j] = gauss[j] & (hi[j] < V(173.9f));  // 0 where 2^n would leave the normal floats
+    h[j] = t[j] * poly[j] * gauss[j];
+  }
+}
+
+// Phi(x) and gauss = exp(-x^2 / 2) on one vector, any x. GELU's relative error in float: 4.6e-7 at most
+// over |x| <= 13 (dense sweep against float64), 7.8e-7 down to where x Phi(x) leaves the normal floats
+// (x = -13.2).
 template <typename V>
 C10_ALWAYS_INLINE V normal_cdf(const V& x, V& gauss) {
   using A = typename V::value_type;
   if constexpr (std::is_same_v<A, float>) {
-    // |x| >= 16: Phi is 0 or 1 and exp(-x^2 / 2) is 0 in float; clamping keeps x^2 finite (NaN stays NaN).
-    const V xa = at::vec::clamp_max(x.abs(), V(16.f));
-    const V t = V(1.f) / at::vec::fmadd(V(0.2121320343559642f), xa, V(1.f));
-    // 0.5 P(t): the coefficients halved (exactly), for 0.5 erfc.
-    V poly(-0.064627572894096375f);
-    for (const float c : {0.24215547740459442f, -0.2548956274986267f, 0.2724941670894623f, -0.046420343220233917f,
-                          0.10709381103515625f, 0.074259839951992035f, 0.085345573723316193f, 0.084594666957855225f}) {
-      poly = at::vec::fmadd(poly, t, V(c));
-    }
-    const V hi = xa * xa;
-    const V lo = at::vec::fmsub(xa, xa, hi);  // x^2 - hi exactly (with a fused multiply-subtract)
-    // n = round(-hi / (2 ln 2)) by adding 1.5 * 2^23: n lands in the low bits of nm.
-    const V magic(12582912.f);
-    const V nm = at::vec::fmadd(hi, V(-0.72134751081466674805f), magic);
-    const V n = nm - magic;
-    // u = hi + lo + 2 n ln 2 = -2 r (|u| <= ln 2), and exp(r) = Q(u), the -1/2 folded into Q's coefficients.
-    // 2 ln 2 in two parts, the first of 9 bits: n times it is exact with or without a fused multiply-add.
-    V u = at::vec::fmadd(n, V(1.38671875f), hi);
-    u = at::vec::fmadd(n, V(-4.243888801094e-04f), u) + lo;
-    V q(2.1620066e-05f);
-    for (const float c : {-0.000261712994f, 0.00260426407f, -0.0208330248f, 0.124999978f, -0.5f, 1.f}) {
-      q = at::vec::fmadd(q, u, V(c));
-    }
-    using I = Vectorized<int32_t>;
-    const V e = at::vec::cast<float>(at::vec::cast<int32_t>(q) + (at::vec::cast<int32_t>(nm) << I(23)));
-    gauss = e & (hi < V(173.9f));  // 0 where 2^n would leave the normal floats (n < -125, |x| > 13.19)
-    const V half_erfc = t * poly * gauss;
-    return V::blendv(V(1.f) - half_erfc, half_erfc, x < V(0.f));
+    const V xa[1] = {at::vec::clamp_max(x.abs(), V(16.f))};
+    V h[1], g[1];
+    half_erfc<false>(xa, h, g);
+    gauss = g[0];
+    return V::blendv(V(1.f) - h[0], h[0], x < V(0.f));
   } else {
     gauss = (V(A(-0.5)) * x * x).exp();
     return V(A(0.5)) * (x * V(A(-0.70710678118654752440))).erfc();
   }
 }
+
+#if SPARSETORCH_ISA_AVX2
+// Whether every lane of xa[0] and xa[1] (|x|) is at most kGeluNear (NaN and infinities are not): the
+// bits of non-negative floats compare as integers.
+C10_ALWAYS_INLINE bool gelu_near(const FloatV (&xa)[2]) {
+  const __m256i m = _mm256_max_epu32(_mm256_castps_si256(xa[0]), _mm256_castps_si256(xa[1]));
+  const __m256 d = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_set1_epi32(c10::bit_cast<int32_t>(kGeluNear) + 1), m));
+  return _mm256_testz_ps(d, d);  // no lane's sign set: none above the limit
+}
+
+// GELU (DERIVATIVE: its derivative Phi(x) + x phi(x)) on two float vectors in place.
+template <bool DERIVATIVE>
+C10_ALWAYS_INLINE void gelu_pair(FloatV& a, FloatV& b) {
+  using V = FloatV;
+  V xa[2] = {a.abs(), b.abs()}, h[2], gauss[2];
+  const bool near = gelu_near(xa);
+  if (C10_LIKELY(near)) {
+    half_erfc<true>(xa, h, gauss);
+  } else {
+    for (auto& v : xa) v = at::vec::clamp_max(v, V(16.f));
+    half_erfc<false>(xa, h, gauss);
+  }
+  V* x[2] = {&a, &b};
+  for (int j = 0; j < 2; ++j) {
+    V& v = *x[j];
+    if (DERIVATIVE) {
+      // Phi(x) by x's sign bit, + x phi(x).
+      const V cdf = _mm256_blendv_ps(V(1.f) - h[j], h[j], v);
+      v = at::vec::fmadd(v * V(0.39894228040143267794f), gauss[j], cdf);
+    } else if (C10_LIKELY(near)) {
+      v = at::vec::fnmadd(xa[j], h[j], at::vec::clamp_min(v, V(0.f)));  // one rounding for x >= 0
+    } else {
+      v = v * V(_mm256_blendv_ps(V(1.f) - h[j], h[j], v));  // x Phi(x): -inf gives NaN, as in torch
+    }
+  }
+}
+#endif
 
 // act(x) on a vector; NaN propagates through every activation (relu included, as in torch).
 template <Activation ACT, typename V>
@@ -309,6 +408,32 @@ C10_ALWAYS_INLINE V activation_derivative_vec(const V& x, const V& slope) {
     const V t = x.tanh();
     return one - t * t;
   }
+}
+
+// activation_vec and activation_derivative_vec on two vectors in place; GELU in float through gelu_pair
+// in the AVX2 build.
+template <Activation ACT, typename V>
+C10_ALWAYS_INLINE void activation_pair(V& a, V& b, const V& slope) {
+#if SPARSETORCH_ISA_AVX2
+  if constexpr (ACT == Activation::Gelu && std::is_same_v<V, FloatV>) {
+    gelu_pair<false>(a, b);
+    return;
+  }
+#endif
+  a = activation_vec<ACT>(a, slope);
+  b = activation_vec<ACT>(b, slope);
+}
+
+template <Activation ACT, typename V>
+C10_ALWAYS_INLINE void activation_derivative_pair(V& a, V& b, const V& slope) {
+#if SPARSETORCH_ISA_AVX2
+  if constexpr (ACT == Activation::Gelu && std::is_same_v<V, FloatV>) {
+    gelu_pair<true>(a, b);
+    return;
+  }
+#endif
+  a = activation_derivative_vec<ACT>(a, slope);
+  b = activation_derivative_vec<ACT>(b, slope);
 }
 
 }  // namespace CPU_CAPABILITY
