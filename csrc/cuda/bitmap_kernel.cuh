@@ -69,7 +69,6 @@ constexpr int kHeaderBytes = 16;                          // lead, staged, first
 constexpr int kTileBytes = kBitmapGroupElems * 2;         // a group's A fragments, fragment order (scatter path)
 constexpr int kTableBytes = 32 * 8;                       // (bitmap word, first value) of the group's 32 words
 constexpr int kRedStride = 20;                            // floats per token row of the reduction buffer
-constexpr int kMaxNT = 8;
 // The most values a stage ever holds: a batch's 1024 per group, up to 7 before them (16-byte copies).
 __host__ __device__ constexpr int max_stage_values(int batch) { return batch * kBitmapGroupElems + 16; }
 // Bytes of a stage of `batch` groups and `stage_values` values (a multiple of 8: whole 16-byte copies).

@@ -94,9 +94,8 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   const Launch l = bitmap::choose_launch(p.m, p.n, p.k, val.size(0), prop->multiProcessorCount,
                                          static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
                                          static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
-  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "bitmap_linear: needs mma.sync (sm_80+) and ",
-              bitmap::block_smem(bitmap::stage_values_for(val.size(0), p.strips * p.chunks, 1), 1, l.nt),
-              " bytes of shared memory per block for this weight; this GPU offers ", smem_per_block);
+  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "bitmap_linear: needs mma.sync (sm_80+) and, for this weight, more ",
+              "shared memory per block than this GPU's ", smem_per_block, " bytes");
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536, "bitmap_linear: at most ",
                     int64_t{65535} * 16 * bitmap::kWarps, " out_features, got ", p.m);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
