@@ -1,6 +1,7 @@
 // Elementwise kernels on the CPU: binary ops, activations, and the fused bias + activation (forward
 // and backward), one templated body each, on at::vec::Vectorized in the accumulate type and split
-// over threads with at::parallel_for. Included once per ISA build (elementwise_kernels_*.cpp).
+// over threads with at::parallel_for (the forward kernels through parallel_pieces). Included once
+// per ISA build (elementwise_kernels_*.cpp).
 #pragma once
 
 #include <ATen/Dispatch.h>
