@@ -143,11 +143,11 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         # op's dispatcher entry below autograd (_without_autograd) with only the four tensors (the
         # schema's defaults are filled in by the dispatcher; parsing them cost ~1.2 us per call).
         # Measured on the 2-core CPU machine, a 1 x 1 matrix: 7.1 us per call through the general path
-        # below, 5.5 us here.
+        # below, 5.8 us here.
         shape = A.shape
         values = A.values
         if (len(shape) == 2 and B.dim() == 2 and B.layout == torch.strided and shape[1] == B.shape[0]
-                and not (torch.is_grad_enabled() and (values.requires_grad or B.requires_grad))
+                and not ((values.requires_grad or B.requires_grad) and torch.is_grad_enabled())
                 and not torch.compiler.is_compiling()):
             with torch._C._AutoDispatchBelowAutograd():
                 return _spmm_entry(A.crow_indices, A.col_indices, values, B)
