@@ -135,6 +135,22 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     through A's structural zeros (the sparse route follows SciPy and skips them), which is why it is
     opt-in.
     """
+    if (type(A) is CSR and type(B) is torch.Tensor and out is None and c is None and bias is None and activation is None
+            and alpha == 1.0 and validate is None and backend == "auto" and policy == "sparse"):
+        # The plain product of a 2-D CSR and a 2-D dense B, recording no gradient: a small graph's call
+        # is mostly fixed costs, so this path checks only what the native op cannot (A's column count
+        # against B's rows; the op checks the rest and validates A, its verdict cached), and calls the
+        # op's dispatcher entry below autograd (_without_autograd) with only the four tensors (the
+        # schema's defaults are filled in by the dispatcher; parsing them cost ~1.2 us per call).
+        # Measured on the 2-core CPU machine, a 1 x 1 matrix: 7.1 us per call through the general path
+        # below, 5.8 us here.
+        shape = A.shape
+        values = A.values
+        if (len(shape) == 2 and B.dim() == 2 and B.layout == torch.strided and shape[1] == B.shape[0]
+                and not ((values.requires_grad or B.requires_grad) and torch.is_grad_enabled())
+                and not torch.compiler.is_compiling()):
+            with torch._C._AutoDispatchBelowAutograd():
+                return _spmm_entry(A.crow_indices, A.col_indices, values, B)
     if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
         raise TypeError(f"B: expected a dense torch.Tensor, got "
                         f"{type(B).__name__ if not isinstance(B, torch.Tensor) else B.layout}")
@@ -172,7 +188,7 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         # cost ~1.2 us per call; this path measured 7.0 us per call against 9.4 us through _spmm_op
         # (2-core CPU machine, a 1 x 1 matrix).
         with torch._C._AutoDispatchBelowAutograd():
-            return ops.spmm.default(a.crow_indices, a.col_indices, a.values, B)
+            return _spmm_entry(a.crow_indices, a.col_indices, a.values, B)
     if out is not None:
         if c is not None:
             raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
@@ -183,6 +199,10 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         return out
     return _spmm_op(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
                     float(negative_slope), backend, check)
+
+
+# spmm's OpOverload.__call__ only forwards to this callable (saves a Python frame, ~0.35 us per call).
+_spmm_entry = getattr(ops.spmm.default, "_op", ops.spmm.default)
 
 
 def _records_grad(*tensors) -> bool:

@@ -60,6 +60,31 @@ def test_binary_sizes(rng, op, size, dtype):
                                 "mul": lambda a: a * 2.5, "div": lambda a: a / 2.5}[op](x.double()), dtype)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_elementwise_pieces_cover_every_element_once(rng, threads):
+    """The elementwise kernels hand out pieces of 32768 elements (bias_act: of rows) to the threads as
+    they finish: every element computed once whatever the thread count, the result bit for bit the
+    same (5 pieces and a partial one; 2 and 3 threads, and 1)."""
+    before = torch.get_num_threads()
+    try:
+        x = randn(rng, 165000, dtype=torch.float32) * 3  # 5 pieces of 32768 and 1160 elements; 165 rows of 1000
+        y = randn(rng, x.numel(), dtype=torch.float32)
+        rows = x.view(-1, 1000)
+        bias = randn(rng, 1000, dtype=torch.float32)
+        torch.set_num_threads(1)
+        single = (st.gelu(x), st.add(x, y, alpha=0.5), st.mul(x, 2.0), st.bias_act(rows, bias=bias, activation="gelu"))
+        torch.set_num_threads(threads)
+        many = (st.gelu(x), st.add(x, y, alpha=0.5), st.mul(x, 2.0), st.bias_act(rows, bias=bias, activation="gelu"))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(single, many):
+        assert torch.equal(a, b)
+    assert_matches(many[0], F.gelu(x.double()), torch.float32, input_scale=x.double())
+    assert_matches(many[1], x.double() + 0.5 * y.double(), torch.float32)
+    assert_matches(many[2], x.double() * 2.0, torch.float32)
+    assert_matches(many[3], F.gelu(rows.double() + bias.double()), torch.float32, input_scale=rows.double())
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,y_shape", [((300, 257), (257,)),      # a bias: read in place, period 257
                                              ((40, 3, 300), (3, 300)),  # period 900

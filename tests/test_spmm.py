@@ -282,3 +282,28 @@ def test_real_matrices(device, backend, rng, path, dtype):
     b = randn(rng, a.shape[1], 32, dtype=dtype, device=device)
     out = run(backend, to_st(a, dtype, torch.int32, device), b)
     assert_matches(out, reference(a, b.double()), dtype)
+
+
+# --- the plain call st.spmm(CSR, B): its own short path in functional.spmm --------------------------
+
+def test_plain_call_path_checks_and_autograd(device, rng):
+    """st.spmm(A, B) with an st.CSR and a plain 2-D tensor and nothing else takes a short path that
+    checks only A's column count itself: the product, the shape check, A's validation (in the op), a
+    tensor subclass and a B that requires grad (both through the general path) must all hold there."""
+    a = random_csr(rng, 37, 29, 0.2)
+    A = to_st(a, torch.float32, torch.int32, device)
+    b = randn(rng, 29, 5, dtype=torch.float32, device=device)
+    ref = reference(a, b.double())
+    assert_matches(st.spmm(A, b), ref, torch.float32)
+    assert_matches(st.spmm(A, torch.nn.Parameter(b.clone())).detach(), ref, torch.float32)
+    with pytest.raises(ValueError, match="A's columns 29 != B's rows 30"):
+        st.spmm(A, torch.randn(30, 5, device=device))
+    bad = st.CSR(A.crow_indices, A.col_indices.clone(), A.values, A.shape)
+    bad.col_indices[0] = 29  # out of range for 29 columns
+    with pytest.raises(ValueError, match="col_indices"):
+        st.spmm(bad, b)
+    bg = b.clone().requires_grad_()
+    out = st.spmm(A, bg)
+    assert out.requires_grad
+    out.sum().backward()
+    assert_matches(bg.grad, torch.from_numpy(np.asarray(a.sum(axis=0)).reshape(-1, 1)).expand(29, 5), torch.float32)

@@ -1,11 +1,13 @@
 // Elementwise kernels on the CPU: binary ops, activations, and the fused bias + activation (forward
 // and backward), one templated body each, on at::vec::Vectorized in the accumulate type and split
-// over threads with at::parallel_for. Included once per ISA build (elementwise_kernels_*.cpp).
+// over threads with at::parallel_for (the forward kernels through parallel_pieces). Included once
+// per ISA build (elementwise_kernels_*.cpp).
 #pragma once
 
 #include <ATen/Dispatch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -19,6 +21,27 @@ inline namespace CPU_CAPABILITY {
 constexpr int64_t kGrain = at::internal::GRAIN_SIZE;
 // bias_act runs its rows in groups of at least this many elements, so short rows still fill vectors.
 constexpr int64_t kMinRun = 256;
+
+// f(begin, end) over [0, n) in pieces of `chunk` (the last one shorter), handed out one at a time to
+// the threads of one at::parallel_for as each finishes its previous piece, instead of one fixed half
+// per thread: on a machine whose cores other processes also use, a thread that shares its core
+// gets fewer pieces rather than holding everyone up with half the work at half the speed. Each
+// element is computed the same whichever thread takes its piece.
+template <typename F>
+inline void parallel_pieces(int64_t n, int64_t chunk, const F& f) {
+  const int64_t pieces = (n + chunk - 1) / chunk;
+  if (pieces <= 1 || at::get_num_threads() == 1 || at::in_parallel_region()) {
+    if (n > 0) f(int64_t(0), n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(pieces, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < pieces;
+         p = next.fetch_add(1, std::memory_order_relaxed)) {
+      f(p * chunk, std::min(n, (p + 1) * chunk));
+    }
+  });
+}
 
 #define SPARSETORCH_DISPATCH_FLOATS(TYPE, NAME, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
@@ -41,7 +64,7 @@ inline void binary_kernel(const at::Tensor& x, const at::Tensor& y, const at::Te
     const scalar_t* yp = y.const_data_ptr<scalar_t>();
     scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
     dispatch_binary(op, [&](auto OP) {
-      at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
+      parallel_pieces(numel, kGrain, [&](int64_t begin, int64_t end) {
         const V a(static_cast<acc_type<scalar_t>>(alpha));
         const auto f = [&](const V& u, const V& v) { return binary_vec<decltype(OP)::value>(u, v, a); };
         // y repeats every `period` elements: run the chunk in pieces that each read y contiguously.
@@ -67,7 +90,7 @@ inline void binary_scalar_kernel(const at::Tensor& x, double s, const at::Tensor
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
     dispatch_binary(op, [&](auto OP) {
-      at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
+      parallel_pieces(numel, kGrain, [&](int64_t begin, int64_t end) {
         const V sv(static_cast<acc_type<scalar_t>>(s)), one(1);
         map1(xp + begin, op_ + begin, end - begin, [&](V& u, V& v) C10_ALWAYS_INLINE_ATTRIBUTE {
           u = binary_vec<decltype(OP)::value>(u, sv, one);
@@ -86,7 +109,7 @@ inline void activation_kernel(const at::Tensor& x, const at::Tensor& out, Activa
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
     dispatch_activation(act, [&](auto ACT) {
-      at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
+      parallel_pieces(numel, kGrain, [&](int64_t begin, int64_t end) {
         const V slope(static_cast<acc_type<scalar_t>>(negative_slope));
         map1(xp + begin, op_ + begin, end - begin,
              [&](V& u, V& v) C10_ALWAYS_INLINE_ATTRIBUTE { activation_pair<decltype(ACT)::value>(u, v, slope); });
@@ -164,7 +187,7 @@ inline void bias_act_kernel(const at::Tensor& x, const at::Tensor& scale, const 
                            bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr);
     dispatch_activation(act, [&](auto ACT) {
       constexpr Activation kAct = decltype(ACT)::value;
-      at::parallel_for(0, grp.count(), std::max<int64_t>(1, kGrain / grp.len), [&](int64_t begin, int64_t end) {
+      parallel_pieces(grp.count(), std::max<int64_t>(1, kGrain / grp.len), [&](int64_t begin, int64_t end) {
         const V slope(static_cast<A>(negative_slope));
         for (int64_t g = begin; g < end; ++g) {
           const int64_t offset = grp.first_row(g) * n, size = grp.size(g);
