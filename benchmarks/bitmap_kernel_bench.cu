@@ -1,4 +1,5 @@
-// Standalone A/B harness for the bitmap_linear CUDA kernel (csrc/cuda/bitmap_kernel.cuh), without torch's
+// Standalone A/B harness for the bitmap_linear CUDA kernel (csrc/cuda/bitmap_kernel.cuh) and the CSR16
+// CUDA-core kernel (csrc/cuda/csr16_kernel.cuh), without torch's
 // build: one nvcc call compiles it in seconds, so kernel variants (the stage count is a macro) can be
 // compared on the device in one call. It builds uniformly pruned bf16 weights on the host in the bitmap
 // layout (csrc/common/bitmap_layout.h), launches the kernel exactly as csrc/cuda/bitmap_linear.cu does
@@ -20,8 +21,10 @@
 #include <vector>
 
 #include "cuda/bitmap_kernel.cuh"
+#include "cuda/csr16_kernel.cuh"
 
 namespace bm = sparsetorch::cuda::bitmap;
+namespace c16 = sparsetorch::cuda::csr16;
 
 #define CHECK_CUDA(x)                                                                          \
   do {                                                                                         \
@@ -49,6 +52,8 @@ struct Weight {
   std::vector<uint64_t> bitmaps;
   std::vector<int> offsets;
   std::vector<uint16_t> values;
+  std::vector<int> crow;         // CSR16 (common/csr16_checks.h)
+  std::vector<uint32_t> entries;
 };
 
 Weight make_weight(int m, int k, double sparsity, uint64_t seed) {
@@ -89,6 +94,14 @@ Weight make_weight(int m, int k, double sparsity, uint64_t seed) {
     }
   }
   w.offsets.back() = static_cast<int>(w.values.size());
+  w.crow.assign(static_cast<size_t>(m) + 1, 0);
+  for (int row = 0; row < m; ++row) {
+    for (int col = 0; col < k; ++col) {
+      const uint16_t v = w.dense[static_cast<size_t>(row) * k + col];
+      if (v != 0) w.entries.push_back(uint32_t{v} << 16 | static_cast<uint32_t>(col));
+    }
+    w.crow[row + 1] = static_cast<int>(w.entries.size());
+  }
   return w;
 }
 
@@ -117,6 +130,21 @@ void launch_nt(const bm::Params& p, const bm::Launch& l) {
          bm::kThreads, l.smem>>>(p);
 }
 
+template <int NB>
+void launch_csr16(const c16::Params& p, int sms) {
+  static int per_sm = -1;
+  const int64_t smem = c16::block_smem(p.kx, NB);
+  if (per_sm < 0) {
+    CHECK_CUDA(cudaFuncSetAttribute(c16::csr16_linear_kernel<__nv_bfloat16, NB>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_per_block));
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c16::csr16_linear_kernel<__nv_bfloat16, NB>,
+                                                             c16::kThreads, static_cast<size_t>(smem)));
+  }
+  const int64_t blocks = c16::row_blocks(p.m, per_sm, sms);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((p.n + NB - 1) / NB));
+  c16::csr16_linear_kernel<__nv_bfloat16, NB><<<grid, c16::kThreads, smem>>>(p);
+}
+
 int main(int argc, char** argv) {
   const int force_sv = argc > 1 ? std::atoi(argv[1]) : 0;
   int only_m = 0, only_n = 0;
@@ -138,12 +166,13 @@ int main(int argc, char** argv) {
   cudaEventCreate(&e1);
   std::printf("stages %d, batch %s; %s, %d SMs\n", bm::kStages, force_sv ? argv[1] : "auto", prop.name,
               prop.multiProcessorCount);
-  std::printf("%-11s %5s %5s %9s %6s %3s %3s %6s %9s %9s %7s %9s %9s\n", "shape", "spars", "N", "b:sv", "smem", "wk",
-              "spl", "MB", "bitmap_us", "dense_us", "speedup", "floor_us", "rel_err");
+  std::printf("%-11s %5s %5s %9s %6s %3s %3s %6s %9s %9s %7s %9s %9s | %6s %8s %7s %9s %9s\n", "shape", "spars", "N",
+              "b:sv", "smem", "wk", "spl", "MB", "bitmap_us", "dense_us", "speedup", "floor_us", "rel_err", "c16_MB",
+              "c16_us", "c16_x", "floor_us", "rel_err");
 
   const int shapes[2][2] = {{11008, 4096}, {4096, 11008}};
   const double sparsities[4] = {0.5, 0.7, 0.9, 0.95};
-  const int ns[4] = {1, 16, 64, 128};
+  const int ns[5] = {1, 4, 16, 64, 128};
   for (const auto& shape : shapes) {
     for (const double sp : sparsities) {
       if (only_m != 0 && (only_m != shape[0] || std::fabs(only_sp - sp) > 1e-9)) continue;
@@ -159,6 +188,13 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMemcpy(d_offsets, w.offsets.data(), w.offsets.size() * 4, cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMemcpy(d_values, w.values.data(), w.values.size() * 2, cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMemcpy(d_dense, w.dense.data(), w.dense.size() * 2, cudaMemcpyHostToDevice));
+      int* d_crow;
+      uint32_t* d_entries;
+      CHECK_CUDA(cudaMalloc(&d_crow, w.crow.size() * 4));
+      CHECK_CUDA(cudaMalloc(&d_entries, std::max<size_t>(16, w.entries.size() * 4)));
+      CHECK_CUDA(cudaMemcpy(d_crow, w.crow.data(), w.crow.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(d_entries, w.entries.data(), w.entries.size() * 4, cudaMemcpyHostToDevice));
+      const double csr16_mb = (w.entries.size() * 4.0 + w.crow.size() * 4.0) / 1e6;
       const double weight_mb = (w.values.size() * 2.0 + w.bitmaps.size() * 8.0 + w.offsets.size() * 4.0) / 1e6;
       for (const int n : ns) {
         if (only_m != 0 && only_n != n) continue;
@@ -166,11 +202,12 @@ int main(int argc, char** argv) {
         std::vector<uint16_t> hx(static_cast<size_t>(n) * k);
         Rng r{static_cast<uint64_t>(n) * 977 + 3};
         for (auto& v : hx) v = __bfloat16_as_ushort(__float2bfloat16(2.f * r.uniform() - 1.f));
-        uint16_t *d_x, *d_y, *d_ref;
+        uint16_t *d_x, *d_y, *d_ref, *d_y16;
         float* d_work = nullptr;
         CHECK_CUDA(cudaMalloc(&d_x, hx.size() * 2));
         CHECK_CUDA(cudaMalloc(&d_y, static_cast<size_t>(n) * m * 2));
         CHECK_CUDA(cudaMalloc(&d_ref, static_cast<size_t>(n) * m * 2));
+        CHECK_CUDA(cudaMalloc(&d_y16, static_cast<size_t>(n) * m * 2));
         CHECK_CUDA(cudaMemcpy(d_x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
 
         bm::Launch l = bm::choose_launch(m, n, k, static_cast<int64_t>(w.values.size()), prop.multiProcessorCount,
@@ -218,24 +255,52 @@ int main(int argc, char** argv) {
                                                                             sparsetorch::Activation::None, 0.f, d_y);
           }
         };
+        c16::Params q{};
+        q.crow = d_crow;
+        q.entries = d_entries;
+        q.nnz = static_cast<int>(w.entries.size());
+        q.x = d_x;
+        q.ldx = k;
+        q.n = n;
+        q.m = m;
+        q.k = k;
+        q.kx = k;
+        q.out = d_y16;
+        q.bias = nullptr;
+        q.act = sparsetorch::Activation::None;
+        const int nb = c16::tokens_per_block(n, k, prop.sharedMemPerBlockOptin);
+        auto csr16_call = [&] {
+          switch (nb) {
+            case 1: launch_csr16<1>(q, prop.multiProcessorCount); break;
+            case 2: launch_csr16<2>(q, prop.multiProcessorCount); break;
+            case 4: launch_csr16<4>(q, prop.multiProcessorCount); break;
+            case 8: launch_csr16<8>(q, prop.multiProcessorCount); break;
+            default: launch_csr16<16>(q, prop.multiProcessorCount); break;
+          }
+        };
         const float alpha = 1.f, beta = 0.f;
         auto dense_call = [&] {
           cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, d_dense, CUDA_R_16BF, k, d_x, CUDA_R_16BF, k,
                        &beta, d_ref, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         };
         bitmap_call();
+        csr16_call();
         dense_call();
         CHECK_CUDA(cudaDeviceSynchronize());
-        std::vector<uint16_t> hy(static_cast<size_t>(n) * m), href(hy.size());
+        std::vector<uint16_t> hy(static_cast<size_t>(n) * m), href(hy.size()), hy16(hy.size());
         CHECK_CUDA(cudaMemcpy(hy.data(), d_y, hy.size() * 2, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(hy16.data(), d_y16, hy16.size() * 2, cudaMemcpyDeviceToHost));
         CHECK_CUDA(cudaMemcpy(href.data(), d_ref, href.size() * 2, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0;
-        for (size_t i = 0; i < hy.size(); ++i) {
-          const double a = __bfloat162float(__ushort_as_bfloat16(hy[i]));
-          const double b = __bfloat162float(__ushort_as_bfloat16(href[i]));
-          num += (a - b) * (a - b);
-          den += b * b;
-        }
+        auto rel_err = [&](const std::vector<uint16_t>& y) {
+          double num = 0, den = 0;
+          for (size_t i = 0; i < y.size(); ++i) {
+            const double a = __bfloat162float(__ushort_as_bfloat16(y[i]));
+            const double b = __bfloat162float(__ushort_as_bfloat16(href[i]));
+            num += (a - b) * (a - b);
+            den += b * b;
+          }
+          return std::sqrt(num / std::max(den, 1e-30));
+        };
         auto time = [&](auto&& fn) {
           std::vector<float> t;
           for (int rep = 0; rep < 45; ++rep) {
@@ -253,27 +318,32 @@ int main(int argc, char** argv) {
           return t[t.size() / 2];
         };
         // Interleave the two so that clocks and neighbours affect both alike.
-        float tb = 0, td = 0;
+        float tb = 0, td = 0, tc = 0;
         for (int round = 0; round < 2; ++round) {
           tb += time(bitmap_call) / 2;
+          tc += time(csr16_call) / 2;
           td += time(dense_call) / 2;
         }
         CHECK_CUDA(cudaGetLastError());
         // Floor: the weight as stored + x + y over 3.0 TB/s (the H100's measured copy rate).
         const double bytes = weight_mb * 1e6 + 2.0 * n * k + 2.0 * n * m;
-        std::printf("%5dx%-5d %5.2f %5d %4d:%-4d %6d %3d %3d %6.1f %9.1f %9.1f %6.2fx %9.1f %9.2e\n", m, k, sp, n,
-                    l.batch, l.stage_values, l.smem, l.wk, l.splits, weight_mb, tb, td, td / tb, bytes / 3.0e6,
-                    std::sqrt(num / std::max(den, 1e-30)));
+        const double bytes16 = ((n + nb - 1) / nb) * csr16_mb * 1e6 + 2.0 * n * k + 2.0 * n * m;  // W once per token tile
+        std::printf("%5dx%-5d %5.2f %5d %4d:%-4d %6d %3d %3d %6.1f %9.1f %9.1f %6.2fx %9.1f %9.2e | %6.1f %8.1f %6.2fx %9.1f %9.2e\n",
+                    m, k, sp, n, l.batch, l.stage_values, l.smem, l.wk, l.splits, weight_mb, tb, td, td / tb,
+                    bytes / 3.0e6, rel_err(hy), csr16_mb, tc, td / tc, bytes16 / 3.0e6, rel_err(hy16));
         std::fflush(stdout);
         cudaFree(d_x);
         cudaFree(d_y);
         cudaFree(d_ref);
+        cudaFree(d_y16);
         if (d_work) cudaFree(d_work);
       }
       cudaFree(d_bitmaps);
       cudaFree(d_offsets);
       cudaFree(d_values);
       cudaFree(d_dense);
+      cudaFree(d_crow);
+      cudaFree(d_entries);
     }
   }
   return 0;

@@ -204,31 +204,9 @@ def test_sparse_linear_forced_formats_train_like_csr(fmt):
     assert layer.routes == {}  # forced: nothing measured
 
 
-class _StandInBitmap:
-    """The agreed API of sparsetorch._bitmap.BitmapWeight (other branch), on a dense copy."""
-
-    def __init__(self, csr):
-        self.csr = csr
-        self.dense = csr.to_dense().detach().clone()
-        self.nbytes = self.dense.numel() * self.dense.element_size()
-
-    @classmethod
-    def from_csr(cls, w):
-        return cls(st.as_csr(w))
-
-    def values_from_csr(self, values):
-        self.dense.copy_(self.csr.with_values(values).to_dense())
-
-
-def _stand_in_bitmap_linear(x, w, bias=None, activation=None, negative_slope=0.01):
-    return st.bias_act(x @ w.dense.t(), bias=bias, activation=activation, negative_slope=negative_slope)
-
-
-def test_sparse_linear_bitmap_form_through_the_adapter(monkeypatch):
-    import sparsetorch.nn.linear as lin
-
-    monkeypatch.setattr(lin, "BitmapWeight", _StandInBitmap)
-    monkeypatch.setattr(lin, "bitmap_linear", _stand_in_bitmap_linear)
+def test_sparse_linear_bitmap_form_through_the_adapter():
+    """format="bitmap" on the CPU (the reference kernel, float64): the bound inference call, new values
+    written in place, gradients through the layer's own backward."""
     torch.manual_seed(9)
     base = st.nn.SparseLinear.from_dense(torch.nn.Linear(16, 8, dtype=torch.float64), sparsity=0.5,
                                          activation="leaky_relu", negative_slope=0.2)
@@ -241,7 +219,8 @@ def test_sparse_linear_bitmap_form_through_the_adapter(monkeypatch):
         layer.values.mul_(3.0)
         base.values.mul_(3.0)
         torch.testing.assert_close(layer(x), base(x))  # values_from_csr refreshed the packed values
-    assert layer.memory()["bitmap"] == 16 * 8 * 8
+    w = layer._forms.bitmap.weight
+    assert layer.memory()["bitmap"] == w.bitmaps.numel() * 8 + w.offsets.numel() * 4 + w.values.numel() * 8
     layer(x).sum().backward()  # gradients through the layer's own backward (CSR transpose + SDDMM)
     base(x).sum().backward()
     torch.testing.assert_close(layer.values.grad, base.values.grad)

@@ -95,6 +95,12 @@ def samples(rng, device):
                               W.offsets, W.values.detach().clone().requires_grad_(), 20), dict(
         bias=torch.randn(20, device=device, dtype=bdtype, requires_grad=True), activation="relu",
         **dict(zip(names, W.prepare_backward())))
+    # csr16_linear (tests/test_csr16.py has the rest): a bfloat16 weight packed from a CSR, no autograd of its own
+    from sparsetorch._csr16 import Csr16Weight
+
+    C = Csr16Weight(crow, col, values.to(torch.bfloat16), (9, 7))
+    yield ops.csr16_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), C.crow, C.entries), dict(
+        bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="silu")
 
 
 # Device- or library-specific ops, checked in their own test files: the 2:4 ops (CUDA with cuSPARSELt only;

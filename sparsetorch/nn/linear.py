@@ -3,7 +3,8 @@
 The CSR components are the layer's state (``values`` is the trainable parameter). From them the layer
 derives, lazily, the forms a product can run on: the CSR itself (sparsetorch's SpMM routes), the dense weight
 (cuBLASLt), a 2:4 part on sparse tensor cores plus a small CSR residual (cuSPARSELt, sparsetorch/_sparse24.py)
-and, where that module is present, bitmap tiles (sparsetorch/_bitmap.py). On the first call with a token count
+bitmap tiles for tensor cores (sparsetorch/_bitmap.py) and, for few tokens on CUDA, CSR16 (CSR with each entry's
+value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first call with a token count
 in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it times the forms that apply on that input and keeps the
 fastest for the bucket (CUDA: device events with a cold L2, as SpmmPlan's autotuner; CPU: wall clock), so the
 layer is never slower than its dense weight. Forms that win no bucket are freed again; the dense copy costs
@@ -27,6 +28,7 @@ import torch.nn.functional as F_torch
 from torch import nn
 
 from sparsetorch import functional as F
+from sparsetorch._csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
 from sparsetorch._ops import ops
 from sparsetorch._sparse24 import (MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, prune_2to4_mask,
                                    sparse24_applies)
@@ -40,7 +42,9 @@ try:  # the bitmap-tile format (another branch): one more candidate where presen
 except ImportError:
     BitmapWeight = bitmap_linear = None
 
-FORMATS = ("auto", "csr", "dense", "2:4", "bitmap")
+FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "csr16")
+# CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again).
+CSR16_MAX_TOKENS = 64
 
 
 def _index_dtype_for(*sizes: int) -> torch.dtype:
@@ -114,6 +118,7 @@ class _Forms:
         self.residual24 = None  # entries the 2:4 part cannot hold, once counted
         self.sparse24 = None
         self.bitmap = None
+        self.csr16 = None
         self.blocked = None
         self.runners: Dict[int, Any] = {}  # bucket -> the inference call of its route, arguments bound
 
@@ -147,6 +152,8 @@ class _Forms:
                     self.sparse24.set_values(v)
                 if self.bitmap is not None:
                     self.bitmap.set_values(v)
+                if self.csr16 is not None:
+                    self.csr16.set_values(v)
                 if self.blocked is not None:
                     self.blocked._blocked_values = None  # the plan re-derives its pair values on the next call
         self.key = key
@@ -158,6 +165,8 @@ class _Forms:
             return self.sparse24 is not None
         if route == "bitmap":
             return self.bitmap is not None
+        if route == "csr16":
+            return self.csr16 is not None
         return route != "csr:blocked" or self.blocked is not None
 
     def build(self, layer: "SparseLinear", route: str) -> None:
@@ -180,6 +189,9 @@ class _Forms:
                 if BitmapWeight is None:
                     raise ValueError("format 'bitmap': this build has no sparsetorch._bitmap")
                 self.bitmap = _BitmapForm(layer.weight.with_values(v))
+            elif route == "csr16":
+                self.csr16 = Csr16Weight(layer.crow_indices, layer.col_indices, v,
+                                         (layer.out_features, layer.in_features))
             elif route == "csr:blocked":
                 self.blocked = SpmmPlan(layer.weight, backend="blocked", validate=False, autotune=False)
 
@@ -207,6 +219,9 @@ class _Forms:
                                        f"{MAX_RESIDUAL_DENSITY:.1%} of the positions)")
         if BitmapWeight is not None and csr.dtype in (torch.float16, torch.bfloat16):
             routes.append("bitmap")
+        if x.shape[0] <= CSR16_MAX_TOKENS and csr16_applies((layer.out_features, layer.in_features), csr.dtype,
+                                                             csr.nnz) is None:
+            routes.append("csr16")
         return routes
 
     def route(self, layer: "SparseLinear", x: torch.Tensor) -> str:
@@ -255,6 +270,8 @@ class _Forms:
             self.sparse24 = self.split24 = None  # the split (a byte per entry and more) is rebuilt if needed
         if "bitmap" not in used:
             self.bitmap = None
+        if "csr16" not in used:
+            self.csr16 = None
         if "csr:blocked" not in used:
             self.blocked = None
 
@@ -273,6 +290,8 @@ class _Forms:
             return self.sparse24(x, bias, act, slope, bucket)
         if route == "bitmap":
             return self.bitmap(x, bias, act, slope)
+        if route == "csr16":
+            return csr16_linear(x, self.csr16, bias, act, slope)
         backend = route.partition(":")[2] or layer.backend
         if backend == "blocked":
             y_t = self.blocked(x.t())
@@ -302,6 +321,13 @@ class _Forms:
             w = self.sparse24
             args = (w.compressed, w.split.shape[0], *w._residual(), bias, act, slope, w.algs.get(bucket, -1))
             call = lambda a: ops.sparse24_linear.default(a, *args)  # noqa: E731
+        elif route in ("bitmap", "csr16"):  # the op below autograd: no torch.library Python wrapper per call
+            if route == "bitmap":
+                w = self.bitmap.weight
+                op, args = ops.bitmap_linear.default, (w.bitmaps, w.offsets, w.values, w.shape[0], bias, act, slope)
+            else:
+                op, args = ops.csr16_linear.default, (self.csr16.crow, self.csr16.entries, bias, act, slope)
+            call = lambda a: F._without_autograd(op, a, *args)  # noqa: E731
         else:
             call = lambda a: self.run(layer, route, a, bucket)  # noqa: E731
         if layer.format != "auto" or bucket in self.routes:  # not a stand-in rule: keep it
@@ -319,6 +345,8 @@ class _Forms:
             out["2:4 split"] = self.split24.nbytes
         if self.bitmap is not None:
             out["bitmap"] = self.bitmap.nbytes
+        if self.csr16 is not None:
+            out["csr16"] = self.csr16.nbytes
         return out
 
 
@@ -369,7 +397,8 @@ class SparseLinear(nn.Module):
     bucket and keeps the fastest (see the module docstring; ``layer.routes`` shows the choices,
     ``layer.route_times`` the measurements, ``layer.memory()`` the bytes of the derived forms); or one of
     ``"csr"``, ``"dense"``, ``"2:4"`` (cuSPARSELt on CUDA, a dense reference on the CPU; any pattern: the
-    entries beyond 2 per group of 4 run as a CSR residual) and ``"bitmap"`` to force a form. ``backend``
+    entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"`` and ``"csr16"`` (bfloat16/float16,
+    in_features <= 65536) to force a form. ``backend``
     is the SpMM route of the CSR form (``"auto"``: every applicable route is a candidate).
     """
 

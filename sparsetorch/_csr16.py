@@ -1,0 +1,72 @@
+"""CSR16: a pruned bfloat16/float16 weight as CSR whose entries pack the value's 16 bits over a 16-bit column
+(one 32-bit word per nonzero; layout in csrc/common/csr16_checks.h), and ``csr16_linear``, its product with
+few tokens on CUDA cores (csrc/cuda/csr16_kernel.cuh; a CPU reference in csrc/cpu/csr16_cpu.cpp).
+
+At high sparsity and few tokens the weight's bytes decide the time, and CSR16 moves 4 bytes per nonzero
+in one stream (CSR with int32 columns: 6 bytes in two). SparseLinear derives this form from its CSR and
+times it against its other forms; its values follow the CSR's order, so new values are one repack.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from sparsetorch._ops import ops
+
+MAX_COLUMNS = 1 << 16
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[str]:
+    """None when a weight of this shape, dtype and nonzero count fits CSR16, else why not."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype}: CSR16 packs 16-bit values (bfloat16, float16)"
+    if shape[1] > MAX_COLUMNS:
+        return f"in_features {shape[1]}: CSR16's 16-bit columns take at most {MAX_COLUMNS}"
+    if nnz >= 2**31:
+        return f"{nnz} nonzeros: CSR16's int32 row pointers take at most 2^31 - 1"
+    return None
+
+
+def _pack(values: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    bits = values.detach().contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return (bits << 16) | col.to(torch.int32)
+
+
+class Csr16Weight:
+    """W (out_features, in_features) in CSR16, made from a CSR pattern with sorted or unsorted columns
+    (duplicates are summed, as in the CSR) and its values."""
+
+    def __init__(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: Tuple[int, int]):
+        reason = applies(shape, values.dtype, values.numel())
+        if reason is not None:
+            raise ValueError(f"weight: {reason}")
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.crow = crow.to(torch.int32).contiguous()
+        self.entries = _pack(values, col)
+
+    def set_values(self, values: torch.Tensor) -> None:
+        """New values for the same pattern (the CSR's order), in place."""
+        columns = self.entries & 0xFFFF
+        self.entries.copy_(_pack(values, columns))
+
+    @property
+    def nbytes(self) -> int:
+        return self.crow.numel() * 4 + self.entries.numel() * 4
+
+
+def csr16_linear(x: torch.Tensor, weight: Csr16Weight, bias: Optional[torch.Tensor] = None,
+                 activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
+    """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the
+    layer differentiates through its CSR)."""
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x: expected shape (..., {weight.shape[1]}) for a weight of shape {weight.shape}, "
+                         f"got {tuple(x.shape)}")
+    return ops.csr16_linear(x, weight.crow, weight.entries, bias, activation, float(negative_slope))
+
+
+@torch.library.register_fake("sparsetorch::csr16_linear")
+def _csr16_linear_fake(x, crow, entries, bias=None, activation="none", negative_slope=0.01):
+    torch._check(x.dtype in DTYPES, lambda: f"x: expected bfloat16 or float16, got {x.dtype}")
+    return x.new_empty((*x.shape[:-1], crow.shape[0] - 1))

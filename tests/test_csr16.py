@@ -1,0 +1,200 @@
+"""csr16_linear (CSR16: value and 16-bit column in one word; CUDA-core kernel for few tokens, CPU reference)
+against float64 products, its argument checks and corrupt layouts, and SparseLinear's "csr16" form."""
+import numpy as np
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch._csr16 import MAX_COLUMNS, Csr16Weight, applies, csr16_linear
+from sparsetorch._ops import ops
+from _helpers import assert_matches, random_csr, randn
+
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+
+
+def weight(rng, m, k, density, dtype, device, **kw):
+    a = random_csr(rng, m, k, density, **kw)
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=dtype, device=device)
+    # the reference multiplies the values as stored (rounded to the half type)
+    a.data = values.double().cpu().numpy()
+    return a, Csr16Weight(crow, col, values, (m, k))
+
+
+def reference(a, x, bias=None, act=None):
+    z = torch.from_numpy(np.asarray(a @ x.double().reshape(-1, a.shape[1]).cpu().numpy().T).T.copy())
+    if bias is not None:
+        z = z + bias.double().cpu()
+    if act is not None:
+        z = getattr(torch.nn.functional, act)(z)
+    return z.reshape(*x.shape[:-1], a.shape[0])
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 16, 17, 40])
+def test_matches_float64(device, rng, dtype, n):
+    """Token counts across the kernel's tiles (1, 2, 4, 8, 16 per block; 17 and 40: several tiles), a k
+    that is not a multiple of 8, empty rows, a long row."""
+    a, w = weight(rng, 70, 333, 0.1, dtype, device, empty_rows=0.2)
+    x = randn(rng, n, 333, dtype=dtype, device=device)
+    assert_matches(csr16_linear(x, w), reference(a, x), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
+def test_bias_activation_and_batch_dims(device, rng, dtype, act):
+    a, w = weight(rng, 45, 96, 0.3, dtype, device, unsorted=True, duplicates=True)
+    x = randn(rng, 2, 3, 96, dtype=dtype, device=device)
+    bias = randn(rng, 45, dtype=dtype, device=device)
+    z = reference(a, x, bias)
+    out = csr16_linear(x, w, bias, act or "none")
+    assert out.shape == (2, 3, 45) and out.dtype == dtype
+    assert_matches(out, reference(a, x, bias, act), dtype, input_scale=z)
+
+
+def test_skewed_rows_and_non_contiguous_x(device, rng):
+    """One row holding every column, rows of one entry and empty rows; x a transposed view (copied into
+    the aligned layout the kernel reads) and x sliced from a wider tensor."""
+    m, k = 64, 600
+    a = random_csr(rng, m, k, 0.01)
+    a = a.tolil()
+    a[5, :] = rng.standard_normal(k)
+    a = a.tocsr()
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=torch.bfloat16, device=device)
+    a.data = values.double().cpu().numpy()
+    w = Csr16Weight(crow, col, values, (m, k))
+    xt = randn(rng, k, 5, dtype=torch.bfloat16, device=device).t()
+    assert_matches(csr16_linear(xt, w), reference(a, xt), torch.bfloat16)
+    wide = randn(rng, 5, k + 3, dtype=torch.bfloat16, device=device)[:, 3:]
+    assert_matches(csr16_linear(wide, w), reference(a, wide), torch.bfloat16)
+
+
+def test_empty_shapes(device):
+    crow = torch.zeros(5, dtype=torch.int32, device=device)
+    entries = torch.zeros(0, dtype=torch.int32, device=device)
+    bias = torch.arange(4, dtype=torch.bfloat16, device=device) - 1
+    # no entries: act(bias) for every token
+    out = ops.csr16_linear(torch.randn(3, 10, dtype=torch.bfloat16, device=device), crow, entries, bias, "relu")
+    torch.testing.assert_close(out, torch.relu(bias).expand(3, 4))
+    # k == 0, n == 0, m == 0
+    torch.testing.assert_close(ops.csr16_linear(torch.empty(2, 0, dtype=torch.bfloat16, device=device), crow, entries,
+                                                bias), bias.expand(2, 4))
+    assert ops.csr16_linear(torch.empty(0, 10, dtype=torch.bfloat16, device=device), crow, entries).shape == (0, 4)
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    assert ops.csr16_linear(torch.randn(3, 10, dtype=torch.bfloat16, device=device), one, entries).shape == (3, 0)
+
+
+def test_argument_errors(device):
+    crow = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    entries = torch.tensor([2], dtype=torch.int32, device=device)
+    x = torch.randn(2, 8, dtype=torch.bfloat16, device=device)
+    with pytest.raises(TypeError, match="x: expected bfloat16 or float16"):
+        ops.csr16_linear(x.float(), crow, entries)
+    with pytest.raises(TypeError, match="crow: expected int32"):
+        ops.csr16_linear(x, crow.long(), entries)
+    with pytest.raises(TypeError, match="entries: expected int32"):
+        ops.csr16_linear(x, crow, entries.long())
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        ops.csr16_linear(x, crow, entries, torch.zeros(3, dtype=torch.bfloat16, device=device))
+    with pytest.raises(TypeError, match="bias"):
+        ops.csr16_linear(x, crow, entries, torch.zeros(1, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="at most 65536 in_features"):
+        ops.csr16_linear(torch.zeros(1, MAX_COLUMNS + 1, dtype=torch.bfloat16, device=device), crow, entries)
+    with pytest.raises(ValueError, match="crow: expected a 1-D"):
+        ops.csr16_linear(x, crow.view(1, 2), entries)
+    w = Csr16Weight(crow, entries, torch.ones(1, dtype=torch.bfloat16, device=device), (1, 8))
+    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 8\)"):
+        csr16_linear(torch.randn(2, 9, dtype=torch.bfloat16, device=device), w)
+    assert "in_features 70000" in applies((4, 70000), torch.bfloat16, 1)
+    assert "dtype torch.float32" in applies((4, 8), torch.float32, 1)
+    assert applies((4, 8), torch.float16, 1) is None
+    with pytest.raises(ValueError, match="weight: dtype"):
+        Csr16Weight(crow, entries, torch.ones(1, device=device), (1, 8))
+
+
+def test_corrupt_layout_cpu_raises():
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    good = torch.tensor([0, 1, 2], dtype=torch.int32)
+    entries = torch.tensor([1, 3], dtype=torch.int32)
+    with pytest.raises(IndexError, match="crow: expected to run from 0 to 2"):
+        ops.csr16_linear(x, torch.tensor([0, 1, 3], dtype=torch.int32), entries)
+    with pytest.raises(IndexError, match="non-decreasing"):
+        ops.csr16_linear(x, torch.tensor([0, 2, 1, 2], dtype=torch.int32), entries)
+    with pytest.raises(IndexError, match="column 9"):
+        ops.csr16_linear(x, good, torch.tensor([1, 9], dtype=torch.int32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+def test_corrupt_layout_cuda_stays_in_bounds():
+    """The CUDA kernel does not read the layout on the host: out-of-range row pointers and columns are
+    clamped on the device (a wrong product, never a fault); the process goes on."""
+    x = torch.randn(3, 8, dtype=torch.bfloat16, device="cuda")
+    bad_crow = torch.tensor([-5, 1 << 30, 2, -1], dtype=torch.int32, device="cuda")
+    bad_entries = torch.tensor([0x3F80FFFF, 0x3F807FFF], dtype=torch.int32, device="cuda")  # 1.0 at column 65535
+    out = ops.csr16_linear(x, bad_crow, bad_entries)
+    torch.cuda.synchronize()
+    assert out.shape == (3, 3)
+    assert torch.isfinite(out).all()
+    # the same GPU computes a correct product afterwards
+    crow = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    ok = ops.csr16_linear(x, crow, torch.tensor([0x3F800002], dtype=torch.int32, device="cuda"))
+    torch.testing.assert_close(ok, x[:, 2:3])
+
+
+def test_set_values_repacks_in_place(device, rng):
+    a, w = weight(rng, 20, 50, 0.3, torch.float16, device)
+    entries = w.entries
+    new = torch.from_numpy(rng.standard_normal(a.nnz)).to(dtype=torch.float16, device=device)
+    w.set_values(new)
+    assert w.entries is entries
+    a.data = new.double().cpu().numpy()
+    x = randn(rng, 4, 50, dtype=torch.float16, device=device)
+    assert_matches(csr16_linear(x, w), reference(a, x), torch.float16)
+    assert w.nbytes == 4 * (21 + a.nnz)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_sparse_linear_csr16_form(device, dtype):
+    """SparseLinear(format="csr16"): forward, new values, gradients through the layer's CSR backward."""
+    torch.manual_seed(3)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).to(device=device, dtype=dtype), sparsity=0.8,
+                                         activation="gelu")
+    layer = st.nn.SparseLinear(48, 24, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="gelu", format="csr16")
+    x = torch.randn(5, 48, device=device, dtype=dtype)
+    w = base.to_dense().detach().double()
+    z = x.double() @ w.T + base.bias.detach().double()
+    with torch.no_grad():
+        assert_matches(layer(x), torch.nn.functional.gelu(z), dtype, input_scale=z)
+        layer.values.mul_(-2.0)
+        z2 = x.double() @ (-2.0 * w).T + base.bias.detach().double()
+        assert_matches(layer(x), torch.nn.functional.gelu(z2), dtype, input_scale=z2)
+    assert layer.memory()["csr16"] == 4 * (25 + layer.nnz)
+    xg = x.clone().requires_grad_()
+    layer(xg).float().sum().backward()
+    assert layer.values.grad is not None and xg.grad is not None
+    ref_x = x.double().requires_grad_()
+    ref_w = (-2.0 * w).requires_grad_()
+    torch.nn.functional.gelu(ref_x @ ref_w.T + base.bias.detach().double()).sum().backward()
+    assert_matches(xg.grad, ref_x.grad, dtype)
+    rows = torch.repeat_interleave(torch.arange(24, device=device), torch.diff(layer.crow_indices.long()))
+    assert_matches(layer.values.grad, ref_w.grad[rows, layer.col_indices.long()], dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the auto route times CUDA forms")
+def test_sparse_linear_auto_times_csr16():
+    torch.manual_seed(4)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 256).cuda().bfloat16(), sparsity=0.9)
+    x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = layer(x)
+    assert "csr16" in layer.route_times[4]
+    ref = torch.nn.functional.linear(x.double(), layer.to_dense().detach().double(), layer.bias.detach().double())
+    assert_matches(y, ref, torch.bfloat16)
+    many = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(many)
+    assert "csr16" not in layer.route_times[128]  # beyond CSR16_MAX_TOKENS: not a candidate
