@@ -134,15 +134,14 @@ template <int NB>
 void launch_csr16(const c16::Params& p, int sms) {
   static int per_sm = -1;
   const int64_t smem = c16::block_smem(p.kx, NB);
+  auto* kernel = c16::csr16_linear_kernel<__nv_bfloat16, NB>;
   if (per_sm < 0) {
-    CHECK_CUDA(cudaFuncSetAttribute(c16::csr16_linear_kernel<__nv_bfloat16, NB>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_per_block));
-    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c16::csr16_linear_kernel<__nv_bfloat16, NB>,
-                                                             c16::kThreads, static_cast<size_t>(smem)));
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_per_block));
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, c16::kThreads, static_cast<size_t>(smem)));
   }
   const int64_t blocks = c16::row_blocks(p.m, per_sm, sms);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((p.n + NB - 1) / NB));
-  c16::csr16_linear_kernel<__nv_bfloat16, NB><<<grid, c16::kThreads, smem>>>(p);
+  kernel<<<grid, c16::kThreads, smem>>>(p);
 }
 
 int main(int argc, char** argv) {
@@ -172,7 +171,7 @@ int main(int argc, char** argv) {
 
   const int shapes[2][2] = {{11008, 4096}, {4096, 11008}};
   const double sparsities[4] = {0.5, 0.7, 0.9, 0.95};
-  const int ns[5] = {1, 4, 16, 64, 128};
+  const int ns[6] = {1, 4, 8, 16, 64, 128};
   for (const auto& shape : shapes) {
     for (const double sp : sparsities) {
       if (only_m != 0 && (only_m != shape[0] || std::fabs(only_sp - sp) > 1e-9)) continue;

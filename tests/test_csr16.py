@@ -70,6 +70,9 @@ def test_skewed_rows_and_non_contiguous_x(device, rng):
     assert_matches(csr16_linear(xt, w), reference(a, xt), torch.bfloat16)
     wide = randn(rng, 5, k + 3, dtype=torch.bfloat16, device=device)[:, 3:]
     assert_matches(csr16_linear(wide, w), reference(a, wide), torch.bfloat16)
+    # entries as a view 4 bytes into a buffer (not 16-byte aligned: the CUDA op copies them)
+    shifted = torch.cat([w.entries.new_zeros(1), w.entries])[1:]
+    assert_matches(ops.csr16_linear(xt, w.crow, shifted), reference(a, xt), torch.bfloat16)
 
 
 def test_empty_shapes(device):

@@ -18,8 +18,8 @@
 // result does not depend on timing. The grid is as many blocks as fit at once (each loads x once);
 // token tiles beyond the first are more blocks (W is read once per tile).
 //
-// Bounds: rows' entry ranges are clamped to [0, nnz], columns to k - 1 (shared memory holds k columns):
-// whatever the layout holds, every read stays in bounds (a corrupt layout gives a wrong product).
+// Bounds: rows' entry ranges are clamped to [0, nnz], columns to the tile's zero column (columns >= k read
+// zeros): whatever the layout holds, every read stays in bounds (a corrupt layout gives a wrong product).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,14 +36,14 @@ namespace csr16 {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-// Entries per lane in flight (a trip covers 32 * unroll consecutive entries of a row): more where the
-// accumulators leave registers for them.
+// 16-byte loads (4 entries) per lane in flight (a trip covers 128 * unroll consecutive entries of a row):
+// more where the accumulators leave registers for them.
 template <int NB>
-__host__ __device__ constexpr int unroll() { return NB <= 2 ? 8 : 4; }
+__host__ __device__ constexpr int unroll() { return NB <= 2 ? 4 : NB == 4 ? 2 : 1; }
 
 struct Params {
   const int* crow;          // (m + 1,)
-  const uint32_t* entries;  // (nnz,): value bits << 16 | column
+  const uint32_t* entries;  // (nnz,): value bits << 16 | column; 16-byte aligned
   int nnz;
   const uint16_t* x;        // (n, ldx), 16-byte aligned, ldx % 8 == 0, columns [k, kx) zero
   int64_t ldx;
@@ -143,8 +143,11 @@ __host__ __device__ constexpr int log2_tokens() {
   return NB == 1 ? 0 : NB == 2 ? 1 : NB == 4 ? 2 : NB == 8 ? 3 : 4;
 }
 
-// Shared memory of one block: x's tile, kx columns x NB tokens of 16 bits.
-__host__ __device__ inline int64_t block_smem(int kx, int nb) { return int64_t{2} * kx * nb; }
+// Shared memory of one block: x's tile, kx + 1 columns (the last one zero) x NB tokens of 16 bits.
+__host__ __device__ inline int64_t block_smem(int kx, int nb) { return int64_t{2} * (kx + 1) * nb + 16; }
+
+// An entry that adds nothing: value +0 at column 0xffff (clamped to the zero column).
+constexpr uint32_t kFiller = 0x0000ffffu;
 
 template <typename T, int NB>
 __global__ void __launch_bounds__(kThreads, 1) csr16_linear_kernel(const Params p) {
@@ -179,34 +182,75 @@ __global__ void __launch_bounds__(kThreads, 1) csr16_linear_kernel(const Params 
       }
     }
   }
+  if (threadIdx.x < NB) xs[x_slot<NB>(p.kx, threadIdx.x)] = 0;
   __syncthreads();
 
-  const int last_col = max(p.k - 1, 0);  // k == 0: column 0 of the zero padding (kx >= 8)
+  // Columns >= k read zeros: x's padding up to kx and one more column, kx, zeroed above. Out-of-range
+  // columns (a corrupt layout) and the filler entries land there.
+  const int zero_col = p.kx;
   constexpr int kShift = 5 - log2_tokens<NB>();
-  for (int row = blockIdx.x * kWarps + warp; row < p.m; row += gridDim.x * kWarps) {
-    const int start = min(max(__ldg(p.crow + row), 0), p.nnz);
-    const int end = min(max(__ldg(p.crow + row + 1), start), p.nnz);
+  constexpr int kUnroll = unroll<NB>();
+  constexpr int kTrip = 128 * kUnroll;  // entries of a row per trip: kUnroll 16-byte loads (4 entries) per lane
+  // A warp's rows form one stream of trips: the loads of the next trip (of this row, or the next row's
+  // first) are issued before this trip's FMAs, and the next row's pointers a row ahead, so the warp waits
+  // for memory about once per trip's compute, not two latencies per row. Trips start at a multiple of 4
+  // entries (16-byte loads; the entries before the row's first are loaded and skipped).
+  const int stride = gridDim.x * kWarps;
+  auto row_range = [&](int r, int& first, int& last) {
+    first = last = 0;
+    if (r < p.m) {
+      first = min(max(__ldg(p.crow + r), 0), p.nnz);
+      last = min(max(__ldg(p.crow + r + 1), first), p.nnz);
+    }
+  };
+  // The lane's 4 entries at base + 4 (lane + 32 u); those outside the row [first, last) read as kFiller
+  // (value +0 at the zero column), so the FMAs need no test: masking happens here, once per 4 entries.
+  uint4 e[kUnroll];
+  auto load_trip = [&](int base, int first, int last) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int at = base + 4 * (lane + 32 * u);
+      if (at >= first && at + 4 <= last) {
+        e[u] = __ldg(reinterpret_cast<const uint4*>(p.entries + at));
+      } else {
+        auto one = [&](int i) { return i >= first && i < last ? __ldg(p.entries + i) : kFiller; };
+        e[u] = make_uint4(one(at), one(at + 1), one(at + 2), one(at + 3));
+      }
+    }
+  };
+  int row = blockIdx.x * kWarps + warp, start, end, next_start, next_end;
+  row_range(row, start, end);
+  row_range(row + stride, next_start, next_end);
+  load_trip(start & ~3, start, end);
+  for (; row < p.m; row += stride) {
     float acc[NB];
 #pragma unroll
     for (int t = 0; t < NB; ++t) acc[t] = 0.f;
-    int i = start + lane;
-    // Full trips: kUnroll entries per lane, loads first so that they are in flight together.
-    constexpr int kUnroll = unroll<NB>();
-    for (; i + 32 * (kUnroll - 1) < end; i += 32 * kUnroll) {
-      uint32_t e[kUnroll];
+    const int base0 = start & ~3;
+    const int trips = (end - base0 + kTrip - 1) / kTrip;
+    if (trips == 0) load_trip(next_start & ~3, next_start, next_end);
+    for (int trip = 0; trip < trips; ++trip) {
+      const int base = base0 + trip * kTrip;
+      uint4 cur[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) e[u] = __ldg(p.entries + i + 32 * u);
+      for (int u = 0; u < kUnroll; ++u) cur[u] = e[u];
+      if (trip + 1 < trips) {
+        load_trip(base + kTrip, start, end);
+      } else {
+        load_trip(next_start & ~3, next_start, next_end);
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int col = min(static_cast<int>(e[u] & 0xffffu), last_col);
-        fma_column<T, NB>(acc, Bits<T>::high(e[u]), xs, col);
+        const uint32_t w[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int col = min(static_cast<int>(w[q] & 0xffffu), zero_col);
+          fma_column<T, NB>(acc, Bits<T>::high(w[q]), xs, col);
+        }
       }
     }
-    for (; i < end; i += 32) {
-      const uint32_t e = __ldg(p.entries + i);
-      const int col = min(static_cast<int>(e & 0xffffu), last_col);
-      fma_column<T, NB>(acc, Bits<T>::high(e), xs, col);
-    }
+    start = next_start, end = next_end;
+    row_range(row + 2 * stride, next_start, next_end);
     const float sum = warp_sum_tokens<NB>(acc, lane);
     const int token = n0 + (lane >> kShift);
     if ((lane & ((1 << kShift) - 1)) == 0 && token < p.n) {

@@ -1,6 +1,7 @@
 // csr16_linear on CUDA: the CUDA-core kernel of cuda/csr16_kernel.cuh (design and bounds there). This
 // file prepares the operands: x as a (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte
-// aligned (copied, zero-padded, only when it is not already), and picks the tokens per block and the grid.
+// aligned (copied, zero-padded, only when it is not already), the entries 16-byte aligned (copied when a
+// view starts elsewhere), and picks the tokens per block and the grid.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -62,7 +63,9 @@ at::Tensor csr16_linear_cuda(const at::Tensor& x, const at::Tensor& crow, const 
     padded.narrow(1, 0, p.k).copy_(x2);
     x2 = padded;
   }
-  const at::Tensor crow_c = crow.contiguous(), entries_c = entries.contiguous();
+  const at::Tensor crow_c = crow.contiguous();
+  at::Tensor entries_c = entries.contiguous();
+  if (!aligned16(entries_c)) entries_c = entries_c.clone();  // the kernel reads 4 entries at a time
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
