@@ -57,7 +57,9 @@ def _device_time(call, scratch: torch.Tensor) -> float:
 
     def timed(reps):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        torch.cuda._sleep(100_000 * reps)  # ~50 us per call at 2 GHz: longer than enqueuing it
+        # ~150 us per call at 2 GHz: longer than enqueuing it (a SparseLinear candidate through Python
+        # takes 40-80 us of host time; with ~50 us per call, a slow host moment was timed as the call)
+        torch.cuda._sleep(300_000 * reps)
         for start, end in events:
             scratch.zero_()
             start.record()

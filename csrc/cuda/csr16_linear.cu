@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "common/csr16_checks.h"
 #include "cuda/csr16_kernel.cuh"
@@ -19,7 +20,7 @@ namespace {
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 template <typename T, int NB>
-void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, cudaStream_t stream) {
+void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, int device, cudaStream_t stream) {
   auto* kernel = csr16::csr16_linear_kernel<T, NB>;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   static const bool configured = [kernel, prop] {
@@ -28,21 +29,30 @@ void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, cudaSt
     return true;
   }();
   (void)configured;
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, csr16::kThreads, static_cast<size_t>(smem)));
+  // Blocks per SM, asked once per (device, shared-memory size): the occupancy query is host time on
+  // every call otherwise.
+  static thread_local std::unordered_map<int64_t, int> per_sm_by_smem;
+  const int64_t key = smem * 1024 + device;
+  auto found = per_sm_by_smem.find(key);
+  if (found == per_sm_by_smem.end()) {
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, csr16::kThreads, static_cast<size_t>(smem)));
+    found = per_sm_by_smem.emplace(key, per_sm).first;
+  }
+  const int per_sm = found->second;
   const int64_t blocks = csr16::row_blocks(p.m, per_sm, prop->multiProcessorCount);
   kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(token_tiles)), csr16::kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
-void launch(const csr16::Params& p, int nb, int64_t smem, int64_t token_tiles, cudaStream_t stream) {
+void launch(const csr16::Params& p, int nb, int64_t smem, int64_t token_tiles, int device, cudaStream_t stream) {
   switch (nb) {
-    case 1: return launch_nb<T, 1>(p, smem, token_tiles, stream);
-    case 2: return launch_nb<T, 2>(p, smem, token_tiles, stream);
-    case 4: return launch_nb<T, 4>(p, smem, token_tiles, stream);
-    case 8: return launch_nb<T, 8>(p, smem, token_tiles, stream);
-    default: return launch_nb<T, 16>(p, smem, token_tiles, stream);
+    case 1: return launch_nb<T, 1>(p, smem, token_tiles, device, stream);
+    case 2: return launch_nb<T, 2>(p, smem, token_tiles, device, stream);
+    case 4: return launch_nb<T, 4>(p, smem, token_tiles, device, stream);
+    case 8: return launch_nb<T, 8>(p, smem, token_tiles, device, stream);
+    default: return launch_nb<T, 16>(p, smem, token_tiles, device, stream);
   }
 }
 
@@ -92,9 +102,9 @@ at::Tensor csr16_linear_cuda(const at::Tensor& x, const at::Tensor& crow, const 
   const int64_t smem = csr16::block_smem(prm.kx, nb);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (x.scalar_type() == at::kBFloat16) {
-    launch<__nv_bfloat16>(prm, nb, smem, token_tiles, stream);
+    launch<__nv_bfloat16>(prm, nb, smem, token_tiles, x.get_device(), stream);
   } else {
-    launch<__half>(prm, nb, smem, token_tiles, stream);
+    launch<__half>(prm, nb, smem, token_tiles, x.get_device(), stream);
   }
   return out.view(p.out_shape);
 }
