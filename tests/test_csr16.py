@@ -160,7 +160,7 @@ def test_set_values_repacks_in_place(device, rng):
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_sparse_linear_csr16_form(device, dtype):
+def test_sparse_linear_csr16_form(device, dtype, monkeypatch):
     """SparseLinear(format="csr16"): forward, new values, gradients through the layer's CSR backward."""
     torch.manual_seed(3)
     base = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).to(device=device, dtype=dtype), sparsity=0.8,
@@ -176,8 +176,13 @@ def test_sparse_linear_csr16_form(device, dtype):
         z2 = x.double() @ (-2.0 * w).T + base.bias.detach().double()
         assert_matches(layer(x), torch.nn.functional.gelu(z2), dtype, input_scale=z2)
     assert layer.memory()["csr16"] == 4 * (25 + layer.nnz)
+    import sparsetorch.nn.linear as lin
+
+    calls = []
+    monkeypatch.setattr(lin, "csr16_linear", lambda *a, **k: calls.append(1) or csr16_linear(*a, **k))
     xg = x.clone().requires_grad_()
     layer(xg).float().sum().backward()
+    assert calls, "the csr16 form ran the forward of a call that records gradients (not the CSR route)"
     assert layer.values.grad is not None and xg.grad is not None
     ref_x = x.double().requires_grad_()
     ref_w = (-2.0 * w).requires_grad_()

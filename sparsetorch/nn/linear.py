@@ -557,7 +557,7 @@ class SparseLinear(nn.Module):
                 y = forms.runner(self, x2, bucket)(x2)
             else:
                 route = forms.route(self, x2)
-                if route.startswith("csr") and route != "csr:blocked":
+                if (route == "csr" or route.startswith("csr:")) and route != "csr:blocked":
                     y_t = F.spmm(self.weight, x2.t(), backend=route.partition(":")[2] or self.backend)  # (out, N)
                     y = self._epilogue(y_t.t())
                 else:

@@ -118,13 +118,14 @@ def pruned_suite(ctx: Context) -> List[Job]:
                             f"torch BSR {block}x{block}": (lambda a: F.linear(a, bsr), xs, sb, sf, rate, label)},
                             bsr_ref, gb)
                 _annotate(got, layer, n)
-                if ctx.cuda:
-                    for r in got:
-                        if r["impl"] == "sparsetorch":
-                            r["host_us_per_call"] = 1e6 * host_time_per_call(layer, x)
-                        elif r["impl"] == "torch._cslt_sparse_mm":
-                            r["host_us_per_call"] = 1e6 * host_time_per_call(
-                                lambda a: torch._cslt_sparse_mm(torch_cslt, a.t()), x)
+                if ctx.cuda:  # the call that was timed: inference, no gradient recorded
+                    with torch.no_grad():
+                        for r in got:
+                            if r["impl"] == "sparsetorch":
+                                r["host_us_per_call"] = 1e6 * host_time_per_call(layer, x)
+                            elif r["impl"] == "torch._cslt_sparse_mm":
+                                r["host_us_per_call"] = 1e6 * host_time_per_call(
+                                    lambda a: torch._cslt_sparse_mm(torch_cslt, a.t()), x)
                 rows += got
             return rows
 
