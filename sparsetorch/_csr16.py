@@ -46,6 +46,16 @@ class Csr16Weight:
         self.crow = crow.to(torch.int32).contiguous()
         self.entries = _pack(values, col)
 
+    @classmethod
+    def from_csr(cls, weight) -> "Csr16Weight":
+        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
+        from sparsetorch.csr import as_csr
+
+        w = as_csr(weight)
+        if len(w.shape) != 2:
+            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
+        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
+
     def set_values(self, values: torch.Tensor) -> None:
         """New values for the same pattern (the CSR's order), in place."""
         columns = self.entries & 0xFFFF

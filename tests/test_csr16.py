@@ -147,6 +147,16 @@ def test_corrupt_layout_cuda_stays_in_bounds():
     torch.testing.assert_close(ok, x[:, 2:3])
 
 
+def test_from_csr_and_public_names(device, rng):
+    a = random_csr(rng, 12, 30, 0.3)
+    w = st.Csr16Weight.from_csr(st.from_scipy(a, device=device, dtype=torch.float16))
+    x = randn(rng, 3, 30, dtype=torch.float16, device=device)
+    a.data = torch.from_numpy(a.data).half().double().numpy()
+    assert_matches(st.csr16_linear(x, w), reference(a, x), torch.float16)
+    with pytest.raises(ValueError, match="2-D"):
+        st.Csr16Weight.from_csr(st.from_list([a, a], device=device, dtype=torch.float16))
+
+
 def test_set_values_repacks_in_place(device, rng):
     a, w = weight(rng, 20, 50, 0.3, torch.float16, device)
     entries = w.entries
