@@ -24,7 +24,12 @@
 // at N = 1, ~30% of the elapsed cycles have SMs idle (a warp's rows are whole units: 11008 rows over 4224
 // warps, 2 or 3 each) and DRAM runs at 47%; at N = 16, shared memory (L1/TEX 82% busy: random columns'
 // 16-byte reads conflict in banks). Tried and dropped: rows cut among 2 or 4 warps with a block barrier
-// per round (slower: 14.4 -> 20.8 us), 2..8 lanes per entry each taking 2..8 of the 16 tokens (slower).
+// per round (slower: 14.4 -> 20.8 us), 2..8 lanes per entry each taking 2..8 of the 16 tokens (slower);
+// a "banked" entry order (each row's entries bucketed by column mod 8 so that every 8-lane group reads 8
+// different banks, padding where a residue runs out: rows +22% entries at 90%): shared-load conflicts went
+// from 57% of the wavefronts to none, N = 16 31.1 -> 27.3 us, but the kernel stays bound by its 13.5M
+// instructions (~96 per entry at N = 16, issue 0.5-0.6 per scheduler cycle, short-scoreboard stalls);
+// not adopted for 12% (a second layout and route; ncu_n16_plain_vs_banked.txt in the H100 results).
 //
 // Bounds: rows' entry ranges are clamped to [0, nnz], columns to the tile's zero column (columns >= k read
 // zeros): whatever the layout holds, every read stays in bounds (a corrupt layout gives a wrong product).
