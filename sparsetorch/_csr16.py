@@ -14,7 +14,8 @@ import torch
 
 from sparsetorch._ops import ops
 
-MAX_COLUMNS = 1 << 16
+MAX_COLUMNS = 0xFFFF  # the CUDA kernel's filler entries use column 0xFFFF: never a real column
+MAX_ENTRIES = 2**31 - 1024  # the kernel's lane offsets (up to 508 past a row's end) stay in int32
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -24,8 +25,8 @@ def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[st
         return f"dtype {dtype}: CSR16 packs 16-bit values (bfloat16, float16)"
     if shape[1] > MAX_COLUMNS:
         return f"in_features {shape[1]}: CSR16's 16-bit columns take at most {MAX_COLUMNS}"
-    if nnz >= 2**31:
-        return f"{nnz} nonzeros: CSR16's int32 row pointers take at most 2^31 - 1"
+    if nnz > MAX_ENTRIES:
+        return f"{nnz} nonzeros: CSR16 takes at most {MAX_ENTRIES}"
     return None
 
 
@@ -42,8 +43,12 @@ class Csr16Weight:
         reason = applies(shape, values.dtype, values.numel())
         if reason is not None:
             raise ValueError(f"weight: {reason}")
+        if crow.numel() != int(shape[0]) + 1 or col.numel() != values.numel():
+            raise ValueError(f"weight: expected {int(shape[0]) + 1} row pointers and as many columns as values, got "
+                             f"{crow.numel()} and {col.numel()} for {values.numel()} values")
         self.shape = (int(shape[0]), int(shape[1]))
-        self.crow = crow.to(torch.int32).contiguous()
+        self.dtype, self.device = values.dtype, values.device
+        self.crow = crow.to(torch.int32).contiguous()  # may share the caller's int32 row pointers
         self.entries = _pack(values, col)
 
     @classmethod
@@ -58,11 +63,14 @@ class Csr16Weight:
 
     def set_values(self, values: torch.Tensor) -> None:
         """New values for the same pattern (the CSR's order), in place."""
+        if values.dtype != self.dtype or values.shape != self.entries.shape:
+            raise ValueError(f"values: expected {tuple(self.entries.shape)} of {self.dtype} (the weight's), got "
+                             f"{tuple(values.shape)} of {values.dtype}")
         columns = self.entries & 0xFFFF
         self.entries.copy_(_pack(values, columns))
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> int:  # counts the row pointers even where they share the caller's int32 tensor
         return self.crow.numel() * 4 + self.entries.numel() * 4
 
 
@@ -70,6 +78,8 @@ def csr16_linear(x: torch.Tensor, weight: Csr16Weight, bias: Optional[torch.Tens
                  activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
     """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the
     layer differentiates through its CSR)."""
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x: expected {weight.dtype} (the weight's dtype), got {x.dtype}")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x: expected shape (..., {weight.shape[1]}) for a weight of shape {weight.shape}, "
                          f"got {tuple(x.shape)}")

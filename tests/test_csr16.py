@@ -104,14 +104,24 @@ def test_argument_errors(device):
         ops.csr16_linear(x, crow, entries, torch.zeros(3, dtype=torch.bfloat16, device=device))
     with pytest.raises(TypeError, match="bias"):
         ops.csr16_linear(x, crow, entries, torch.zeros(1, dtype=torch.float16, device=device))
-    with pytest.raises(ValueError, match="at most 65536 in_features"):
+    with pytest.raises(ValueError, match="at most 65535 in_features"):
         ops.csr16_linear(torch.zeros(1, MAX_COLUMNS + 1, dtype=torch.bfloat16, device=device), crow, entries)
     with pytest.raises(ValueError, match="crow: expected a 1-D"):
         ops.csr16_linear(x, crow.view(1, 2), entries)
     w = Csr16Weight(crow, entries, torch.ones(1, dtype=torch.bfloat16, device=device), (1, 8))
     with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 8\)"):
         csr16_linear(torch.randn(2, 9, dtype=torch.bfloat16, device=device), w)
+    with pytest.raises(TypeError, match="x: expected torch.bfloat16"):  # fp16 x would read bf16 bits as fp16
+        csr16_linear(torch.randn(2, 8, dtype=torch.float16, device=device), w)
+    with pytest.raises(ValueError, match="values: expected"):
+        w.set_values(torch.ones(1, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="values: expected"):
+        w.set_values(torch.ones(2, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="row pointers"):
+        Csr16Weight(crow, entries, torch.ones(1, dtype=torch.bfloat16, device=device), (3, 8))
     assert "in_features 70000" in applies((4, 70000), torch.bfloat16, 1)
+    assert "in_features 65536" in applies((4, 65536), torch.bfloat16, 1)
+    assert "nonzeros" in applies((4, 8), torch.bfloat16, 2**31 - 1000)
     assert "dtype torch.float32" in applies((4, 8), torch.float32, 1)
     assert applies((4, 8), torch.float16, 1) is None
     with pytest.raises(ValueError, match="weight: dtype"):
@@ -140,7 +150,7 @@ def test_corrupt_layout_cuda_stays_in_bounds():
     out = ops.csr16_linear(x, bad_crow, bad_entries)
     torch.cuda.synchronize()
     assert out.shape == (3, 3)
-    assert torch.isfinite(out).all()
+    assert torch.equal(out, torch.zeros_like(out))  # column 65535 -> the zero column; the other rows are empty
     # the same GPU computes a correct product afterwards
     crow = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
     ok = ops.csr16_linear(x, crow, torch.tensor([0x3F800002], dtype=torch.int32, device="cuda"))
@@ -216,3 +226,40 @@ def test_sparse_linear_auto_times_csr16():
     with torch.no_grad():
         layer(many)
     assert "csr16" not in layer.route_times[128]  # beyond CSR16_MAX_TOKENS: not a candidate
+
+
+@pytest.mark.parametrize("n", [1, 16, 40])
+def test_many_rows_per_warp_and_wide_inputs(device, rng, n):
+    """Rows well beyond one per warp (9000 rows: each warp streams several, prefetching the next row's
+    entries and pointers; empty rows among them), and in_features 11008 (at 16 tokens x's tile no longer
+    fits shared memory whole: tiles of 8 tokens)."""
+    a, w = weight(rng, 9000, 64, 0.05, torch.bfloat16, device, empty_rows=0.3)
+    x = randn(rng, n, 64, dtype=torch.bfloat16, device=device)
+    assert_matches(csr16_linear(x, w), reference(a, x), torch.bfloat16)
+    a, w = weight(rng, 40, 11008, 0.01, torch.float16, device)
+    x = randn(rng, n, 11008, dtype=torch.float16, device=device)
+    assert_matches(csr16_linear(x, w), reference(a, x), torch.float16)
+
+
+def test_inf_in_columns_without_entries_stays_out(device, rng):
+    """CSR semantics: a column of x holding Inf/NaN reaches only the rows with an entry there; padding
+    (k not a multiple of 8) and the filler entries read zeros, never a real column."""
+    m, k = 50, 333
+    a = random_csr(rng, m, k, 0.05)
+    a = a.tolil()
+    a[:, 300:] = 0  # no entry in columns 300 .. 332
+    a = a.tocsr()
+    a.eliminate_zeros()
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=torch.bfloat16, device=device)
+    w = Csr16Weight(crow, col, values, (m, k))
+    x = randn(rng, 3, k, dtype=torch.bfloat16, device=device)
+    x[:, 300:] = float("inf")
+    x[1, 310] = float("nan")
+    out = csr16_linear(x, w)
+    assert torch.isfinite(out).all()
+    a.data = values.double().cpu().numpy()
+    clean = x.clone()
+    clean[:, 300:] = 0
+    assert_matches(out, reference(a, clean), torch.bfloat16)

@@ -240,6 +240,17 @@ def test_sparse_linear_keeps_dense_unless_a_form_is_clearly_faster(monkeypatch):
     assert layer.routes == {1: "dense", 2: "csr"}
 
 
+def test_route_timing_keeps_the_smaller_of_two_rounds(monkeypatch):
+    """_time_routes times every candidate twice (the second round in reverse order) and keeps the
+    smaller: one slow moment in either round does not decide the route."""
+    import sparsetorch.nn.linear as lin
+
+    seq = iter([5.0, 1.0, 2.0, 0.5])  # round 1: a = 5 (a slow moment), b = 1; round 2 (reversed): b = 2, a = 0.5
+    monkeypatch.setattr(lin, "_host_time", lambda call: next(seq))
+    times = lin._time_routes({"a": None, "b": None}, torch.zeros(1))
+    assert times == {"a": 0.5, "b": 1.0}
+
+
 def test_sparse_linear_route_rule_without_measurement():
     from sparsetorch.nn.linear import _Forms
 

@@ -17,8 +17,8 @@ Csr16Problem check_csr16_linear_args(const at::Tensor& x, const at::Tensor& crow
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least one dimension (..., in_features), got a scalar");
   TORCH_CHECK_VALUE(crow.dim() == 1 && crow.size(0) >= 1 && crow.size(0) <= (int64_t{1} << 31),
                     "crow: expected a 1-D tensor of out_features + 1 (1 .. 2^31) row pointers, got shape ", crow.sizes());
-  TORCH_CHECK_VALUE(entries.dim() == 1 && entries.size(0) < (int64_t{1} << 31),
-                    "entries: expected a 1-D tensor of fewer than 2^31 entries, got shape ", entries.sizes());
+  TORCH_CHECK_VALUE(entries.dim() == 1 && entries.size(0) <= kCsr16MaxEntries,
+                    "entries: expected a 1-D tensor of at most ", kCsr16MaxEntries, " entries, got shape ", entries.sizes());
   Csr16Problem p;
   p.m = crow.size(0) - 1;
   p.k = x.size(-1);

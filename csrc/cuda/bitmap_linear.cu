@@ -13,6 +13,7 @@
 
 #include "common/bitmap_checks.h"
 #include "cuda/bitmap_kernel.cuh"
+#include "cuda/cuda_utils.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -32,13 +33,8 @@ int scatter_max() {
 }
 
 template <typename T, int NT>
-void launch_nt(const Params& p, const Launch& l, int64_t smem_per_block, cudaStream_t stream) {
-  static const bool configured = [smem_per_block] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(bitmap::bitmap_linear_kernel<T, NT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_per_block)));
-    return true;
-  }();
-  (void)configured;
+void launch_nt(const Params& p, const Launch& l, cudaStream_t stream) {
+  allow_max_dynamic_smem(reinterpret_cast<const void*>(bitmap::bitmap_linear_kernel<T, NT>));
   bitmap::bitmap_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks),
                                              static_cast<unsigned>(l.splits)),
                                         bitmap::kThreads, l.smem, stream>>>(p);
@@ -46,16 +42,16 @@ void launch_nt(const Params& p, const Launch& l, int64_t smem_per_block, cudaStr
 }
 
 template <typename T>
-void launch(const Params& p, const Launch& l, int64_t smem_per_block, cudaStream_t stream) {
+void launch(const Params& p, const Launch& l, cudaStream_t stream) {
   switch (l.nt) {
     case 1:
-      return launch_nt<T, 1>(p, l, smem_per_block, stream);
+      return launch_nt<T, 1>(p, l, stream);
     case 2:
-      return launch_nt<T, 2>(p, l, smem_per_block, stream);
+      return launch_nt<T, 2>(p, l, stream);
     case 4:
-      return launch_nt<T, 4>(p, l, smem_per_block, stream);
+      return launch_nt<T, 4>(p, l, stream);
     default:
-      return launch_nt<T, 8>(p, l, smem_per_block, stream);
+      return launch_nt<T, 8>(p, l, stream);
   }
 }
 
@@ -88,8 +84,7 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  // The cudaFuncSetAttribute above is set once per kernel with this device's limit (the same on every GPU
-  // of one process in practice; a smaller second GPU would fail the launch check, not run out of bounds).
+  // The kernels may use this device's opt-in maximum (allow_max_dynamic_smem, per kernel and device).
   const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
   const Launch l = bitmap::choose_launch(p.m, p.n, p.k, val.size(0), prop->multiProcessorCount,
                                          static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
@@ -125,9 +120,9 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   prm.stage_values = l.stage_values;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (bf16) {
-    launch<__nv_bfloat16>(prm, l, smem_per_block, stream);
+    launch<__nv_bfloat16>(prm, l, stream);
   } else {
-    launch<__half>(prm, l, smem_per_block, stream);
+    launch<__half>(prm, l, stream);
   }
   if (l.splits > 1) {
     const int64_t cells = p.n * p.m;

@@ -6,9 +6,9 @@
 //
 // Why CUDA cores: at high sparsity and N <= 16 the tensor-core bitmap kernel spends its issue slots on
 // decoding positions (a 16 x 64 group costs ~300-400 warp instructions whatever it holds; ncu, H100), while
-// here every instruction serves a stored value: per entry one coalesced 4-byte load, one shared-memory read
-// of the column's NB tokens of x, and NB FMAs (about 6 + 2.4 NB instructions per entry, spread over a
-// warp's 32 lanes without divergence). The weight moves 4 bytes per nonzero (bitmap layout: 2 + 1 /
+// here every instruction serves a stored value: per entry a quarter of a coalesced 16-byte load, one
+// shared-memory read of the column's NB tokens of x, and NB FMAs (at N = 1 about 7 instructions per entry,
+// spread over a warp's 32 lanes without divergence). The weight moves 4 bytes per nonzero (bitmap layout: 2 + 1 /
 // density / 8; dense: 2 / density): at 90% sparsity 18 MB for 11008 x 4096, against 90 MB dense.
 //
 // Work split: a block holds one tile of NB tokens of x in shared memory, transposed to (k, NB) so that an
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1) csr16_linear_kernel(const Params 
   // for memory about once per trip's compute, not two latencies per row. Trips start at a multiple of 4
   // entries (16-byte loads; the entries before the row's first are loaded and skipped).
   const int stride = gridDim.x * kWarps;
-  auto row_range = [&](int r, int& first, int& last) {
+  auto row_range = [&](int64_t r, int& first, int& last) {
     first = last = 0;
     if (r < p.m) {
       first = min(max(__ldg(p.crow + r), 0), p.nnz);
@@ -231,7 +231,8 @@ __global__ void __launch_bounds__(kThreads, 1) csr16_linear_kernel(const Params 
       }
     }
   };
-  int row = blockIdx.x * kWarps + warp, start, end, next_start, next_end;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;  // 64-bit: row + 2 stride may pass 2^31
+  int start, end, next_start, next_end;
   row_range(row, start, end);
   row_range(row + stride, next_start, next_end);
   load_trip(start & ~3, start, end);
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) csr16_linear_kernel(const Params 
       }
     }
     start = next_start, end = next_end;
-    row_range(row + 2 * stride, next_start, next_end);
+    row_range(row + 2 * static_cast<int64_t>(stride), next_start, next_end);
     const float sum = warp_sum_tokens<NB>(acc, lane);
     const int token = n0 + (lane >> kShift);
     if ((lane & ((1 << kShift) - 1)) == 0 && token < p.n) {

@@ -12,6 +12,7 @@
 
 #include "common/csr16_checks.h"
 #include "cuda/csr16_kernel.cuh"
+#include "cuda/cuda_utils.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -23,12 +24,7 @@ template <typename T, int NB>
 void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, int device, cudaStream_t stream) {
   auto* kernel = csr16::csr16_linear_kernel<T, NB>;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  static const bool configured = [kernel, prop] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(prop->sharedMemPerBlockOptin)));
-    return true;
-  }();
-  (void)configured;
+  allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel));
   // Blocks per SM, asked once per (device, shared-memory size): the occupancy query is host time on
   // every call otherwise.
   static thread_local std::unordered_map<int64_t, int> per_sm_by_smem;

@@ -11,9 +11,11 @@
 #include <cuda_fp16.h>
 #include <cusparse.h>
 
-#include <type_traits>
-
 #include <cstdint>
+#include <mutex>
+#include <set>
+#include <type_traits>
+#include <utility>
 
 #define SPARSETORCH_CUSPARSE_CHECK(call)                                                              \
   do {                                                                                               \
@@ -31,6 +33,22 @@
 
 namespace sparsetorch {
 namespace cuda {
+
+// Lets `kernel` use the current device's opt-in maximum of dynamic shared memory, once per (kernel,
+// device): the attribute belongs to a device's context, so a flag per kernel alone would leave a second GPU
+// at the 48 KB default (its launches would fail).
+inline void allow_max_dynamic_smem(const void* kernel) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (done.count({kernel, device}) != 0) return;
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(prop->sharedMemPerBlockOptin)));
+  done.insert({kernel, device});
+}
 
 inline cudaDataType cuda_dtype(at::ScalarType t) {
   switch (t) {

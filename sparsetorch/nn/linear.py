@@ -43,7 +43,9 @@ except ImportError:
     BitmapWeight = bitmap_linear = None
 
 FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "csr16")
-# CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again).
+# CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again). Under
+# CUDA graph capture a bucket never measured takes its nearest measured bucket's route, csr16 included:
+# correct at any token count, only slower past this.
 CSR16_MAX_TOKENS = 64
 # A sparse form replaces the dense weight only when it measured at least 5% faster: one measurement
 # per bucket is noisy, and "never slower than dense" is the promise (seen on the H100: bitmap timed at
