@@ -263,9 +263,9 @@ def spmm_ref(a, b):
     return torch.from_numpy(np.asarray(a @ b.double().numpy()))
 
 
-# Every column block shape: scalar only (n < 8), one vector, vector blocks + a scalar tail, several
-# blocks of up to 8 vectors.
-WIDTHS = [1, 2, 5, 8, 9, 16, 23, 64, 65, 100, 136]
+# Every column block shape: narrow only (n < 8: 16-byte vectors, a partly loaded one of 2-3 floats,
+# single columns), one vector, vector blocks + a narrow tail, several blocks of up to 8 vectors.
+WIDTHS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 23, 64, 65, 100, 136]
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
@@ -275,6 +275,23 @@ def test_spmm_widths(rng, n, dtype, index_dtype):
     a = rounded(random_csr(rng, 45, 38, 0.2, unsorted=True, duplicates=True, empty_rows=0.2), dtype)
     b = randn(rng, 38, n, dtype=dtype)
     assert_matches(st.spmm(to_st(a, dtype, index_dtype, "cpu"), b), spmm_ref(a, b), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 7, 8, 11])
+def test_spmm_narrow_b_rows_apart(rng, n, dtype):
+    """B a column slice of a wider matrix (rows further apart than n), its last row in use, rows of
+    1..9 entries (every remainder of the kernels' steps of 4 entries): the narrow loads read each
+    row's n values and no more."""
+    k = 30
+    rows = np.repeat(np.arange(100), np.arange(100) % 10)  # row r has r % 10 entries
+    cols = rng.integers(0, k, rows.size)  # unsorted, some repeated
+    cols[-1] = k - 1
+    a = rounded(unsummed_csr(rng, 100, k, rows, cols), dtype)
+    wide = randn(rng, k, n + 5, dtype=dtype)
+    b = wide[:, 2:2 + n]
+    assert b.stride(-1) == 1 and b.stride(0) == n + 5
+    assert_matches(st.spmm(to_st(a, dtype, torch.int32, "cpu"), b), spmm_ref(a, b), dtype)
 
 
 def unsummed_csr(rng, m, k, rows, cols):
@@ -537,7 +554,7 @@ def test_portable_build_matches_in_a_subprocess():
             close(st.bias_act(x, bias=b, activation="gelu"), F.gelu(x.double() + b.double()))
             a = sp.random(60, 37, density=0.2, format="csr", random_state=1)
             a.data = torch.from_numpy(a.data).to(dtype).double().numpy()
-            for n in (1, 11, 45):
+            for n in (1, 2, 3, 6, 7, 11, 45):
                 close(st.spmm(st.from_scipy(a, dtype=dtype), x[:, :n]), torch.from_numpy(a @ x[:, :n].double().numpy()))
         print("ok")
     """)

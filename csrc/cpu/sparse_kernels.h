@@ -23,10 +23,15 @@
 namespace sparsetorch::cpu {
 inline namespace CPU_CAPABILITY {
 
-// Entries ahead whose B rows are prefetched (random gathers from B otherwise wait on memory), and the
-// size of the slice of B above which that is done.
+// Entries ahead whose B rows are prefetched (random gathers from B otherwise wait on memory), the
+// size of the slice of B above which that is done, and the bytes of a block's part of a B row up to
+// which it is not: one cache line or less per entry leaves the core enough loads in flight on its
+// own, and the prefetch's extra instructions only cost (measured on the 2-core machine, random
+// 100k graph, 20/row, n = 2 / 4 / 8: 0.96-1.06 / 1.02-1.15 / 1.34-1.41x MKL with it, 1.15-1.24 /
+// 1.28-1.38 / 1.48-1.66x without; n = 64 still gains from it: 2.8-3.2x without, 4.0-4.3x with).
 constexpr int64_t kPrefetchAhead = 8;
 constexpr int64_t kPrefetchAboveBytes = 512 * 1024;
+constexpr int64_t kPrefetchRowBytes = 64;
 // Multiply-adds below which a part is not worth a thread (~30-60 us of work: waking a second thread
 // costs microseconds on an idle machine, milliseconds on a busy one).
 constexpr double kMinPartWork = 131072;
@@ -48,10 +53,13 @@ C10_ALWAYS_INLINE void prefetch_bytes(const T* p, int64_t bytes) {
 // Fewer columns than one vector (n < W, or the last n % W columns): acc[0:WC] = sum over entries
 // [lo, hi) of val[j] * dense[col[j], 0:WC]. GCC's loop vectoriser turns the scalar form of this loop
 // into emulated gathers that run at half the speed (measured here: SpMV 1.1 against 0.53 ns per
-// entry), so it is compiled without it, and runs of 16 bytes of float/double columns go through the
-// compiler's 16-byte vectors instead (SSE2 on any x86-64, NEON on ARM; at::vec has no vector that
-// narrow). Two entries per step into independent sums (four for one column). Inlined only into
-// functions compiled the same way (run_scalar_columns).
+// entry), so it is compiled without it, and float/double columns go through the compiler's own
+// vectors instead (at::vec has none narrower than the ISA's): 16-byte ones (SSE2 on any x86-64,
+// NEON on ARM), the last 2-3 floats as one partly loaded; in the AVX2 build, more than 16 bytes of
+// columns as one 32-byte vector with a masked load (one load per entry instead of two or three:
+// n = 6 and 7 went from 0.76-1.12x to 1.24-2.04x MKL on the pruned matrices). Never a read past a
+// row's n values. Inlined only into functions
+// compiled the same way (run_scalar_columns).
 #if defined(__GNUC__) && !defined(__clang__)
 #define SPARSETORCH_NO_AUTOVECTORIZE(...) __attribute__((__VA_ARGS__, optimize("no-tree-vectorize")))
 #else
@@ -63,67 +71,99 @@ C10_ALWAYS_INLINE void prefetch_bytes(const T* p, int64_t bytes) {
 #define SPARSETORCH_INLINE_LAMBDA
 #endif
 
-template <typename A>
+template <typename A, int BYTES>
 struct NarrowVec {
-  typedef float type __attribute__((vector_size(16)));  // unused for A other than float and double
+  typedef A type __attribute__((vector_size(BYTES)));
 };
-template <>
-struct NarrowVec<double> {
-  typedef double type __attribute__((vector_size(16)));
-};
-template <typename A>
-using narrow_vec = typename NarrowVec<A>::type;
+template <typename A, int BYTES>
+using narrow_vec = typename NarrowVec<A, BYTES>::type;
 
-// One entry into sums set u: the 16-byte vectors of columns, then the rest one at a time.
-template <int NVEC, int NREST, typename T, typename A>
+// How WC columns of T (accumulated in A) are read: NVEC whole vectors of BYTES, then (PART) the
+// next REST columns as one vector's low lanes, or (!PART) REST columns one at a time (half types).
+template <int WC, typename T, typename A>
+struct NarrowShape {
+  static constexpr bool kSame = std::is_same_v<T, A>;
+  static constexpr int BYTES = SPARSETORCH_ISA_AVX2 && kSame && WC * sizeof(A) > 16 ? 32 : 16;
+  static constexpr int kLanes = BYTES / sizeof(A);
+  static constexpr int NVEC = kSame ? WC / kLanes : 0;
+  static constexpr int REST = WC - NVEC * kLanes;
+  static constexpr bool PART = kSame && REST >= 2;
+  static constexpr int VECS = NVEC + (PART ? 1 : 0);
+  static constexpr int SCALARS = PART ? 0 : REST;
+  using vec = narrow_vec<A, BYTES>;
+};
+
+// r[0:R] in a vector's low lanes, the rest 0. (A partial memcpy into the vector goes through the
+// stack and stalls ~20 cycles per entry.)
+template <int R, typename A, int BYTES>
 SPARSETORCH_NO_AUTOVECTORIZE(always_inline)
-inline void narrow_add(const T* r, A a, narrow_vec<A>* v, A* s) {
-  constexpr int kLanes = 16 / sizeof(A);
-  for (int i = 0; i < NVEC; ++i) {
-    narrow_vec<A> x;
-    __builtin_memcpy(&x, r + i * kLanes, sizeof(x));
-    v[i] += a * x;
+inline narrow_vec<A, BYTES> load_low(const A* r) {
+#if SPARSETORCH_ISA_AVX2
+  if constexpr (BYTES == 32) {
+    if constexpr (std::is_same_v<A, float>) {
+      const __m256i mask = _mm256_setr_epi32(-1, -1, -1, -1, R > 4 ? -1 : 0, R > 5 ? -1 : 0, R > 6 ? -1 : 0, 0);
+      return reinterpret_cast<narrow_vec<A, BYTES>>(_mm256_maskload_ps(r, mask));
+    } else {
+      const __m256i mask = _mm256_setr_epi64x(-1, -1, R > 2 ? -1 : 0, 0);
+      return reinterpret_cast<narrow_vec<A, BYTES>>(_mm256_maskload_pd(r, mask));
+    }
   }
-  for (int q = 0; q < NREST; ++q) s[q] += a * static_cast<A>(r[NVEC * kLanes + q]);
+#endif
+  if constexpr (BYTES == 16 && std::is_same_v<A, float>) {  // an 8-byte load (plus one float)
+    typedef long long pair_vec __attribute__((vector_size(16)));
+    long long bits;
+    __builtin_memcpy(&bits, r, 8);
+    narrow_vec<A, BYTES> x = reinterpret_cast<narrow_vec<A, BYTES>>(pair_vec{bits, 0});
+    if constexpr (R == 3) x[2] = r[2];
+    return x;
+  }
+  static_assert(BYTES == 32 || std::is_same_v<A, float>, "a partial vector of doubles is only read masked");
+  return narrow_vec<A, BYTES>{};
 }
 
-template <int WC, bool PF, typename T, typename I>
+// One entry into sums set u: the vectors of columns, then the scalars.
+template <typename SH, typename T, typename A>
 SPARSETORCH_NO_AUTOVECTORIZE(always_inline)
-inline void gather_narrow(const I* col, const T* val, const T* dense, int64_t ldb, int64_t k, int64_t lo, int64_t hi,
-                          int64_t end, acc_type<T>* acc) {
+inline void narrow_add(const T* r, A a, typename SH::vec* v, A* s) {
+  for (int i = 0; i < SH::NVEC; ++i) {
+    typename SH::vec x;
+    __builtin_memcpy(&x, r + i * SH::kLanes, sizeof(x));
+    v[i] += a * x;
+  }
+  if constexpr (SH::PART) v[SH::NVEC] += a * load_low<SH::REST, A, SH::BYTES>(r + SH::NVEC * SH::kLanes);
+  for (int q = 0; q < SH::SCALARS; ++q) s[q] += a * static_cast<A>(r[SH::NVEC * SH::kLanes + q]);
+}
+
+// Four entries per step into independent sums: a multiply-add waits ~4 cycles on the one before it
+// in the same sum, which with two sums limited the loop (pruned 2048 x 2048 at 1-30%, n = 4, two
+// threads, timed interleaved with torch.sparse.mm on the quiet 2-core machine: 1.05-1.09x ->
+// 1.09-1.31x MKL). Past that, streaming the matrix's columns and values (~0.6 ns per entry per core
+// here) is most of the time.
+template <int WC, typename T, typename I>
+SPARSETORCH_NO_AUTOVECTORIZE(always_inline)
+inline void gather_narrow(const I* col, const T* val, const T* dense, int64_t ldb, int64_t lo, int64_t hi,
+                          acc_type<T>* acc) {
   using A = acc_type<T>;
-  constexpr int kLanes = 16 / sizeof(A);
-  // Columns in 16-byte vectors (float and double B only), the rest one at a time.
-  constexpr int kVec = std::is_same_v<T, A> ? WC / kLanes : 0;
-  constexpr int kRest = WC - kVec * kLanes;
-  constexpr int S = WC == 1 ? 4 : 2;
-  narrow_vec<A> v[S][kVec + 1] = {};
-  A s[S][kRest + 1] = {};
+  using SH = NarrowShape<WC, T, A>;
+  constexpr int S = 4;
+  typename SH::vec v[S][SH::VECS + 1] = {};
+  A s[S][SH::SCALARS + 1] = {};
+  auto add = [&](int64_t j, int u) SPARSETORCH_INLINE_LAMBDA {
+    narrow_add<SH>(dense + static_cast<int64_t>(col[j]) * ldb, static_cast<A>(val[j]), v[u], s[u]);
+  };
   int64_t j = lo;
   for (; j + S <= hi; j += S) {
-    if constexpr (PF) {
-      for (int u = 0; u < S; ++u) {
-        const int64_t c = col[std::min(j + u + kPrefetchAhead, end - 1)];
-        prefetch_bytes(dense + static_cast<int64_t>(std::min<uint64_t>(c, k - 1)) * ldb, WC * int64_t(sizeof(T)));
-      }
-    }
-    for (int u = 0; u < S; ++u) {
-      narrow_add<kVec, kRest>(dense + static_cast<int64_t>(col[j + u]) * ldb, static_cast<A>(val[j + u]), v[u], s[u]);
-    }
+    for (int u = 0; u < S; ++u) add(j + u, u);
   }
-  for (; j < hi; ++j) {
-    narrow_add<kVec, kRest>(dense + static_cast<int64_t>(col[j]) * ldb, static_cast<A>(val[j]), v[0], s[0]);
+  // The last < S entries into different sets too (short rows are common).
+  for (int u = 0; u < S - 1; ++u) {
+    if (j + u < hi) add(j + u, u);
   }
-  for (int i = 0; i < kVec; ++i) {
-    narrow_vec<A> x = v[0][i];
-    for (int u = 1; u < S; ++u) x += v[u][i];
-    __builtin_memcpy(acc + i * kLanes, &x, sizeof(x));
+  for (int i = 0; i < SH::VECS; ++i) {
+    const typename SH::vec x = (v[0][i] + v[1][i]) + (v[2][i] + v[3][i]);
+    for (int q = 0; q < std::min<int>(SH::kLanes, WC - i * SH::kLanes); ++q) acc[i * SH::kLanes + q] = x[q];
   }
-  for (int q = 0; q < kRest; ++q) {
-    A x = s[0][q];
-    for (int u = 1; u < S; ++u) x += s[u][q];
-    acc[kVec * kLanes + q] = x;
-  }
+  for (int q = 0; q < SH::SCALARS; ++q) acc[SH::NVEC * SH::kLanes + q] = (s[0][q] + s[1][q]) + (s[2][q] + s[3][q]);
 }
 
 // A column block of the output: `nv` vectors from column q0, or (nv == 0) `width` < one vector of
@@ -207,12 +247,12 @@ class SpmmKernel {
 
  private:
   void run_block(int64_t t, PathPoint from, PathPoint to, const ColumnBlock& blk) {
-    // Software prefetch of the B rows ahead only pays where the cache lines a block gathers from
-    // (B's rows, or the block's part of them) do not fit in a core's L2.
+    // Software prefetch of the B rows ahead only pays where a block reads more than a cache line
+    // of each B row, and the cache lines it gathers from (B's rows, or the block's part of them)
+    // do not fit in a core's L2.
     const int64_t row_bytes = std::min(ldb_, blk.width) * int64_t(sizeof(T));
-    const bool far = k_ * std::max<int64_t>(row_bytes, std::min<int64_t>(64, ldb_ * int64_t(sizeof(T)))) >
-                     kPrefetchAboveBytes;
-    if (blk.nv == 0) return far ? run_scalar_block<true>(t, from, to, blk) : run_scalar_block<false>(t, from, to, blk);
+    const bool far = row_bytes > kPrefetchRowBytes && k_ * row_bytes > kPrefetchAboveBytes;
+    if (blk.nv == 0) return run_scalar_block(t, from, to, blk);  // under a vector: never prefetched
     return far ? dispatch_vectors<true>(t, from, to, blk) : dispatch_vectors<false>(t, from, to, blk);
   }
 
@@ -267,41 +307,45 @@ class SpmmKernel {
   }
 
   // Accumulates NV vectors of columns [q0, q0 + NV * W) of one row over entries [lo, hi) into
-  // acc. Narrow blocks alternate between two sets of accumulators, so that consecutive
-  // multiply-adds do not wait on each other; every set stays in registers.
+  // acc. Narrow blocks spread consecutive entries over S sets of accumulators (as gather_narrow),
+  // so that a multiply-add does not wait on the one before it; every set stays in registers.
   template <int NV, bool PF>
   C10_ALWAYS_INLINE void gather_vectors(const I* col, const T* val, const T* dense, int64_t lo, int64_t hi,
                                         int64_t end, V* acc) const {
     constexpr int64_t kBytes = NV * W * int64_t(sizeof(T));
-    V a[NV], b[NV];
+    constexpr int S = NV <= 2 ? 4 : NV <= 4 ? 2 : 1;
+    V a[S][NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) a[v] = b[v] = V(A(0));
+    for (int u = 0; u < S; ++u) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) a[u][v] = V(A(0));
+    }
+    auto add = [&](int64_t j, int u) SPARSETORCH_INLINE_LAMBDA {
+      if constexpr (PF) prefetch_row(col, dense, j + kPrefetchAhead, end, kBytes);
+      const T* r = dense + static_cast<int64_t>(col[j]) * ldb_;
+      const V x(static_cast<A>(val[j]));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) a[u][v] = at::vec::fmadd(x, IO::load(r + v * W), a[u][v]);
+    };
     int64_t j = lo;
-    if constexpr (NV <= 4) {
-      for (; j + 2 <= hi; j += 2) {
-        if constexpr (PF) {
-          prefetch_row(col, dense, j + kPrefetchAhead, end, kBytes);
-          prefetch_row(col, dense, j + 1 + kPrefetchAhead, end, kBytes);
-        }
-        const T* r0 = dense + static_cast<int64_t>(col[j]) * ldb_;
-        const T* r1 = dense + static_cast<int64_t>(col[j + 1]) * ldb_;
-        const V v0(static_cast<A>(val[j])), v1(static_cast<A>(val[j + 1]));
+    for (; j + S <= hi; j += S) {
+#pragma GCC unroll 4
+      for (int u = 0; u < S; ++u) add(j + u, u);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < S - 1; ++u) {
+      if (j + u < hi) add(j + u, u);
+    }
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          a[v] = at::vec::fmadd(v0, IO::load(r0 + v * W), a[v]);
-          b[v] = at::vec::fmadd(v1, IO::load(r1 + v * W), b[v]);
-        }
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (S == 4) {
+        acc[v] = (a[0][v] + a[1][v]) + (a[2][v] + a[3][v]);
+      } else if constexpr (S == 2) {
+        acc[v] = a[0][v] + a[1][v];
+      } else {
+        acc[v] = a[0][v];
       }
     }
-    for (; j < hi; ++j) {
-      if constexpr (PF) prefetch_row(col, dense, j + kPrefetchAhead, end, kBytes);
-      const T* r0 = dense + static_cast<int64_t>(col[j]) * ldb_;
-      const V v0(static_cast<A>(val[j]));
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) a[v] = at::vec::fmadd(v0, IO::load(r0 + v * W), a[v]);
-    }
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[v] = NV <= 4 ? a[v] + b[v] : a[v];
   }
 
   template <int NV, bool PF>
@@ -349,7 +393,7 @@ class SpmmKernel {
   // A part's rows for WC < W columns, in one function compiled without the loop vectoriser (see
   // gather_narrow): the walk, the gathers and the epilogue are all inlined into it, so a short row
   // costs no calls.
-  template <int WC, bool PF>
+  template <int WC>
   SPARSETORCH_NO_AUTOVECTORIZE(noinline)
   void run_scalar_columns(int64_t t, PathPoint from, PathPoint to, int64_t q0) {
     ColumnCheck<I> guard(rows_, col_, col_bstride_, k_);
@@ -359,15 +403,14 @@ class SpmmKernel {
     const T *val_base = val_, *dense_base = dense_ + q0;
     T* out = out_ + q0;
     const int64_t col_bstride = col_bstride_, val_bstride = val_bstride_, dense_bstride = dense_bstride_;
-    const int64_t ldb = ldb_, k = k_, n = n_, m = rows_.m();
+    const int64_t ldb = ldb_, n = n_;
     walk_path_runs(
         rows_, from, to,
         [&](const RowPiece& piece) SPARSETORCH_INLINE_LAMBDA {
           if (q0 == 0) check(guard, piece.b, piece.lo, piece.hi);
           A acc[WC];
-          gather_narrow<WC, PF>(col_base + piece.b * col_bstride, val_base + piece.b * val_bstride,
-                                dense_base + piece.b * dense_bstride, ldb, k, piece.lo, piece.hi,
-                                rows_.crow(piece.b)[m], acc);
+          gather_narrow<WC>(col_base + piece.b * col_bstride, val_base + piece.b * val_bstride,
+                            dense_base + piece.b * dense_bstride, ldb, piece.lo, piece.hi, acc);
           std::copy(acc, acc + WC, partial_slot(t, piece) + q0);
         },
         [&](int64_t b, int64_t r0, int64_t r1, int64_t g0) SPARSETORCH_INLINE_LAMBDA {
@@ -377,14 +420,13 @@ class SpmmKernel {
           const I* col = col_base + b * col_bstride;
           const T* val = val_base + b * val_bstride;
           const T* dense = dense_base + b * dense_bstride;
-          const int64_t end = crow[m];
           auto rows = [&](auto identity) SPARSETORCH_INLINE_LAMBDA {
             T* o = out + g0 * n;
             for (int64_t r = r0; r < r1; ++r, o += n) {
               const int64_t lo = crow[r], hi = crow[r + 1];
               if (q0 == 0) check(guard, b, lo, hi);
               A acc[WC];
-              gather_narrow<WC, PF>(col, val, dense, ldb, k, lo, hi, end, acc);
+              gather_narrow<WC>(col, val, dense, ldb, lo, hi, acc);
               if constexpr (decltype(identity)::value) {
                 for (int q = 0; q < WC; ++q) o[q] = static_cast<T>(acc[q]);
               } else {
@@ -396,26 +438,25 @@ class SpmmKernel {
         });
   }
 
-  template <bool PF>
   void run_scalar_block(int64_t t, PathPoint from, PathPoint to, const ColumnBlock& blk) {
     static_assert(W <= 16, "scalar blocks have fewer columns than a vector");
     switch (blk.width) {
       case 1:
-        return run_scalar_columns<1, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<1>(t, from, to, blk.q0);
       case 2:
-        return run_scalar_columns<2, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<2>(t, from, to, blk.q0);
       case 3:
-        return run_scalar_columns<3, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<3>(t, from, to, blk.q0);
       case 4:
-        return run_scalar_columns<4, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<4>(t, from, to, blk.q0);
       case 5:
-        return run_scalar_columns<5, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<5>(t, from, to, blk.q0);
       case 6:
-        return run_scalar_columns<6, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<6>(t, from, to, blk.q0);
       case 7:
-        return run_scalar_columns<7, PF>(t, from, to, blk.q0);
+        return run_scalar_columns<7>(t, from, to, blk.q0);
       default:  // wider vectors than AVX2's: the rest one column at a time
-        for (int64_t q = 0; q < blk.width; ++q) run_scalar_columns<1, PF>(t, from, to, blk.q0 + q);
+        for (int64_t q = 0; q < blk.width; ++q) run_scalar_columns<1>(t, from, to, blk.q0 + q);
     }
   }
 
