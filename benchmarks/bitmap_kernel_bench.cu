@@ -267,13 +267,7 @@ int main(int argc, char** argv) {
         q.act = sparsetorch::Activation::None;
         const int nb = c16::tokens_per_block(n, k, prop.sharedMemPerBlockOptin);
         auto csr16_call = [&] {
-          switch (nb) {
-            case 1: launch_csr16<1>(q, prop.multiProcessorCount); break;
-            case 2: launch_csr16<2>(q, prop.multiProcessorCount); break;
-            case 4: launch_csr16<4>(q, prop.multiProcessorCount); break;
-            case 8: launch_csr16<8>(q, prop.multiProcessorCount); break;
-            default: launch_csr16<16>(q, prop.multiProcessorCount); break;
-          }
+          c16::with_tile_tokens(nb, [&](auto NB) { launch_csr16<decltype(NB)::value>(q, prop.multiProcessorCount); });
         };
         const float alpha = 1.f, beta = 0.f;
         auto dense_call = [&] {

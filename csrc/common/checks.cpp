@@ -282,6 +282,23 @@ void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std:
   }
 }
 
+int64_t check_packed_linear_tokens(const at::Tensor& x, int64_t out_features, const std::optional<at::Tensor>& bias,
+                                   std::vector<int64_t>* out_shape) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least one dimension (..., in_features), got a scalar");
+  int64_t n = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) n *= x.size(d);
+  TORCH_CHECK_VALUE(n < (int64_t{1} << 31), "x: expected fewer than 2^31 tokens, got shape ", x.sizes());
+  if (bias.has_value()) {
+    check_same_dtype(x, "x", *bias, "bias");
+    check_same_device(x, "x", *bias, "bias");
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == out_features, "bias: expected shape (", out_features,
+                      ",), got ", bias->sizes());
+  }
+  *out_shape = x.sizes().vec();
+  out_shape->back() = out_features;
+  return n;
+}
+
 int64_t check_dense_bmm_args(const at::Tensor& a, const at::Tensor& b) {
   check_float_dtype(a, "a");
   check_same_dtype(a, "a", b, "b");

@@ -104,6 +104,13 @@ void check_bias_act_args(const at::Tensor& x, const std::optional<at::Tensor>& s
 
 // linear: x (..., in), weight (out, in), bias (out,); one float dtype and device.
 void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+
+// The x side of act(x (..., k) @ W^T + bias) for a W of out_features rows in a packed layout (bitmap_linear,
+// csr16_linear): x at least 1-D with fewer than 2^31 tokens (the product of its leading dimensions, so k may
+// be 0), bias (out_features,) of x's dtype and device when given. Returns the tokens; *out_shape becomes
+// (..., out_features).
+int64_t check_packed_linear_tokens(const at::Tensor& x, int64_t out_features, const std::optional<at::Tensor>& bias,
+                                   std::vector<int64_t>* out_shape);
 // dense_bmm: a (b, m, k) or (m, k), b (b, k, n) or (k, n), at least one batched. Returns the batch.
 int64_t check_dense_bmm_args(const at::Tensor& a, const at::Tensor& b);
 

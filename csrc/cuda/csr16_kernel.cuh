@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/activation.h"
 
@@ -281,6 +282,19 @@ inline int tokens_per_block(int64_t n, int64_t kx, int64_t smem_per_block) {
   int nb = 1;
   while (nb < 16 && nb < n && block_smem(static_cast<int>(kx), 2 * nb) <= smem_per_block) nb *= 2;
   return block_smem(static_cast<int>(kx), nb) <= smem_per_block ? nb : 0;
+}
+
+// f(std::integral_constant<int, NB>{}) for the tile size nb of tokens_per_block (1, 2, 4, 8 or 16): the one
+// place that turns it into the kernel's template argument (the op and the standalone harness).
+template <typename F>
+inline void with_tile_tokens(int nb, F&& f) {
+  switch (nb) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 16>{});
+  }
 }
 
 // Blocks along the rows: as many as run at once (blocks_per_sm from the occupancy API, each loads x's tile

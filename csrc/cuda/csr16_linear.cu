@@ -43,13 +43,7 @@ void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, int de
 
 template <typename T>
 void launch(const csr16::Params& p, int nb, int64_t smem, int64_t token_tiles, int device, cudaStream_t stream) {
-  switch (nb) {
-    case 1: return launch_nb<T, 1>(p, smem, token_tiles, device, stream);
-    case 2: return launch_nb<T, 2>(p, smem, token_tiles, device, stream);
-    case 4: return launch_nb<T, 4>(p, smem, token_tiles, device, stream);
-    case 8: return launch_nb<T, 8>(p, smem, token_tiles, device, stream);
-    default: return launch_nb<T, 16>(p, smem, token_tiles, device, stream);
-  }
+  csr16::with_tile_tokens(nb, [&](auto NB) { launch_nb<T, decltype(NB)::value>(p, smem, token_tiles, device, stream); });
 }
 
 at::Tensor csr16_linear_cuda(const at::Tensor& x, const at::Tensor& crow, const at::Tensor& entries,

@@ -414,7 +414,7 @@ class SparseLinear(nn.Module):
     ``layer.route_times`` the measurements, ``layer.memory()`` the bytes of the derived forms); or one of
     ``"csr"``, ``"dense"``, ``"2:4"`` (cuSPARSELt on CUDA, a dense reference on the CPU; any pattern: the
     entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"`` and ``"csr16"`` (bfloat16/float16,
-    in_features <= 65536) to force a form. ``backend``
+    in_features <= 65535) to force a form. ``backend``
     is the SpMM route of the CSR form (``"auto"``: every applicable route is a candidate).
     """
 
