@@ -70,7 +70,8 @@ class Csr16Weight:
         self.entries.copy_(_pack(values, columns))
 
     @property
-    def nbytes(self) -> int:  # counts the row pointers even where they share the caller's int32 tensor
+    def nbytes(self) -> int:
+        """Row pointers and entries (the row pointers may be the caller's own int32 tensor)."""
         return self.crow.numel() * 4 + self.entries.numel() * 4
 
 

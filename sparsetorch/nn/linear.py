@@ -350,8 +350,9 @@ class _Forms:
             self.runners[bucket] = call
         return call
 
-    def memory(self) -> Dict[str, int]:
-        """Bytes held by the derived forms (the CSR itself is the layer's state)."""
+    def memory(self, state_crow: torch.Tensor) -> Dict[str, int]:
+        """Bytes held by the derived forms (the CSR itself is the layer's state: row pointers a form shares
+        with it, state_crow, are not counted again)."""
         out = {}
         if self.dense is not None:
             out["dense"] = self.dense.numel() * self.dense.element_size()
@@ -362,7 +363,8 @@ class _Forms:
         if self.bitmap is not None:
             out["bitmap"] = self.bitmap.nbytes
         if self.csr16 is not None:
-            out["csr16"] = self.csr16.nbytes
+            shared = self.csr16.crow.data_ptr() == state_crow.data_ptr()
+            out["csr16"] = self.csr16.nbytes - (self.csr16.crow.numel() * 4 if shared else 0)
         return out
 
 
@@ -542,7 +544,7 @@ class SparseLinear(nn.Module):
     def memory(self) -> Dict[str, int]:
         """Bytes: the CSR state ("csr") and each derived form the layer holds now."""
         state = [self.crow_indices, self.col_indices, self.values] + ([self.bias] if self.bias is not None else [])
-        return {"csr": sum(t.numel() * t.element_size() for t in state), **self._forms.memory()}
+        return {"csr": sum(t.numel() * t.element_size() for t in state), **self._forms.memory(self.crow_indices)}
 
     def to_dense(self) -> torch.Tensor:
         """The dense (out_features, in_features) weight (differentiable w.r.t. ``values``)."""
