@@ -44,3 +44,22 @@ def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
     assert all(r["time_ms"] > 0 and r["floor_ms"] > 0 and r["rel_err"] < 1e-4 for r in data["rows"])
     assert (out / "README.md").exists() and (out / "results.csv").exists()
     assert "x ours" in capsys.readouterr().out
+
+
+def test_cpu_time_rounds_extends_fast_cases_and_stops_slow_ones():
+    """The CPU suite's rounds: every fn called once per round in a rotating order; a case of microseconds
+    runs past `rounds` until it has run min_s (at most 20 x rounds), a slow one stops at its budget after at
+    least 3 rounds."""
+    import time
+
+    from sparsetorch.bench.suites.cpu import time_rounds
+
+    calls = []
+    times = time_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=5, budget_s=10.0,
+                        min_s=60.0)
+    assert len(times["a"]) == len(times["b"]) == 100  # min_s not reached: 20 x rounds
+    assert calls[2:6] == ["a", "b", "b", "a"]  # after the warm-up calls, the order rotates each round
+    times = time_rounds({"a": lambda: time.sleep(0.002)}, rounds=5, budget_s=10.0, min_s=0.0)
+    assert len(times["a"]) == 5  # min_s reached: `rounds` rounds
+    times = time_rounds({"a": lambda: time.sleep(0.02)}, rounds=50, budget_s=0.01, min_s=1.0)
+    assert len(times["a"]) == 3  # over budget: 3 rounds
