@@ -181,6 +181,22 @@ def test_residual_split_on_cuda(sparsity, index_dtype, k):
 
 
 @needs_lt
+def test_residual_layers_of_growing_in_features_in_one_process():
+    """The residual kernel's x tile (8 tokens x in_features) passes 48 KB of shared memory from k = 3072 on;
+    layers of k = 3200 (51 KB), 4096 (64 KB) and 6144 (96 KB) one after another: each launch may use what
+    it needs (the limit was once raised per instantiation to the first call's size, so the later, larger
+    layers failed their launch)."""
+    m = 32
+    for k in (3200, 4096, 6144):
+        w = _pruned(m, k, torch.bfloat16, 0.9, seed=k)
+        a = st.from_dense(w)
+        form = Sparse24Weight(Sparse24Split(a.crow_indices, a.col_indices, (m, k)), a.values)
+        assert form.residual_nnz > 0
+        x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
+        assert _rel(form(x), x.double() @ w.double().t()) < 1e-2
+
+
+@needs_lt
 def test_ops_reject_bad_arguments():
     w = _pruned(32, 64, torch.bfloat16)
     comp = ops.sparse24_compress(w)

@@ -23,8 +23,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <array>
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <list>
@@ -121,15 +119,9 @@ void launch_residual(const at::Tensor& x, int64_t n_rows, int64_t n_pad, const a
   const int64_t k = x.size(1), m = out.size(1);
   const int64_t smem = kShared ? T * k * static_cast<int64_t>(sizeof(scalar_t)) : 0;
   auto kernel = residual_kernel<scalar_t, index_t, T, kShared>;
-  if (smem > 48 * 1024) {
-    // Per device and instantiation: raise the dynamic shared-memory limit once.
-    static std::array<std::atomic<bool>, 64> raised{};
-    const int dev = x.get_device();
-    if (dev >= 64 || !raised[dev].load()) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      if (dev < 64) raised[dev].store(true);
-    }
-  }
+  // The x tile can pass the 48 KB default; per (kernel, device), as the other kernels do. (A flag per
+  // instantiation set to the first call's size made a later call with more in_features fail its launch.)
+  if (smem > 48 * 1024) allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel));
   const int64_t tiles = (n_pad + T - 1) / T;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t max_splits = (m + kResidualThreads - 1) / kResidualThreads;
