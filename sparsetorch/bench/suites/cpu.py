@@ -40,7 +40,7 @@ def time_rounds(fns: Dict[str, Callable[[], object]], rounds: int, budget_s: flo
     """Seconds per call of each fn: one warm-up call each, then `rounds` rounds calling every fn once
     (at least 3 rounds; fewer than `rounds` when the case would exceed `budget_s`), and more rounds (up to
     20 x `rounds`) while the case has run for less than `min_s`: a case of microseconds gets a median
-    over a few hundred calls (Cora, n = 16, read 0.79-1.94x MKL over three runs of 11 rounds, 1.85-1.96x
+    over a few hundred calls (Cora, n = 16, read 0.79-1.94x MKL over three runs of 11 rounds, 1.96x
     over 300). The order rotates by one each round: a fixed order always ran sparsetorch right after
     SciPy's single-threaded call (cache cold, worker threads asleep) and read 0.84x MKL for a case that
     measured 1.04-1.13x with MKL first (pruned 2048^2 at 30%, n = 4, 2-core machine)."""
