@@ -352,9 +352,9 @@ C10_ALWAYS_INLINE void gelu_pair(FloatV& a, FloatV& b) {
 #endif
 
 // tanh in float, for N vectors in lock-step. at::vec's tanh (Sleef's 1-ulp tanhf, or a scalar loop in the
-// portable build) took ~2.6 ns per float per core on the 2-core Zen 3 machine: 0.88-0.93x eager torch in
+// portable build) took ~2.6 ns per float per core on the 2-core AMD EPYC machine: 0.88-0.93x eager torch in
 // bfloat16, where one float ulp is 2^-16 of the result's precision. Here (Cephes' tanhf split):
-//  - |x| < 0.625: x + x^3 P(x^2), P of degree 4 (relative error 1.3e-7 in exact arithmetic);
+//  - |x| < 0.625: x + x^3 P(x^2), P of degree 4 (Cephes: 1.3e-7 relative error);
 //  - else 1 - 2 / (e^(2|x|) + 1) with x's sign, |x| clamped to 9.5 (from 9.01 on, tanh rounds to 1 in float);
 //    e^(2|x|) = 2^n exp(r), r = 2|x| - n ln 2 with ln 2 in two parts (n ln 2's first part exact),
 //    exp(r) Cephes' degree-6 polynomial, 2^n added to the exponent bits (n <= 26).
