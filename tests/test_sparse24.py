@@ -161,15 +161,17 @@ def test_compress_check_and_linear(dtype):
 @needs_lt
 @pytest.mark.parametrize("sparsity", [0.9, 0.6])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("k", [4128, 8208])  # x tiles of 8 tokens (66 KB) and of 4 (66 KB): above 48 KB
+# k = 4128: x tiles of 8 tokens (66 KB, above the 48 KB default); 8208: of at most 4 (66 KB); 60016: a row of x
+# (120 KB) is more than two blocks per SM may hold, so the kernel reads x from global memory.
+@pytest.mark.parametrize("k", [4128, 8208, 60016])
 def test_residual_split_on_cuda(sparsity, index_dtype, k):
-    m = 96
+    m = 96 if k < 60000 else 16
     w = _pruned(m, k, torch.bfloat16, sparsity, seed=3)
     a = st.from_dense(w).to(index_dtype=index_dtype)
     form = Sparse24Weight(Sparse24Split(a.crow_indices, a.col_indices, (m, k)), a.values)
     assert form.residual_nnz > 0 and form.split.res_crow.dtype == torch.int32
     bias = torch.randn(m, device="cuda", dtype=torch.bfloat16)
-    for n in (1, 5, 64, 200):
+    for n in (1, 2, 3, 5, 64, 200):  # tiles of 1, 2, 4 and 8 tokens, padding rows (N % 8 != 0)
         x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         ref = x.double() @ w.double().t() + bias.double()
         assert _rel(form(x, bias), ref) < 1e-2
@@ -194,6 +196,46 @@ def test_residual_layers_of_growing_in_features_in_one_process():
         assert form.residual_nnz > 0
         x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
         assert _rel(form(x), x.double() @ w.double().t()) < 1e-2
+
+
+@needs_lt
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_residual_with_one_long_row_and_empty_rows(dtype):
+    """Row 3 dense (a residual row of k / 2 entries), rows 8.. a 2:4 pattern (no residual), the rest 90% sparse:
+    the residual's rows are as uneven as they come; every token count from 1 to 17 and 1000."""
+    m, k = 64, 512
+    w = _pruned(m, k, torch.float32, 0.9, seed=11)
+    w[3] = torch.randn(k, device="cuda")
+    w[8:] = _pruned(m - 8, k, torch.float32, None, seed=12)
+    w = w.to(dtype)
+    a = st.from_dense(w)
+    form = Sparse24Weight(Sparse24Split(a.crow_indices, a.col_indices, (m, k)), a.values)
+    counts = form.split.res_crow.diff()
+    assert int(counts[3]) == k // 2 and int(counts[8:].sum()) == 0
+    for n in list(range(1, 18)) + [1000]:
+        x = torch.randn(n, k, device="cuda", dtype=dtype)
+        assert _rel(form(x), x.double() @ w.double().t()) < 1e-2, n
+
+
+@needs_lt
+def test_forced_2to4_layer_searches_its_algorithm_per_bucket():
+    """format="2:4" gets the algorithm cuSPARSELt's search finds for each token-count bucket, as "auto" does
+    (the default algorithm took 2.2x the searched one's time on an H100 at 11008 x 4096, N = 2048), on the
+    inference path and on the autograd one."""
+    torch.manual_seed(7)
+    w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(64, device="cuda", dtype=torch.bfloat16)
+    layer = st.nn.SparseLinear.from_dense(w, sparsity=0.9, scheme="global", bias=bias, format="2:4")
+    assert layer._forms.sparse24 is None or not layer._forms.sparse24.algs
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = layer(x)
+    algs = layer._forms.sparse24.algs
+    assert layer._forms.sparse24.residual_nnz > 0 and set(algs) == {16} and algs[16] >= 0
+    assert _rel(y, x.double() @ layer.to_dense().double().t() + bias.double()) < 1e-2
+    x2 = torch.randn(100, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    layer(x2).float().sum().backward()
+    assert set(algs) == {16, 128} and x2.grad is not None
 
 
 @needs_lt

@@ -263,9 +263,7 @@ class _Forms:
             for route in self.candidates(layer, x):
                 try:
                     self.build(layer, route)
-                    if route == "2:4" and self.sparse24.compressed is not None:
-                        self.sparse24.search(x, layer.bias, bucket)
-                    self.run(layer, route, x, bucket)  # a candidate that fails on this input is left out
+                    self.run(layer, route, x, bucket)  # the 2:4 form searches its algorithm here  # a candidate that fails on this input is left out
                 except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
                     self.skipped[route] = f"{type(e).__name__}: {e}"
                     continue
@@ -335,8 +333,11 @@ class _Forms:
                 call = lambda a: ops.linear.default(a, dense, bias, act, slope)  # noqa: E731
         elif route == "2:4" and self.sparse24.compressed is not None:
             w = self.sparse24
-            args = (w.compressed, w.split.shape[0], *w._residual(), bias, act, slope, w.algs.get(bucket, -1))
+            alg = w.alg_for(x, bias, bucket)
+            args = (w.compressed, w.split.shape[0], *w._residual(), bias, act, slope, alg)
             call = lambda a: ops.sparse24_linear.default(a, *args)  # noqa: E731
+            if bucket not in w.algs:  # captured before any search: the runner would pin the default algorithm
+                return call
         elif route in ("bitmap", "csr16"):  # the op below autograd: no torch.library Python wrapper per call
             if route == "bitmap":
                 w = self.bitmap.weight

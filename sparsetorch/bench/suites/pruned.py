@@ -184,11 +184,9 @@ def _bucket(n: int) -> int:
 
 
 def _forced_24(ctx, base, forced, xs, ref, sb, sf, rate, label, n):
-    """The 2:4 (+ residual) form alone (a layer forced to it), whether or not the chosen route is 2:4, with its
-    algorithm searched for this N and its host time per call."""
+    """The 2:4 (+ residual) form alone (a layer forced to it), whether or not the chosen route is 2:4, as a user
+    gets it (its algorithm searched on the first call of the bucket, during warm-up), and its host time per call."""
     forced._forms.refresh(forced)
-    forced._forms.build(forced, "2:4")
-    forced._forms.sparse24.search(xs[0][0], None, _bucket(n))
     got = measure(ctx, base, {"sparsetorch 2:4 form": (lambda a: forced(a), xs, sb, sf, rate, label)}, ref, 0)
     for r in got:
         r["host_us_per_call"] = 1e6 * host_time_per_call(forced, xs[0][0])
