@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run the whole test suite, then the CUDA benchmarks.
 # Logs and results go under $OUT (the device tool brings that folder back).
-#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [densify] [graphs] [sddmm] [examples] [ffn] [harness] [safety] [skew] [gnn] [residual] [sanitizer]
+#   bash scripts/device_run.sh [tests] [bench] [dense] [all] [tiled] [densify] [graphs] [sddmm] [examples] [ffn] [harness] [safety] [skew] [gnn] [residual] [slots] [sanitizer]
 #   (bench: SpMM, dense: elementwise/linear/crossover, all: those three; sddmm: SDDMM and SpMM
 #   backward; tiled: the tiled SpMM density sweep (TILED_ARGS=--quick); graphs: every SpMM backend on the
 #   graph suite (GRAPHS_ARGS=--quick); densify: the densify route against the others (DENSIFY_ARGS=--quick); examples: GCN on Cora + pruned FFN; ffn: the pruned FFN alone. DENSE_SUITES=elementwise,linear picks dense suites)
@@ -103,6 +103,10 @@ fi
 if [[ "$what" == *" residual "* ]]; then
   # Where the 2:4 + residual form's time goes (issue 19): per-kernel GPU times of a layer forced to 2:4.
   python3 benchmarks/sparse24_residual_cuda.py --out "$OUT" 2>&1 | tee "$OUT/sparse24_residual.log" | tail -80 || rc=1
+fi
+if [[ "$what" == *" slots "* ]]; then
+  # The slot form against the bitmap, CSR16 and dense forms, issue 19's shapes (SLOTS_ARGS=--quick).
+  python3 benchmarks/slots_cuda.py --out "$OUT" ${SLOTS_ARGS:-} 2>&1 | tee "$OUT/slots.log" | tail -120 || rc=1
 fi
 if [[ "$what" == *" sanitizer "* ]]; then
   # compute-sanitizer memcheck over a representative subset (every CUDA route, malformed indices,

@@ -24,6 +24,7 @@ from sparsetorch.plan import SpmmPlan
 from sparsetorch._validate import MatrixInfo
 from sparsetorch._bitmap import BitmapWeight, bitmap_linear  # pruned bf16/fp16 weights in bitmap tiles
 from sparsetorch._csr16 import Csr16Weight, csr16_linear  # pruned bf16/fp16 weights, few tokens, CUDA cores
+from sparsetorch._slots import SlotWeight, slot_linear  # pruned bf16/fp16 weights, value + fragment slot, tensor cores
 from sparsetorch.graph import from_edge_index, to_edge_index
 from sparsetorch.functional import (
     ACTIVATIONS,
@@ -56,8 +57,8 @@ from sparsetorch.functional import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "BitmapWeight", "CSR", "Csr16Weight", "DENSE_CROSSOVER", "MatrixInfo", "SpmmPlan", "analyze", "bitmap_linear",
-    "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "csr16_linear",
+    "ACTIVATIONS", "BitmapWeight", "CSR", "Csr16Weight", "DENSE_CROSSOVER", "MatrixInfo", "SlotWeight", "SpmmPlan", "analyze", "bitmap_linear",
+    "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "csr16_linear", "slot_linear",
     "div", "from_dense", "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu",
     "scale", "scale_cols", "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index",
     "to_scipy", "to_torch", "transpose", "validate_csr",

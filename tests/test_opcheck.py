@@ -101,6 +101,12 @@ def samples(rng, device):
     C = Csr16Weight(crow, col, values.to(torch.bfloat16), (9, 7))
     yield ops.csr16_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), C.crow, C.entries), dict(
         bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="silu")
+    # slot_linear (tests/test_slots.py has the rest): the same weight in the slot layout
+    from sparsetorch._slots import SlotWeight
+
+    S = SlotWeight(crow, col, values.to(torch.bfloat16), (9, 7))
+    yield ops.slot_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), S.offsets, S.entries, 9), dict(
+        bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="gelu")
 
 
 # Device- or library-specific ops, checked in their own test files: the 2:4 ops (CUDA with cuSPARSELt only;

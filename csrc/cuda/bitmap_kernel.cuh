@@ -135,6 +135,47 @@ struct Mma<__half> {
   static __device__ __forceinline__ uint16_t from_float(float v) { return __half_as_ushort(__float2half_rn(v)); }
 };
 
+// The epilogue of the tensor-core kernels (this one and cuda/slot_kernel.cuh), whose kWarps warps each hold
+// m16n8 accumulators acc[j] for the 16 rows of strip (blockIdx.y * ws + warp / wk) and the block's 8 * NT
+// tokens from n0, summed over a 1/wk part of the block's chunks: the parts are added in shared memory
+// (`red`, at least kWarps * 8 * NT * kRedStride floats, free for reuse: the caller has synchronized the
+// block) in warp order, and the block writes act(sum + bias) (gridDim.z == 1), or the plain sums into
+// split blockIdx.z of the float workspace `out` (n, m) per split.
+template <typename T, int NT>
+__device__ __forceinline__ void write_block_sums(const float (&acc)[NT][4], float* red, int ws, int wk, int m_total,
+                                                 int n_total, int n0, const uint16_t* bias, Activation act,
+                                                 float slope, void* out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // acc[j]: (row g, token 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1).
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int token = 8 * j + 2 * t + (e & 1), row = g + 8 * (e >> 1);
+      red[(warp * 8 * NT + token) * kRedStride + row] = acc[j][e];
+    }
+  }
+  __syncthreads();
+  // Thread e of the block writes rows (strip of ss, row) x token, rows fastest: for each token the
+  // block's 16 * ws rows are contiguous in out.
+  const int cells = ws * 16 * 8 * NT;
+  for (int e = threadIdx.x; e < cells; e += kThreads) {
+    const int row = e & 15, ws_i = (e >> 4) % ws, token = (e >> 4) / ws;
+    const int64_t m = (static_cast<int64_t>(blockIdx.y) * ws + ws_i) * 16 + row;
+    const int n = n0 + token;
+    if (m >= m_total || n >= n_total) continue;
+    float z = 0.f;
+    for (int k = 0; k < wk; ++k) z += red[((ws_i * wk + k) * 8 * NT + token) * kRedStride + row];
+    if (gridDim.z == 1) {
+      if (bias != nullptr) z += Mma<T>::to_float(bias[m]);
+      reinterpret_cast<uint16_t*>(out)[static_cast<int64_t>(n) * m_total + m] =
+          Mma<T>::from_float(apply_activation(act, z, slope));
+    } else {
+      reinterpret_cast<float*>(out)[(static_cast<int64_t>(blockIdx.z) * n_total + n) * m_total + m] = z;
+    }
+  }
+}
+
 // PRMT selectors that turn (v0 = value at the lane's first index, v1 = the next value), both
 // zero-extended, into the A register for the lane's two bits b: 0 -> 0, 1 -> (v0, 0), 2 -> (0, v0),
 // 3 -> (v0, v1) (low half first). Four 16-bit selectors, picked by a PRMT on b * 0x22 + 0x10.
@@ -334,35 +375,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its stages: they become the reduction buffer
 
-  // acc[j]: (row g, token 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1).
-  float* red = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = 8 * j + 2 * t + (e & 1), row = g + 8 * (e >> 1);
-      red[(warp * 8 * NT + token) * kRedStride + row] = acc[j][e];
-    }
-  }
-  __syncthreads();
-  // Thread e of the block writes rows (strip of ss, row) x token, rows fastest: for each token the
-  // block's 16 * ws rows are contiguous in out.
-  const int cells = p.ws * 16 * 8 * NT;
-  for (int e = threadIdx.x; e < cells; e += kThreads) {
-    const int row = e & 15, ws_i = (e >> 4) % p.ws, token = (e >> 4) / p.ws;
-    const int64_t m = (static_cast<int64_t>(blockIdx.y) * p.ws + ws_i) * 16 + row;
-    const int n = n0 + token;
-    if (m >= p.m || n >= p.n) continue;
-    float z = 0.f;
-    for (int k = 0; k < p.wk; ++k) z += red[((ws_i * p.wk + k) * 8 * NT + token) * kRedStride + row];
-    if (gridDim.z == 1) {
-      if (p.bias != nullptr) z += Mma<T>::to_float(p.bias[m]);
-      reinterpret_cast<uint16_t*>(p.out)[static_cast<int64_t>(n) * p.m + m] =
-          Mma<T>::from_float(apply_activation(p.act, z, p.slope));
-    } else {
-      reinterpret_cast<float*>(p.out)[(static_cast<int64_t>(blockIdx.z) * p.n + n) * p.m + m] = z;
-    }
-  }
+  write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act, p.slope, p.out);
 }
 
 // out[n, m] = act(sum over splits of ws[split, n, m] (in split order) + bias[m]).
@@ -389,7 +402,6 @@ struct Launch {
   int batch = 1, stage_values = max_stage_values(1), smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
 };
-constexpr int kMinChunks = 4;
 constexpr int64_t kBatchValues = 640;  // mean values of a stage's groups, above which a stage holds one group
 
 // Values a stage of `batch` groups holds: the mean batch's count with room for the spread (1.25x + 32:
@@ -400,6 +412,26 @@ inline int stage_values_for(int64_t nvalues, int64_t groups, int batch) {
   const int64_t mean = groups > 0 ? batch * ((std::max<int64_t>(nvalues, 0) + groups - 1) / groups) : 0;
   const int64_t want = (5 * mean + 3) / 4 + 32 + 16;
   return static_cast<int>(std::min<int64_t>(max_stage_values(batch), (want + 7) / 8 * 8));
+}
+
+// How the strips' chunks are shared out (both tensor-core kernels): a block's kWarps warps take ws strips
+// x wk parts of their chunks, and the chunks are also split among `splits` blocks (blockIdx.z), until the
+// grid has about `wanted` blocks (as many as run at once) or a warp would keep fewer than kMinChunks chunks.
+constexpr int kMinChunks = 4;
+inline void split_work(int64_t strips, int64_t chunks, int64_t column_tiles, int64_t wanted, int& ws, int& wk,
+                       int64_t& row_blocks, int& splits, int& chunks_per_split) {
+  wk = 1;
+  while (wk < kWarps && chunks >= 2 * wk * kMinChunks &&
+         ((strips + kWarps / wk - 1) / (kWarps / wk)) * column_tiles < wanted) {
+    wk *= 2;
+  }
+  ws = kWarps / wk;
+  row_blocks = (strips + ws - 1) / ws;
+  const int64_t blocks = row_blocks * column_tiles;
+  int64_t s = 1;
+  while (blocks * s * 2 <= wanted && chunks >= 2 * s * wk * kMinChunks) s *= 2;
+  chunks_per_split = static_cast<int>(std::max<int64_t>(1, (chunks + s - 1) / s));
+  splits = static_cast<int>(std::max<int64_t>(1, (chunks + chunks_per_split - 1) / chunks_per_split));
 }
 
 // sms: the GPU's multiprocessors; smem_per_sm / smem_reserved / smem_per_block: shared memory per SM, the
@@ -432,19 +464,7 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
     return l;
   }
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
-  const int64_t wanted = per_sm * sms;
-  l.wk = 1;
-  while (l.wk < kWarps && chunks >= 2 * l.wk * kMinChunks &&
-         ((strips + kWarps / l.wk - 1) / (kWarps / l.wk)) * l.column_tiles < wanted) {
-    l.wk *= 2;
-  }
-  l.ws = kWarps / l.wk;
-  l.row_blocks = (strips + l.ws - 1) / l.ws;
-  const int64_t blocks = l.row_blocks * l.column_tiles;
-  int64_t splits = 1;
-  while (blocks * splits * 2 <= wanted && chunks >= 2 * splits * l.wk * kMinChunks) splits *= 2;
-  l.chunks_per_split = static_cast<int>(std::max<int64_t>(1, (chunks + splits - 1) / splits));
-  l.splits = static_cast<int>(std::max<int64_t>(1, (chunks + l.chunks_per_split - 1) / l.chunks_per_split));
+  split_work(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits, l.chunks_per_split);
   return l;
 }
 

@@ -3,8 +3,9 @@
 The CSR components are the layer's state (``values`` is the trainable parameter). From them the layer
 derives, lazily, the forms a product can run on: the CSR itself (sparsetorch's SpMM routes), the dense weight
 (cuBLASLt), a 2:4 part on sparse tensor cores plus a small CSR residual (cuSPARSELt, sparsetorch/_sparse24.py)
-bitmap tiles for tensor cores (sparsetorch/_bitmap.py) and, for few tokens on CUDA, CSR16 (CSR with each entry's
-value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first call with a token count
+bitmap tiles for tensor cores (sparsetorch/_bitmap.py), the slot layout (the same tiles, each value stored with
+its slot in the tensor-core fragment: sparsetorch/_slots.py) and, for few tokens on CUDA, CSR16 (CSR with each
+entry's value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first call with a token count
 in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it times the forms that apply on that input and keeps the
 fastest for the bucket (CUDA: device events with a cold L2, as SpmmPlan's autotuner; CPU: wall clock), so the
 layer is never slower than its dense weight. Forms that win no bucket are freed again; the dense copy costs
@@ -30,6 +31,7 @@ from torch import nn
 from sparsetorch import functional as F
 from sparsetorch._csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
 from sparsetorch._ops import ops
+from sparsetorch._slots import SlotWeight, applies as slots_applies, slot_linear
 from sparsetorch._sparse24 import (MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, prune_2to4_mask,
                                    sparse24_applies)
 from sparsetorch._transpose import transpose_pattern, transpose_values
@@ -42,11 +44,14 @@ try:  # the bitmap-tile format (another branch): one more candidate where presen
 except ImportError:
     BitmapWeight = bitmap_linear = None
 
-FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "csr16")
+FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
 # CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again). Under
 # CUDA graph capture a bucket never measured takes its nearest measured bucket's route, csr16 included:
 # correct at any token count, only slower past this.
 CSR16_MAX_TOKENS = 64
+# The slot form is timed up to this many tokens (each 64-token tile reads the weight again; past a few
+# hundred tokens the dense GEMM wins).
+SLOTS_MAX_TOKENS = 512
 # A sparse form replaces the dense weight only when it measured at least 5% faster: one measurement
 # per bucket is noisy, and "never slower than dense" is the promise (seen on the H100: bitmap timed at
 # 45.6 us against dense 47.3 us when routing, 58.7 us in the benchmark after).
@@ -133,6 +138,7 @@ class _Forms:
         self.sparse24 = None
         self.bitmap = None
         self.csr16 = None
+        self.slots = None
         self.blocked = None
         self.runners: Dict[int, Any] = {}  # bucket -> the inference call of its route, arguments bound
 
@@ -168,6 +174,8 @@ class _Forms:
                     self.bitmap.set_values(v)
                 if self.csr16 is not None:
                     self.csr16.set_values(v)
+                if self.slots is not None:
+                    self.slots.set_values(v)
                 if self.blocked is not None:
                     self.blocked._blocked_values = None  # the plan re-derives its pair values on the next call
         self.key = key
@@ -181,6 +189,8 @@ class _Forms:
             return self.bitmap is not None
         if route == "csr16":
             return self.csr16 is not None
+        if route == "slots":
+            return self.slots is not None
         return route != "csr:blocked" or self.blocked is not None
 
     def build(self, layer: "SparseLinear", route: str) -> None:
@@ -206,6 +216,8 @@ class _Forms:
             elif route == "csr16":
                 self.csr16 = Csr16Weight(layer.crow_indices, layer.col_indices, v,
                                          (layer.out_features, layer.in_features))
+            elif route == "slots":
+                self.slots = SlotWeight(layer.crow_indices, layer.col_indices, v, (layer.out_features, layer.in_features))
             elif route == "csr:blocked":
                 self.blocked = SpmmPlan(layer.weight, backend="blocked", validate=False, autotune=False)
 
@@ -233,6 +245,9 @@ class _Forms:
                                        f"{MAX_RESIDUAL_DENSITY:.1%} of the positions)")
         if BitmapWeight is not None and csr.dtype in (torch.float16, torch.bfloat16):
             routes.append("bitmap")
+        if x.shape[0] <= SLOTS_MAX_TOKENS and slots_applies((layer.out_features, layer.in_features), csr.dtype,
+                                                             csr.nnz) is None:
+            routes.append("slots")
         if x.shape[0] <= CSR16_MAX_TOKENS and csr16_applies((layer.out_features, layer.in_features), csr.dtype,
                                                              csr.nnz) is None:
             routes.append("csr16")
@@ -286,6 +301,8 @@ class _Forms:
             self.bitmap = None
         if "csr16" not in used:
             self.csr16 = None
+        if "slots" not in used:
+            self.slots = None
         if "csr:blocked" not in used:
             self.blocked = None
 
@@ -306,6 +323,8 @@ class _Forms:
             return self.bitmap(x, bias, act, slope)
         if route == "csr16":
             return csr16_linear(x, self.csr16, bias, act, slope)
+        if route == "slots":
+            return slot_linear(x, self.slots, bias, act, slope)
         backend = route.partition(":")[2] or layer.backend
         if backend == "blocked":
             y_t = self.blocked(x.t())
@@ -338,10 +357,13 @@ class _Forms:
             call = lambda a: ops.sparse24_linear.default(a, *args)  # noqa: E731
             if bucket not in w.algs:  # captured before any search: the runner would pin the default algorithm
                 return call
-        elif route in ("bitmap", "csr16"):  # the op below autograd: no torch.library Python wrapper per call
+        elif route in ("bitmap", "slots", "csr16"):  # the op below autograd: no torch.library wrapper per call
             if route == "bitmap":
                 w = self.bitmap.weight
                 op, args = ops.bitmap_linear.default, (w.bitmaps, w.offsets, w.values, w.shape[0], bias, act, slope)
+            elif route == "slots":
+                w = self.slots
+                op, args = ops.slot_linear.default, (w.offsets, w.entries, w.shape[0], bias, act, slope)
             else:
                 op, args = ops.csr16_linear.default, (self.csr16.crow, self.csr16.entries, bias, act, slope)
             call = lambda a: F._without_autograd(op, a, *args)  # noqa: E731
@@ -363,6 +385,8 @@ class _Forms:
             out["2:4 split"] = self.split24.nbytes
         if self.bitmap is not None:
             out["bitmap"] = self.bitmap.nbytes
+        if self.slots is not None:
+            out["slots"] = self.slots.nbytes
         if self.csr16 is not None:
             shared = self.csr16.crow.data_ptr() == state_crow.data_ptr()
             out["csr16"] = self.csr16.nbytes - (self.csr16.crow.numel() * 4 if shared else 0)
@@ -416,8 +440,8 @@ class SparseLinear(nn.Module):
     bucket and keeps the fastest (see the module docstring; ``layer.routes`` shows the choices,
     ``layer.route_times`` the measurements, ``layer.memory()`` the bytes of the derived forms); or one of
     ``"csr"``, ``"dense"``, ``"2:4"`` (cuSPARSELt on CUDA, a dense reference on the CPU; any pattern: the
-    entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"`` and ``"csr16"`` (bfloat16/float16,
-    in_features <= 65535) to force a form. ``backend``
+    entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"``, ``"slots"`` (bfloat16/float16) and ``"csr16"``
+    (bfloat16/float16, in_features <= 65535) to force a form. ``backend``
     is the SpMM route of the CSR form (``"auto"``: every applicable route is a candidate).
     """
 

@@ -1,0 +1,35 @@
+#include "common/slot_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include "common/bitmap_layout.h"
+#include "common/checks.h"
+
+namespace sparsetorch {
+
+SlotProblem check_slot_linear_args(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
+                                   int64_t out_features, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+                   "x: expected bfloat16 or float16 (the slot layout packs 16-bit values), got ", x.scalar_type());
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kInt, "offsets: expected int32, got ", offsets.scalar_type());
+  TORCH_CHECK_TYPE(entries.scalar_type() == at::kInt, "entries: expected int32, got ", entries.scalar_type());
+  check_same_device(x, "x", offsets, "offsets");
+  check_same_device(x, "x", entries, "entries");
+  TORCH_CHECK_VALUE(out_features >= 0 && out_features < (int64_t{1} << 31), "out_features: expected 0 .. 2^31 - 1, got ",
+                    out_features);
+  SlotProblem p;
+  p.m = out_features;
+  p.n = check_packed_linear_tokens(x, p.m, bias, &p.out_shape);
+  p.k = x.size(-1);
+  TORCH_CHECK_VALUE(p.k < (int64_t{1} << 31), "x: expected fewer than 2^31 in_features, got ", p.k);
+  p.strips = bitmap_strips(p.m);
+  p.chunks = bitmap_chunks(p.k);
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.size(0) == p.strips * p.chunks + 1, "offsets: expected shape (",
+                    p.strips * p.chunks + 1, ",) (one per group of 16 x 64, and one more) for a ", p.m, " x ", p.k,
+                    " weight, got ", offsets.sizes());
+  TORCH_CHECK_VALUE(entries.dim() == 1 && entries.size(0) <= kSlotMaxEntries, "entries: expected a 1-D tensor of at most ",
+                    kSlotMaxEntries, " entries, got shape ", entries.sizes());
+  return p;
+}
+
+}  // namespace sparsetorch

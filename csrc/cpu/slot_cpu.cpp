@@ -1,0 +1,104 @@
+// slot_linear on the CPU: the reference for the CUDA kernel. Each group's entries are decoded to (row,
+// column) and accumulated in float, one task per strip of 16 rows (at::parallel_for), entries in stored
+// order. The layout is checked as it is read: IndexError (offsets from 0 to nnz and non-decreasing, every
+// position inside the weight, slots distinct within a group: the CUDA kernel's scatter keeps one value per
+// slot).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <bitset>
+#include <cstring>
+#include <vector>
+
+#include "common/activation.h"
+#include "common/slot_checks.h"
+#include "common/slot_layout.h"
+
+namespace sparsetorch {
+namespace {
+
+float entry_value(uint32_t e, bool bf16) {
+  const uint16_t bits = static_cast<uint16_t>(e >> 16);
+  if (bf16) {
+    const uint32_t f = uint32_t{bits} << 16;
+    float v;
+    std::memcpy(&v, &f, 4);
+    return v;
+  }
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
+                           int64_t out_features, const std::optional<at::Tensor>& bias, c10::string_view activation,
+                           double negative_slope) {
+  const SlotProblem p = check_slot_linear_args(x, offsets, entries, out_features, bias);
+  const Activation act = parse_activation(std::string(activation));
+  const at::Tensor off_c = offsets.contiguous(), entries_c = entries.contiguous();
+  const int32_t* op = off_c.data_ptr<int32_t>();
+  const uint32_t* ep = reinterpret_cast<const uint32_t*>(entries_c.data_ptr<int32_t>());
+  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k, n = p.n, groups = p.strips * p.chunks;
+  TORCH_CHECK_INDEX(op[0] == 0 && op[groups] == nnz, "offsets: expected to run from 0 to ", nnz,
+                    " (the number of entries), got ", op[0], " .. ", op[groups]);
+  for (int64_t g = 0; g < groups; ++g) {
+    TORCH_CHECK_INDEX(op[g] <= op[g + 1], "offsets: expected non-decreasing offsets, got offsets[", g, "] = ", op[g],
+                      " > offsets[", g + 1, "] = ", op[g + 1]);
+  }
+  at::parallel_for(0, groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t row0 = (g / p.chunks) * kBitmapGroupRows, col0 = (g % p.chunks) * kBitmapGroupCols;
+      std::bitset<kBitmapGroupElems> seen;
+      for (int64_t j = op[g]; j < op[g + 1]; ++j) {
+        const int slot = static_cast<int>(ep[j] & kSlotMask);
+        TORCH_CHECK_INDEX((ep[j] & 0xffffu) <= static_cast<uint32_t>(kSlotMask), "entries: entry ", j, " has slot ",
+                          ep[j] & 0xffffu, ", expected 0 .. ", kSlotMask);
+        int rr = 0, cc = 0;
+        slot_position(slot, rr, cc);
+        TORCH_CHECK_INDEX(row0 + rr < m && col0 + cc < k, "entries: entry ", j, " (slot ", slot, " of group ", g,
+                          ") is at row ", row0 + rr, ", column ", col0 + cc, ", outside the ", m, " x ", k, " weight");
+        TORCH_CHECK_INDEX(!seen[slot], "entries: entry ", j, " repeats slot ", slot, " of group ", g,
+                          " (expected distinct slots within a group)");
+        seen[slot] = true;
+      }
+    }
+  });
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const at::Tensor xt = x.reshape({n, k}).to(at::kFloat).t().contiguous();  // (k, n)
+  const float* xp = xt.data_ptr<float>();
+  const at::Tensor bias_f = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor acc_t = at::zeros({m, n}, x.options().dtype(at::kFloat));  // (m, n): a strip's rows are its task's own
+  float* ap = acc_t.data_ptr<float>();
+  at::parallel_for(0, p.strips, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      for (int64_t c = 0; c < p.chunks; ++c) {
+        const int64_t g = s * p.chunks + c;
+        for (int64_t j = op[g]; j < op[g + 1]; ++j) {
+          int rr = 0, cc = 0;
+          slot_position(static_cast<int>(ep[j] & kSlotMask), rr, cc);
+          const float v = entry_value(ep[j], bf16);
+          const float* xc = xp + (c * kBitmapGroupCols + cc) * n;
+          float* row = ap + (s * kBitmapGroupRows + rr) * n;
+          for (int64_t t = 0; t < n; ++t) row[t] += v * xc[t];
+        }
+      }
+    }
+  });
+  at::Tensor out_f = acc_t.t().contiguous();  // (n, m)
+  float* outp = out_f.data_ptr<float>();
+  const float slope = static_cast<float>(negative_slope);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t r = 0; r < m; ++r) {
+        const float b = bias_f.defined() ? bias_f.data_ptr<float>()[r] : 0.f;
+        outp[t * m + r] = apply_activation(act, outp[t * m + r] + b, slope);
+      }
+    }
+  });
+  return out_f.to(x.scalar_type()).view(p.out_shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CPU, m) { m.impl("slot_linear", &slot_linear_cpu); }
+
+}  // namespace sparsetorch

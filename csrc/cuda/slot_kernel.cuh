@@ -1,0 +1,239 @@
+// The CUDA kernel of slot_linear: y = act(x @ W^T + bias) with W in the slot layout (common/slot_layout.h),
+// bf16 or fp16, fp32 accumulation on tensor cores (mma.sync m16n8k16). Torch-free (cuda/slot_linear.cu is
+// the op).
+//
+// Why: the bitmap kernel (cuda/bitmap_kernel.cuh) spends ~400 warp instructions per 16 x 64 group on
+// finding where its values go (popcount scans, a scatter loop as long as the fullest bitmap word): at 90%
+// sparsity and N = 16 it is bound by instructions at a sixth of the memory floor. Here each value carries
+// its slot in the fragment-order tile, so a group costs: its entries' scatter (one 16-bit shared store per
+// value, values spread over the 32 lanes), four 16-byte loads and four zeroing stores per lane, the x
+// fragments and 4 * NT mma: ~50 instructions at N <= 16, for 4 bytes per nonzero (bitmap: 3.3 at 90%).
+//
+// Work split as in the bitmap kernel (bitmap::split_work): a block's eight warps take ws strips x wk parts
+// of their chunks, chunks also split among blocks (blockIdx.z) for small grids; partial sums are added in
+// a fixed order (bitmap::write_block_sums and the split-k reduction): the result does not depend on timing.
+// A warp's groups (one strip, consecutive chunks) are one contiguous run of entries, which it streams
+// through a ring of kStages trips of 128 entries (one 16-byte cp.async per lane per trip, kStages - 1 in
+// flight). Per trip each lane holds entries lane + 32 u (u < 4) and writes those of the current group to
+// the tile; when a group ends inside the trip the warp multiplies the tile, and the trip's remaining
+// entries go to the next group. x is read from global memory (L1/L2: small next to W), the next group's
+// fragments fetched while the current one multiplies (NT <= 2).
+//
+// Bounds: offsets are clamped to [0, nnz] and made non-decreasing as read, the slots masked to 0 .. 1023:
+// whatever the layout holds, every access stays in bounds (a corrupt layout gives a wrong product; two
+// entries of one slot keep one of them).
+#pragma once
+
+#include "cuda/bitmap_kernel.cuh"
+#include "common/slot_layout.h"
+
+namespace sparsetorch {
+namespace cuda {
+namespace slot {
+
+using bitmap::kThreads;
+using bitmap::kWarps;
+using bitmap::Mma;
+
+constexpr int kTrip = 128;  // entries per trip: one 16-byte copy per lane
+#ifndef SPARSETORCH_SLOT_STAGES
+#define SPARSETORCH_SLOT_STAGES 4
+#endif
+constexpr int kStages = SPARSETORCH_SLOT_STAGES;
+constexpr int kTileBytes = kBitmapGroupElems * 2;  // one group's A fragments, fragment order
+constexpr int kWarpSmem = kStages * kTrip * 4 + kTileBytes;
+// The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
+__host__ __device__ constexpr int block_smem(int nt) {
+  return kWarps * kWarpSmem > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * kWarpSmem
+                                                                       : kWarps * 8 * nt * bitmap::kRedStride * 4;
+}
+
+struct Params {
+  const int* offsets;       // (strips * chunks + 1)
+  const uint32_t* entries;  // (nnz,): value bits << 16 | slot; 16-byte aligned
+  int nnz;
+  const uint16_t* x;        // (n, ldx) row-major, 16-byte aligned, ldx % 8 == 0; columns >= kx read as zero
+  int64_t ldx;
+  int kx;                   // columns of x that may be read: a multiple of 8, zeros past k
+  int n, m, strips, chunks;
+  void* out;                // T (n, m) when gridDim.z == 1; float (gridDim.z, n, m) otherwise
+  const uint16_t* bias;     // (m,) T, or null (only read when gridDim.z == 1)
+  Activation act;
+  float slope;
+  int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
+  int chunks_per_split;     // chunks of one blockIdx.z
+};
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(const Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int ks = warp % p.wk, ss = warp / p.wk;
+  const int strip = blockIdx.y * p.ws + ss;
+  const int n0 = blockIdx.x * (8 * NT);
+  // This warp's chunks: the split's range, cut in wk contiguous pieces.
+  const int split_begin = blockIdx.z * p.chunks_per_split;
+  const int split_end = min(p.chunks, split_begin + p.chunks_per_split);
+  const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
+  const int c_begin = min(split_end, split_begin + ks * per_warp);
+  const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
+  uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * kWarpSmem);
+  uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * kWarpSmem + kStages * kTrip * 4);
+  uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) tile4[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
+  __syncwarp();
+
+  // The warp's entries: [start_all, end_all), streamed from s0 (16-byte aligned) in trips.
+  const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
+  const int nnz = p.nnz;
+  int start_all = 0, end_all = 0;
+  if (count > 0) {
+    start_all = min(max(__ldg(p.offsets + group0), 0), nnz);
+    end_all = min(max(__ldg(p.offsets + group0 + count), start_all), nnz);
+  }
+  const int s0 = start_all & ~3;
+  const int trips = end_all > start_all ? (end_all - s0 + kTrip - 1) / kTrip : 0;
+  auto issue = [&](int trip) {
+    uint32_t* dst = ring + (trip % kStages) * kTrip + 4 * lane;
+    const int e = s0 + trip * kTrip + 4 * lane;
+    if (e <= nnz - 4) {
+      cp_async_16(dst, p.entries + e);
+    } else {
+      for (int j = 0; j < 4; ++j) dst[j] = e + j < nnz ? __ldg(p.entries + e + j) : 0u;
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const int g = lane >> 2, t = lane & 3;
+  const uint16_t* xrow[NT];  // the lane's rows of x (token 8 j + g of the tile, from column 16 t), or null
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int token = n0 + 8 * j + g;
+    xrow[j] = token < p.n ? p.x + static_cast<int64_t>(token) * p.ldx + 16 * t : nullptr;
+  }
+  auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j at chunk column col + 8 h
+    return xrow[j] != nullptr && col + 16 * t + 8 * h + 8 <= p.kx
+               ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + col + 8 * h))
+               : make_uint4(0u, 0u, 0u, 0u);
+  };
+  // NT <= 2: the x fragments of one group in registers, fetched a group ahead.
+  constexpr int kHeld = NT <= 2 ? NT : 1;
+  uint4 xq[kHeld][2];
+  int xq_group = -1;
+  auto fetch_x = [&](int gi) {
+    if (NT <= 2) {
+      const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
+#pragma unroll
+      for (int jt = 0; jt < kHeld; ++jt) {
+        xq[jt][0] = load_x(jt, col, 0);
+        xq[jt][1] = load_x(jt, col, 1);
+      }
+      xq_group = gi;
+    }
+  };
+  // Multiplies the tile (group gi, complete) into acc and zeroes it again.
+  auto multiply = [&](int gi) {
+    __syncwarp();  // every lane's values are in the tile
+    uint32_t a[4][4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint4 v = tile4[32 * s + lane];  // a lane reads and zeroes only its own fragments
+      a[s][0] = v.x, a[s][1] = v.y, a[s][2] = v.z, a[s][3] = v.w;
+      tile4[32 * s + lane] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    __syncwarp();  // zeroed before any lane writes the next group's values
+    if (NT <= 2 && xq_group != gi) fetch_x(gi);
+    const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint4 xv[NT];
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : load_x(jt, col, h);
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2) {
+#pragma unroll
+        for (int jt = 0; jt < NT; ++jt) {
+          Mma<T>::run(acc[jt], a[2 * h + s2], s2 ? xv[jt].z : xv[jt].x, s2 ? xv[jt].w : xv[jt].y);
+        }
+      }
+    }
+    if (gi + 1 < count) fetch_x(gi + 1);
+  };
+
+  // Group ends, 32 at a time: lane l holds the raw end of group (base + l); clamped when used.
+  int end_base = 0;
+  auto load_ends = [&](int base) {
+    end_base = base;
+    return base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
+  };
+  int ends = count > 0 ? load_ends(0) : 0;
+  int gi = 0, gstart = start_all;
+  int gend = min(max(__shfl_sync(0xffffffffu, ends, 0), gstart), end_all);
+  if (trips > 0) fetch_x(0);
+
+#pragma unroll
+  for (int b = 0; b < kStages - 1; ++b) {
+    if (b < trips) issue(b);
+    cp_async_commit();
+  }
+  for (int trip = 0; trip < trips && gi < count; ++trip) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();  // trip's entries are in the ring for every lane; every lane is done with the previous trip
+    if (trip + kStages - 1 < trips) issue(trip + kStages - 1);
+    cp_async_commit();
+    const uint32_t* cur = ring + (trip % kStages) * kTrip;
+    const int tb = s0 + trip * kTrip;
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) w[u] = cur[lane + 32 * u];
+    while (true) {  // the groups that have entries in this trip (warp-uniform)
+      const int lim = min(gend, tb + kTrip);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int pos = tb + lane + 32 * u;
+        if (pos >= gstart && pos < lim) tile[w[u] & kSlotMask] = static_cast<uint16_t>(w[u] >> 16);
+      }
+      if (gend > tb + kTrip) break;  // the group goes on in the next trip
+      if (gend > gstart) multiply(gi);
+      if (++gi == count) break;
+      if (gi - end_base == 32) ends = load_ends(gi);
+      gstart = gend;
+      gend = min(max(__shfl_sync(0xffffffffu, ends, gi - end_base), gstart), end_all);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring and tile: they become the reduction buffer
+  bitmap::write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
+                                  p.slope, p.out);
+}
+
+// How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work), for about as
+// many blocks as fit on the GPU at once (registers allow 3 per SM, 2 for NT = 8).
+struct Launch {
+  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, smem = 0;
+  int64_t column_tiles = 1, row_blocks = 1;
+};
+
+inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms, int64_t smem_per_sm, int64_t smem_reserved,
+                            int64_t smem_per_block) {
+  Launch l;
+  l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
+  l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
+  l.smem = block_smem(l.nt);
+  if (l.smem > smem_per_block) {
+    l.smem = 0;
+    return l;
+  }
+  const int64_t by_registers = l.nt <= 4 ? 3 : 2;
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
+  bitmap::split_work(bitmap_strips(m), bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks,
+                     l.splits, l.chunks_per_split);
+  return l;
+}
+
+}  // namespace slot
+}  // namespace cuda
+}  // namespace sparsetorch

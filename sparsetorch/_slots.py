@@ -1,0 +1,125 @@
+"""The slot layout: a pruned bfloat16/float16 weight in the bitmap layout's 16 x 64 groups, each nonzero
+stored as one 32-bit word holding its value and its slot in the group's tensor-core fragment tile
+(csrc/common/slot_layout.h), and ``slot_linear``, its product on tensor cores (csrc/cuda/slot_kernel.cuh;
+a CPU reference in csrc/cpu/slot_cpu.cpp).
+
+Why a second tensor-core layout: the bitmap layout moves fewer bytes (3.3 per nonzero at 90% sparsity
+against 4 here) but its kernel spends ~400 instructions per group finding where the values go; this one
+spends one shared-memory store per value, so at high sparsity and few tokens it runs near the memory
+floor. SparseLinear derives it from its CSR and times it against its other forms; new values (same
+pattern) are one scatter.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from sparsetorch._ops import ops
+
+GROUP_ROWS, GROUP_COLS, SLOTS = 16, 64, 1024
+MAX_ENTRIES = 2**31 - 1024  # the kernel's stream positions (up to 128 past the end) stay in int32
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[str]:
+    """None when a weight of this shape, dtype and nonzero count fits the slot layout, else why not."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype}: the slot layout packs 16-bit values (bfloat16, float16)"
+    if nnz > MAX_ENTRIES:
+        return f"{nnz} nonzeros: the slot layout takes at most {MAX_ENTRIES}"
+    if max(shape) >= 2**31:
+        return f"shape {tuple(shape)}: at most 2^31 - 1 rows and columns"
+    return None
+
+
+def slot_of(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Slot (0..1023) of row rows % 16, column cols % 64 of a group: element 2 r + j of lane 4 g + t's
+    fragment of mma step s (the inverse of slot_position in slot_layout.h)."""
+    rr, cc = rows % GROUP_ROWS, cols % GROUP_COLS
+    t, s, h, j = cc >> 4, (cc >> 2) & 3, (cc >> 1) & 1, cc & 1
+    r = (rr >> 3) + 2 * h
+    lane = 4 * (rr & 7) + t
+    return 8 * (32 * s + lane) + 2 * r + j
+
+
+def _pack(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    bits = values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return (bits << 16) | slots.to(torch.int32)
+
+
+class SlotWeight:
+    """W (out_features, in_features) in the slot layout, made from a CSR pattern with sorted or unsorted
+    columns (repeated positions are summed, as in the CSR) and its values."""
+
+    def __init__(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: Tuple[int, int]):
+        reason = applies(shape, values.dtype, values.numel())
+        if reason is not None:
+            raise ValueError(f"weight: {reason}")
+        m, k = int(shape[0]), int(shape[1])
+        if crow.numel() != m + 1 or col.numel() != values.numel():
+            raise ValueError(f"weight: expected {m + 1} row pointers and as many columns as values, got "
+                             f"{crow.numel()} and {col.numel()} for {values.numel()} values")
+        self.shape = (m, k)
+        self.dtype, self.device = values.dtype, values.device
+        strips, chunks = -(-m // GROUP_ROWS), -(-k // GROUP_COLS)
+        crow = crow.to(device=values.device, dtype=torch.int64)
+        col = col.to(device=values.device, dtype=torch.int64)
+        rows = torch.repeat_interleave(torch.arange(m, device=values.device), crow.diff())
+        key = ((rows // GROUP_ROWS) * chunks + col // GROUP_COLS) * SLOTS + slot_of(rows, col)
+        unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
+        # CSR entry i goes to packed entry _into[i] (a permutation unless the CSR repeats positions).
+        self._into = inverse.to(torch.int32)
+        self._slots = (unique % SLOTS).to(torch.int32)
+        self.offsets = torch.zeros(strips * chunks + 1, dtype=torch.int32, device=values.device)
+        torch.cumsum(torch.bincount(unique // SLOTS, minlength=strips * chunks), 0, out=self.offsets[1:])
+        self.entries = _pack(self._packed(values.detach()), self._slots)
+
+    def _packed(self, values: torch.Tensor) -> torch.Tensor:
+        """The CSR's values in packed order, repeated positions summed (in float32, rounded once)."""
+        out = torch.zeros(self._slots.numel(), dtype=torch.float32, device=values.device)
+        out.index_add_(0, self._into.long(), values.float())
+        return out.to(self.dtype)
+
+    @classmethod
+    def from_csr(cls, weight) -> "SlotWeight":
+        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
+        from sparsetorch._validate import ensure_valid
+        from sparsetorch.csr import as_csr
+
+        w = as_csr(weight)
+        if len(w.shape) != 2:
+            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
+        ensure_valid(w)
+        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
+
+    def set_values(self, values: torch.Tensor) -> None:
+        """New values for the same pattern (the CSR's order), in place."""
+        if values.dtype != self.dtype or values.shape != self._into.shape:
+            raise ValueError(f"values: expected {tuple(self._into.shape)} of {self.dtype} (the weight's), got "
+                             f"{tuple(values.shape)} of {values.dtype}")
+        self.entries.copy_(_pack(self._packed(values.detach()), self._slots))
+
+    @property
+    def nbytes(self) -> int:
+        """Offsets and entries, and the maps that refresh the values (a slot and a target per entry)."""
+        return (self.offsets.numel() + self.entries.numel() + self._slots.numel() + self._into.numel()) * 4
+
+
+def slot_linear(x: torch.Tensor, weight: SlotWeight, bias: Optional[torch.Tensor] = None,
+                activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
+    """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the
+    layer differentiates through its CSR)."""
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x: expected {weight.dtype} (the weight's dtype), got {x.dtype}")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x: expected shape (..., {weight.shape[1]}) for a weight of shape {weight.shape}, "
+                         f"got {tuple(x.shape)}")
+    return ops.slot_linear(x, weight.offsets, weight.entries, weight.shape[0], bias, activation,
+                           float(negative_slope))
+
+
+@torch.library.register_fake("sparsetorch::slot_linear")
+def _slot_linear_fake(x, offsets, entries, out_features, bias=None, activation="none", negative_slope=0.01):
+    torch._check(x.dtype in DTYPES, lambda: f"x: expected bfloat16 or float16, got {x.dtype}")
+    return x.new_empty((*x.shape[:-1], out_features))

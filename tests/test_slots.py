@@ -1,0 +1,285 @@
+"""slot_linear (the slot layout: each value with its slot in the tensor-core fragment tile; CUDA kernel on
+mma.sync, CPU reference) against float64 products, its argument checks and corrupt layouts, and
+SparseLinear's "slots" form."""
+import numpy as np
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch._ops import ops
+from sparsetorch._slots import SlotWeight, applies, slot_linear, slot_of
+from _helpers import assert_matches, random_csr, randn
+
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+
+
+def weight(rng, m, k, density, dtype, device, **kw):
+    a = random_csr(rng, m, k, density, **kw)
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=dtype, device=device)
+    # the reference multiplies the values as stored (rounded to the half type); repeated positions are
+    # summed in float32 and rounded once by the layout, as their sum is here
+    a.data = values.double().cpu().numpy()
+    return a, SlotWeight(crow, col, values, (m, k))
+
+
+def reference(a, x, bias=None, act=None):
+    z = torch.from_numpy(np.asarray(a @ x.double().reshape(-1, a.shape[1]).cpu().numpy().T).T.copy())
+    if bias is not None:
+        z = z + bias.double().cpu()
+    if act is not None:
+        z = getattr(torch.nn.functional, act)(z)
+    return z.reshape(*x.shape[:-1], a.shape[0])
+
+
+def test_slot_is_the_inverse_of_the_fragment_position():
+    """slot_of agrees with the bitmap layout's positions (bit b of quadrant q feeds register q % 4 of step
+    q // 4, lane b // 2, half b % 2): every (row, column) of a group gets a distinct slot, the one the
+    fragment register holding it reads."""
+    from sparsetorch._bitmap import _position
+
+    q = torch.arange(16).repeat_interleave(64)
+    b = torch.arange(64).repeat(16)
+    rows, cols = _position(q, b)
+    slots = slot_of(rows, cols)
+    expected = 8 * (32 * (q >> 2) + (b >> 1)) + 2 * (q & 3) + (b & 1)
+    assert torch.equal(slots, expected)
+    assert torch.equal(torch.sort(slots).values, torch.arange(1024))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 9, 16, 17, 33, 64, 65, 200])
+def test_matches_float64(device, rng, dtype, n):
+    """Token counts across the kernel's tiles (8, 16, 32, 64 per warp; several column tiles), out_features
+    not a multiple of 16, in_features not a multiple of 8 or 64, empty rows."""
+    a, w = weight(rng, 70, 333, 0.1, dtype, device, empty_rows=0.2)
+    x = randn(rng, n, 333, dtype=dtype, device=device)
+    assert_matches(slot_linear(x, w), reference(a, x), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
+def test_bias_activation_batch_dims_and_repeated_positions(device, rng, dtype, act):
+    a, w = weight(rng, 45, 96, 0.3, dtype, device, unsorted=True, duplicates=True)
+    x = randn(rng, 2, 3, 96, dtype=dtype, device=device)
+    bias = randn(rng, 45, dtype=dtype, device=device)
+    a.sum_duplicates()
+    a.data = torch.from_numpy(a.data).to(dtype).double().numpy()  # summed in float32, rounded once
+    z = reference(a, x, bias)
+    out = slot_linear(x, w, bias, act or "none")
+    assert out.shape == (2, 3, 45) and out.dtype == dtype
+    assert_matches(out, reference(a, x, bias, act), dtype, input_scale=z)
+
+
+@pytest.mark.parametrize("density", [0.002, 0.05, 0.5, 0.97])
+@pytest.mark.parametrize("n", [1, 16, 100])
+def test_densities_and_work_splits(device, rng, density, n):
+    """Groups from nearly empty (most groups hold nothing, a trip spans many groups) to nearly full (a
+    group spans eight trips of the warp's stream); 40 rows x 4096 columns: few strips, many chunks, so
+    the chunks are split among the warps of a block and among blocks (the split-k sum)."""
+    a, w = weight(rng, 40, 4096, density, torch.bfloat16, device)
+    x = randn(rng, n, 4096, dtype=torch.bfloat16, device=device)
+    assert_matches(slot_linear(x, w), reference(a, x), torch.bfloat16)
+
+
+def test_skewed_rows_and_non_contiguous_x(device, rng):
+    """One full row and rows of one entry and empty rows; x a transposed view and x sliced from a wider
+    tensor (both copied into the aligned layout the kernel reads); entries not 16-byte aligned."""
+    m, k = 64, 600
+    a = random_csr(rng, m, k, 0.01).tolil()
+    a[5, :] = rng.standard_normal(k)
+    a = a.tocsr()
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=torch.bfloat16, device=device)
+    a.data = values.double().cpu().numpy()
+    w = SlotWeight(crow, col, values, (m, k))
+    xt = randn(rng, k, 5, dtype=torch.bfloat16, device=device).t()
+    assert_matches(slot_linear(xt, w), reference(a, xt), torch.bfloat16)
+    wide = randn(rng, 5, k + 3, dtype=torch.bfloat16, device=device)[:, 3:]
+    assert_matches(slot_linear(wide, w), reference(a, wide), torch.bfloat16)
+    shifted = torch.cat([w.entries.new_zeros(1), w.entries])[1:]
+    assert_matches(ops.slot_linear(xt, w.offsets, shifted, m), reference(a, xt), torch.bfloat16)
+
+
+@pytest.mark.parametrize("n", [1, 16, 64])
+def test_llm_shape(device, rng, n):
+    """A pruned 11008 x 4096 layer at 90% sparsity (the shape the kernel is tuned on) and its transpose's
+    shape 4096 x 11008 at 70%, against float64."""
+    if device == "cpu" and n > 1:
+        pytest.skip("the CPU reference at this size is slow; n = 1 covers it")
+    for m, k, density in ((11008, 4096, 0.1), (4096, 11008, 0.3)):
+        dense = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+        dense *= torch.from_numpy(rng.random((m, k)) < density)
+        w16 = dense.to(torch.bfloat16)
+        w = SlotWeight.from_csr(w16.to_sparse_csr().to(device))
+        x = randn(rng, n, k, dtype=torch.bfloat16, device=device)
+        assert_matches(slot_linear(x, w), x.double().cpu() @ w16.double().T, torch.bfloat16)
+
+
+def test_empty_shapes(device):
+    offsets = torch.zeros(2, dtype=torch.int32, device=device)  # 4 x 10: one group
+    entries = torch.zeros(0, dtype=torch.int32, device=device)
+    bias = torch.arange(4, dtype=torch.bfloat16, device=device) - 1
+    # no entries: act(bias) for every token
+    out = ops.slot_linear(torch.randn(3, 10, dtype=torch.bfloat16, device=device), offsets, entries, 4, bias, "relu")
+    torch.testing.assert_close(out, torch.relu(bias).expand(3, 4))
+    # k == 0 (no chunks: one offset), n == 0, m == 0
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    torch.testing.assert_close(ops.slot_linear(torch.empty(2, 0, dtype=torch.bfloat16, device=device), one, entries, 4,
+                                               bias), bias.expand(2, 4))
+    assert ops.slot_linear(torch.empty(0, 10, dtype=torch.bfloat16, device=device), offsets, entries, 4).shape == (0, 4)
+    assert ops.slot_linear(torch.randn(3, 10, dtype=torch.bfloat16, device=device), one, entries, 0).shape == (3, 0)
+    # a CSR without entries
+    w = SlotWeight(torch.zeros(5, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.int64, device=device),
+                   torch.zeros(0, dtype=torch.float16, device=device), (4, 100))
+    assert torch.equal(slot_linear(torch.ones(2, 100, dtype=torch.float16, device=device), w),
+                       torch.zeros(2, 4, dtype=torch.float16, device=device))
+
+
+def test_argument_errors(device):
+    offsets = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    entries = torch.tensor([2], dtype=torch.int32, device=device)
+    x = torch.randn(2, 8, dtype=torch.bfloat16, device=device)
+    with pytest.raises(TypeError, match="x: expected bfloat16 or float16"):
+        ops.slot_linear(x.float(), offsets, entries, 1)
+    with pytest.raises(TypeError, match="offsets: expected int32"):
+        ops.slot_linear(x, offsets.long(), entries, 1)
+    with pytest.raises(TypeError, match="entries: expected int32"):
+        ops.slot_linear(x, offsets, entries.long(), 1)
+    with pytest.raises(ValueError, match=r"offsets: expected shape \(3,\)"):
+        ops.slot_linear(x, offsets, entries, 17)  # two strips: three offsets
+    with pytest.raises(ValueError, match="out_features"):
+        ops.slot_linear(x, offsets, entries, -1)
+    with pytest.raises(ValueError, match="entries: expected a 1-D"):
+        ops.slot_linear(x, offsets, entries.view(1, 1), 1)
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        ops.slot_linear(x, offsets, entries, 1, torch.zeros(3, dtype=torch.bfloat16, device=device))
+    with pytest.raises(TypeError, match="bias"):
+        ops.slot_linear(x, offsets, entries, 1, torch.zeros(1, dtype=torch.float16, device=device))
+    crow = torch.tensor([0, 1], device=device)
+    w = SlotWeight(crow, entries.long(), torch.ones(1, dtype=torch.bfloat16, device=device), (1, 8))
+    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 8\)"):
+        slot_linear(torch.randn(2, 9, dtype=torch.bfloat16, device=device), w)
+    with pytest.raises(TypeError, match="x: expected torch.bfloat16"):
+        slot_linear(torch.randn(2, 8, dtype=torch.float16, device=device), w)
+    with pytest.raises(ValueError, match="values: expected"):
+        w.set_values(torch.ones(1, dtype=torch.float16, device=device))
+    with pytest.raises(ValueError, match="values: expected"):
+        w.set_values(torch.ones(2, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="row pointers"):
+        SlotWeight(crow, entries.long(), torch.ones(1, dtype=torch.bfloat16, device=device), (3, 8))
+    assert "nonzeros" in applies((4, 8), torch.bfloat16, 2**31 - 1000)
+    assert "dtype torch.float32" in applies((4, 8), torch.float32, 1)
+    assert applies((4, 70000), torch.float16, 1) is None  # no 16-bit column limit (unlike CSR16)
+    with pytest.raises(ValueError, match="weight: dtype"):
+        SlotWeight(crow, entries.long(), torch.ones(1, device=device), (1, 8))
+
+
+def test_corrupt_layout_cpu_raises():
+    x = torch.randn(2, 70, dtype=torch.bfloat16)  # 3 x 70: one strip, two chunks
+    good = torch.tensor([0, 1, 2], dtype=torch.int32)
+    one = 0x3F80 << 16  # 1.0 at slot 0 (row 0, column 0)
+    entries = torch.tensor([one, one], dtype=torch.int32)
+    with pytest.raises(IndexError, match="offsets: expected to run from 0 to 2"):
+        ops.slot_linear(x, torch.tensor([0, 1, 3], dtype=torch.int32), entries, 3)
+    with pytest.raises(IndexError, match="non-decreasing"):  # 3 x 150: three chunks
+        ops.slot_linear(torch.randn(2, 150, dtype=torch.bfloat16), torch.tensor([0, 2, 1, 2], dtype=torch.int32),
+                        entries, 3)
+    with pytest.raises(IndexError, match="slot 1024"):
+        ops.slot_linear(x, good, torch.tensor([one, one | 1024], dtype=torch.int32), 3)
+    # slot 8 * 4 * 3 = lane 12: row 3 (only 3 rows); slot 8 * 3 = lane 3: column 48 + 64 = 112 >= 70
+    with pytest.raises(IndexError, match="row 3"):
+        ops.slot_linear(x, good, torch.tensor([one | 96, one], dtype=torch.int32), 3)
+    with pytest.raises(IndexError, match="column 112"):
+        ops.slot_linear(x, good, torch.tensor([one, one | 24], dtype=torch.int32), 3)
+    with pytest.raises(IndexError, match="repeats slot 0"):
+        ops.slot_linear(x, torch.tensor([0, 2, 2], dtype=torch.int32), entries, 3)
+    out = ops.slot_linear(x, good, entries, 3)  # the valid layout: x[:, 0] and x[:, 64] into row 0
+    torch.testing.assert_close(out[:, 0], (x[:, 0].float() + x[:, 64].float()).bfloat16())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+def test_corrupt_layout_cuda_stays_in_bounds():
+    """The CUDA kernel does not read the layout on the host: out-of-range and decreasing offsets are clamped
+    and the slots masked on the device (a wrong product, never a fault); the process goes on."""
+    x = torch.randn(3, 200, dtype=torch.bfloat16, device="cuda")  # 40 x 200: 3 strips x 4 chunks
+    bad_offsets = torch.tensor([-5, 1 << 30, 2, -1, 7, 3, 2**31 - 1, 0, 5, 6, 1, -7, 9], dtype=torch.int32,
+                               device="cuda")
+    bad_entries = torch.tensor([0x3F80FFFF, -1, 0x7FFFFFFF, 0x3F800400, 5, 6, 7, 8, 9], dtype=torch.int32,
+                               device="cuda")
+    out = ops.slot_linear(x, bad_offsets, bad_entries, 40)
+    torch.cuda.synchronize()
+    assert out.shape == (3, 40)
+    # the same GPU computes a correct product afterwards
+    ok = ops.slot_linear(x, torch.tensor([0, 1] + [1] * 11, dtype=torch.int32, device="cuda"),
+                         torch.tensor([0x3F800000], dtype=torch.int32, device="cuda"), 40)
+    expected = torch.zeros(3, 40, dtype=torch.bfloat16, device="cuda")
+    expected[:, 0] = x[:, 0]
+    torch.testing.assert_close(ok, expected)
+
+
+def test_from_csr_set_values_and_public_names(device, rng):
+    a = random_csr(rng, 20, 130, 0.3)
+    w = st.SlotWeight.from_csr(st.from_scipy(a, device=device, dtype=torch.float16))
+    x = randn(rng, 3, 130, dtype=torch.float16, device=device)
+    a.data = torch.from_numpy(a.data).half().double().numpy()
+    assert_matches(st.slot_linear(x, w), reference(a, x), torch.float16)
+    entries = w.entries
+    new = torch.from_numpy(rng.standard_normal(a.nnz)).to(dtype=torch.float16, device=device)
+    w.set_values(new)
+    assert w.entries is entries
+    a.data = new.double().cpu().numpy()
+    assert_matches(st.slot_linear(x, w), reference(a, x), torch.float16)
+    assert w.nbytes == 4 * (2 * 3 + 1 + 3 * a.nnz)
+    with pytest.raises(ValueError, match="2-D"):
+        st.SlotWeight.from_csr(st.from_list([a, a], device=device, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_sparse_linear_slots_form(device, dtype, monkeypatch):
+    """SparseLinear(format="slots"): forward, new values, gradients through the layer's CSR backward."""
+    torch.manual_seed(3)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).to(device=device, dtype=dtype), sparsity=0.8,
+                                         activation="gelu")
+    layer = st.nn.SparseLinear(48, 24, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="gelu", format="slots")
+    x = torch.randn(5, 48, device=device, dtype=dtype)
+    w = base.to_dense().detach().double()
+    z = x.double() @ w.T + base.bias.detach().double()
+    with torch.no_grad():
+        assert_matches(layer(x), torch.nn.functional.gelu(z), dtype, input_scale=z)
+        layer.values.mul_(-2.0)
+        z2 = x.double() @ (-2.0 * w).T + base.bias.detach().double()
+        assert_matches(layer(x), torch.nn.functional.gelu(z2), dtype, input_scale=z2)
+    assert layer.memory()["slots"] == 4 * (3 + 3 * layer.nnz)  # 2 strips x 1 chunk + 1 offsets
+    import sparsetorch.nn.linear as lin
+
+    calls = []
+    monkeypatch.setattr(lin, "slot_linear", lambda *a, **k: calls.append(1) or slot_linear(*a, **k))
+    xg = x.clone().requires_grad_()
+    layer(xg).float().sum().backward()
+    assert calls, "the slots form ran the forward of a call that records gradients (not the CSR route)"
+    ref_x = x.double().requires_grad_()
+    ref_w = (-2.0 * w).requires_grad_()
+    torch.nn.functional.gelu(ref_x @ ref_w.T + base.bias.detach().double()).sum().backward()
+    assert_matches(xg.grad, ref_x.grad, dtype)
+    rows = torch.repeat_interleave(torch.arange(24, device=device), torch.diff(layer.crow_indices.long()))
+    assert_matches(layer.values.grad, ref_w.grad[rows, layer.col_indices.long()], dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the auto route times CUDA forms")
+def test_sparse_linear_auto_times_slots():
+    torch.manual_seed(4)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 256).cuda().bfloat16(), sparsity=0.9)
+    x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = layer(x)
+    assert "slots" in layer.route_times[4]
+    ref = torch.nn.functional.linear(x.double(), layer.to_dense().detach().double(), layer.bias.detach().double())
+    assert_matches(y, ref, torch.bfloat16)
+    many = torch.randn(600, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(many)
+    assert "slots" not in layer.route_times[1024]  # beyond SLOTS_MAX_TOKENS: not a candidate
