@@ -12,17 +12,23 @@
 // Work split as in the bitmap kernel (bitmap::split_work): a block's eight warps take ws strips x wk parts
 // of their chunks, chunks also split among blocks (blockIdx.z) for small grids; partial sums are added in
 // a fixed order (bitmap::write_block_sums and the split-k reduction): the result does not depend on timing.
-// A warp walks its groups (one strip, consecutive chunks) one at a time: lane l loads the group's 16-byte
-// pieces l, l + 32, .. (entries of the neighbouring groups in the first and last piece are skipped), the
-// first pieces of the next three groups already in flight, and the next group's x fragments too (NT <= 2). x is read from global memory (L1/L2: small next to W).
+// A warp's groups (one strip, consecutive chunks) are one contiguous run of entries, walked in one of two
+// ways (walks_groups below, by measurement):
+//  - as a stream (NT = 1, 2, 8): through a ring of kStages trips of 128 entries (one 16-byte cp.async per
+//    lane per trip, kStages - 1 in flight); per trip each lane holds entries lane + 32 u (u < 4) and writes
+//    those of the current group to the tile; when a group ends inside the trip the warp multiplies the
+//    tile, and the trip's remaining entries go to the next group (a trip is scanned once per group it
+//    touches: ~200-240 warp instructions per group at 90%, ncu_slots_n*.txt in the results);
+//  - group by group (NT = 4): lane l loads the group's 16-byte pieces l, l + 32, .. directly (entries of the
+//    neighbouring groups in the first and last piece skipped), the next two groups' first pieces in flight.
+//    Fewer instructions, but each group waits on its own loads: faster where the x fragments are loaded
+//    on the fly anyway (NT = 4), slower at NT <= 2, where the stream's longer per-group work hides the
+//    x fragments fetched a group ahead, and at NT = 8 (more registers than the launch bound leaves).
+// x is read from global memory (L1/L2: small next to W).
 //
-// History (H100, 11008 x 4096 at 90%, bf16): a first version streamed each warp's entries through a
-// cp.async ring in 128-entry trips and scattered every trip once per group it touched: 26 / 30 us at N = 1 /
-// 16 (dense 47), ~200-240 warp instructions per group, DRAM 20-27% busy (ncu_slots_n*.txt in the results).
-//
-// Bounds: offsets are clamped to [0, nnz], made non-decreasing as read and a group to at most 1024 entries,
-// the slots masked to 0 .. 1023: whatever the layout holds, every access stays in bounds and the work per
-// group is bounded (a corrupt layout gives a wrong product; two entries of one slot keep one of them).
+// Bounds: offsets are clamped to [0, nnz] and made non-decreasing as read (the group walk also caps a group
+// at 1024 entries), the slots masked to 0 .. 1023: whatever the layout holds, every access stays in bounds
+// and the work is bounded (a corrupt layout gives a wrong product; two entries of one slot keep one).
 #pragma once
 
 #include "cuda/bitmap_kernel.cuh"
@@ -38,10 +44,20 @@ using bitmap::Mma;
 
 constexpr int kTileBytes = kBitmapGroupElems * 2;  // one group's A fragments, fragment order, per warp
 constexpr int kMaxGroupEntries = static_cast<int>(kBitmapGroupElems);
-// The block's shared memory: the warps' tiles, reused as the reduction buffer at the end.
+// The stream walk's ring: kStages trips of kTrip entries (one 16-byte cp.async per lane per trip).
+constexpr int kTrip = 128;
+constexpr int kStages = 4;
+constexpr int kRingBytes = kStages * kTrip * 4;
+// How a warp walks its entries, by tokens per warp (8 NT): group by group for NT = 4, as a stream otherwise
+// (measured, H100, bf16, 11008 x 4096 and 4096 x 11008 at 90%: N = 16 stream 30.0 / 27.3 us, group walk
+// 32.6 / 34.6; N = 32 stream 44.7 / 51.8, group walk 39.3 / 39.9; N = 64 stream 75.0 / 52.1, group walk
+// 81.8 / 58.6).
+__host__ __device__ constexpr bool walks_groups(int nt) { return nt == 4; }
+__host__ __device__ constexpr int warp_smem(int nt) { return walks_groups(nt) ? kTileBytes : kRingBytes + kTileBytes; }
+// The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
 __host__ __device__ constexpr int block_smem(int nt) {
-  return kWarps * kTileBytes > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * kTileBytes
-                                                                        : kWarps * 8 * nt * bitmap::kRedStride * 4;
+  return kWarps * warp_smem(nt) > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * warp_smem(nt)
+                                                                           : kWarps * 8 * nt * bitmap::kRedStride * 4;
 }
 
 struct Params {
@@ -73,7 +89,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
   const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
   const int c_begin = min(split_end, split_begin + ks * per_warp);
   const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
-  uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * kTileBytes);
+  uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * warp_smem(NT));  // stream walk only
+  uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * warp_smem(NT) + (walks_groups(NT) ? 0 : kRingBytes));
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
 #pragma unroll
   for (int r = 0; r < 4; ++r) tile4[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
@@ -81,29 +98,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
 
   const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
   const int nnz = p.nnz;
-  const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-  // Entries pos .. pos + 3 (pos % 4 == 0, 0 <= pos < nnz); those past nnz read as 0.
-  auto load_piece = [&](int pos) -> uint4 {
-    if (pos <= nnz - 4) return __ldg(reinterpret_cast<const uint4*>(p.entries + pos));
-    uint4 q = zero4;
-    q.x = __ldg(p.entries + pos);
-    if (pos + 1 < nnz) q.y = __ldg(p.entries + pos + 1);
-    if (pos + 2 < nnz) q.z = __ldg(p.entries + pos + 2);
-    return q;
-  };
-  // The lane's first piece of a group [s, e): entries (s & ~3) + 4 lane ..
-  auto first_piece = [&](int s, int e) -> uint4 {
-    const int pos = (s & ~3) + 4 * lane;
-    return pos < e ? load_piece(pos) : zero4;
-  };
-  // Writes the piece's entries that belong to [s, e) to their slots.
-  auto scatter = [&](const uint4& q, int pos, int s, int e) {
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (pos + j >= s && pos + j < e) tile[w[j] & kSlotMask] = static_cast<uint16_t>(w[j] >> 16);
-    }
-  };
 
   float acc[NT][4];
 #pragma unroll
@@ -164,72 +158,81 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     if (gi + 1 < count) fetch_x(gi + 1);
   };
 
-  // Group bounds (warp-uniform): group j is [start(j), end(j)) with start(j) = end(j - 1) and end(j) =
-  // offsets[group0 + j + 1] clamped to [start(j), min(nnz, start(j) + 1024)], computed in group order as
-  // the groups' first pieces are requested. The raw ends come 32 at a time, lane l holding group
-  // (end_base + l)'s.
-  int end_base = 0, ends = 0, next_group = 0, next_start = 0;
-  auto load_ends = [&](int base) {
-    end_base = base;
-    ends = base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : 0;
-  };
-  // Bounds of the next group in order (empty past the warp's last) and its first piece, requested.
-  auto request = [&](uint4& q, int& s, int& e) {
-    s = e = next_start;
-    if (next_group < count) {
-      if (next_group - end_base >= 32) load_ends(next_group);
-      const int raw = __shfl_sync(0xffffffffu, ends, next_group - end_base);
-      e = min(max(raw, s), min(nnz, s + kMaxGroupEntries));
-      next_start = e;
-      ++next_group;
-    }
-    q = e > s ? first_piece(s, e) : zero4;
-  };
-  // Scatters group gi ([s, e), first piece q) and multiplies it.
-  auto step = [&](int gi, const uint4& q, int s, int e) {
-    if (e <= s) return;  // empty: nothing to add
-    const int a = s & ~3;
-    const int pieces = (e - a + 3) >> 2;
-    scatter(q, a + 4 * lane, s, e);
-    for (int base = 32; base < pieces; base += 128) {  // groups beyond ~124 entries: four pieces per lane at once
-      uint4 r[4];
+  if constexpr (walks_groups(NT)) {
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    // Entries pos .. pos + 3 (pos % 4 == 0, 0 <= pos < nnz); those past nnz read as 0.
+    auto load_piece = [&](int pos) -> uint4 {
+      if (pos <= nnz - 4) return __ldg(reinterpret_cast<const uint4*>(p.entries + pos));
+      uint4 q = zero4;
+      q.x = __ldg(p.entries + pos);
+      if (pos + 1 < nnz) q.y = __ldg(p.entries + pos + 1);
+      if (pos + 2 < nnz) q.z = __ldg(p.entries + pos + 2);
+      return q;
+    };
+    // The lane's first piece of a group [s, e): entries (s & ~3) + 4 lane ..
+    auto first_piece = [&](int s, int e) -> uint4 {
+      const int pos = (s & ~3) + 4 * lane;
+      return pos < e ? load_piece(pos) : zero4;
+    };
+    // Writes the piece's entries that belong to [s, e) to their slots.
+    auto scatter = [&](const uint4& q, int pos, int s, int e) {
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int pc = base + lane + 32 * u;
-        r[u] = pc < pieces ? load_piece(a + 4 * pc) : zero4;
+      for (int j = 0; j < 4; ++j) {
+        if (pos + j >= s && pos + j < e) tile[w[j] & kSlotMask] = static_cast<uint16_t>(w[j] >> 16);
       }
+    };
+
+    // Group bounds (warp-uniform): group j is [start(j), end(j)) with start(j) = end(j - 1) and end(j) =
+    // offsets[group0 + j + 1] clamped to [start(j), min(nnz, start(j) + 1024)], computed in group order as
+    // the groups' first pieces are requested. The raw ends come 32 at a time, lane l holding group
+    // (end_base + l)'s.
+    int end_base = 0, ends = 0, next_group = 0, next_start = 0;
+    auto load_ends = [&](int base) {
+      end_base = base;
+      ends = base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : 0;
+    };
+    // Bounds of the next group in order (empty past the warp's last) and its first piece, requested.
+    auto request = [&](uint4& q, int& s, int& e) {
+      s = e = next_start;
+      if (next_group < count) {
+        if (next_group - end_base >= 32) load_ends(next_group);
+        const int raw = __shfl_sync(0xffffffffu, ends, next_group - end_base);
+        e = min(max(raw, s), min(nnz, s + kMaxGroupEntries));
+        next_start = e;
+        ++next_group;
+      }
+      q = e > s ? first_piece(s, e) : zero4;
+    };
+    // Scatters group gi ([s, e), first piece q) and multiplies it.
+    auto step = [&](int gi, const uint4& q, int s, int e) {
+      if (e <= s) return;  // empty: nothing to add
+      const int a = s & ~3;
+      const int pieces = (e - a + 3) >> 2;
+      scatter(q, a + 4 * lane, s, e);
+      for (int base = 32; base < pieces; base += 128) {  // groups beyond ~124 entries: four pieces per lane at once
+        uint4 r[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) scatter(r[u], a + 4 * (base + lane + 32 * u), s, e);
-    }
-    multiply(gi);
-  };
-  if (count > 0) {
-    load_ends(0);
-    next_start = min(max(__ldg(p.offsets + group0), 0), nnz);
-    fetch_x(0);
-  }
-  // The next groups' first pieces in flight (three for NT <= 2, two where more accumulators leave fewer
-  // registers): each register set is refilled as soon as its group is scattered, so no load is waited for
-  // by a register copy.
-  uint4 qa, qb, qc;
-  int sa, ea, sb, eb, sc = 0, ec = 0;
-  request(qa, sa, ea);
-  request(qb, sb, eb);
-  if constexpr (NT <= 2) {
-    request(qc, sc, ec);
-    for (int gi = 0; gi < count; gi += 3) {
-      step(gi, qa, sa, ea);
-      request(qa, sa, ea);
-      if (gi + 1 < count) {
-        step(gi + 1, qb, sb, eb);
-        request(qb, sb, eb);
+        for (int u = 0; u < 4; ++u) {
+          const int pc = base + lane + 32 * u;
+          r[u] = pc < pieces ? load_piece(a + 4 * pc) : zero4;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) scatter(r[u], a + 4 * (base + lane + 32 * u), s, e);
       }
-      if (gi + 2 < count) {
-        step(gi + 2, qc, sc, ec);
-        request(qc, sc, ec);
-      }
+      multiply(gi);
+    };
+    if (count > 0) {
+      load_ends(0);
+      next_start = min(max(__ldg(p.offsets + group0), 0), nnz);
+      fetch_x(0);
     }
-  } else {
+    // The next two groups' first pieces in flight: each register set is refilled as soon as its group is
+    // scattered, so no load is waited for by a register copy.
+    uint4 qa, qb;
+    int sa, ea, sb, eb;
+    request(qa, sa, ea);
+    request(qb, sb, eb);
     for (int gi = 0; gi < count; gi += 2) {
       step(gi, qa, sa, ea);
       request(qa, sa, ea);
@@ -238,8 +241,69 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
         request(qb, sb, eb);
       }
     }
+  } else {
+    // The warp's entries: [start_all, end_all), streamed from s0 (16-byte aligned) in trips.
+    int start_all = 0, end_all = 0;
+    if (count > 0) {
+      start_all = min(max(__ldg(p.offsets + group0), 0), nnz);
+      end_all = min(max(__ldg(p.offsets + group0 + count), start_all), nnz);
+    }
+    const int s0 = start_all & ~3;
+    const int trips = end_all > start_all ? (end_all - s0 + kTrip - 1) / kTrip : 0;
+    auto issue = [&](int trip) {
+      uint32_t* dst = ring + (trip % kStages) * kTrip + 4 * lane;
+      const int e = s0 + trip * kTrip + 4 * lane;
+      if (e <= nnz - 4) {
+        cp_async_16(dst, p.entries + e);
+      } else {
+        for (int j = 0; j < 4; ++j) dst[j] = e + j < nnz ? __ldg(p.entries + e + j) : 0u;
+      }
+    };
+
+    // Group ends, 32 at a time: lane l holds the raw end of group (base + l); clamped when used.
+    int end_base = 0;
+    auto load_ends = [&](int base) {
+      end_base = base;
+      return base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
+    };
+    int ends = count > 0 ? load_ends(0) : 0;
+    int gi = 0, gstart = start_all;
+    int gend = min(max(__shfl_sync(0xffffffffu, ends, 0), gstart), end_all);
+    if (trips > 0) fetch_x(0);
+
+#pragma unroll
+    for (int b = 0; b < kStages - 1; ++b) {
+      if (b < trips) issue(b);
+      cp_async_commit();
+    }
+    for (int trip = 0; trip < trips && gi < count; ++trip) {
+      cp_async_wait<kStages - 2>();
+      __syncwarp();  // trip's entries are in the ring for every lane; every lane is done with the previous trip
+      if (trip + kStages - 1 < trips) issue(trip + kStages - 1);
+      cp_async_commit();
+      const uint32_t* cur = ring + (trip % kStages) * kTrip;
+      const int tb = s0 + trip * kTrip;
+      uint32_t w[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) w[u] = cur[lane + 32 * u];
+      while (true) {  // the groups that have entries in this trip (warp-uniform)
+        const int lim = min(gend, tb + kTrip);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int pos = tb + lane + 32 * u;
+          if (pos >= gstart && pos < lim) tile[w[u] & kSlotMask] = static_cast<uint16_t>(w[u] >> 16);
+        }
+        if (gend > tb + kTrip) break;  // the group goes on in the next trip
+        if (gend > gstart) multiply(gi);
+        if (++gi == count) break;
+        if (gi - end_base == 32) ends = load_ends(gi);
+        gstart = gend;
+        gend = min(max(__shfl_sync(0xffffffffu, ends, gi - end_base), gstart), end_all);
+      }
+    }
   }
-  __syncthreads();  // every warp is done with its tile: the tiles become the reduction buffer
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring and tile: they become the reduction buffer
   bitmap::write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
                                   p.slope, p.out);
 }
