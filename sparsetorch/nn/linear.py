@@ -2,13 +2,13 @@
 
 The CSR components are the layer's state (``values`` is the trainable parameter). From them the layer
 derives, lazily, the forms a product can run on: the CSR itself (sparsetorch's SpMM routes), the dense weight
-(cuBLASLt), a 2:4 part on sparse tensor cores plus a small CSR residual (cuSPARSELt, sparsetorch/_sparse24.py)
+(cuBLASLt), a 2:4 part on sparse tensor cores plus a small CSR residual (cuSPARSELt, sparsetorch/_sparse24.py),
 bitmap tiles for tensor cores (sparsetorch/_bitmap.py), the slot layout (the same tiles, each value stored with
 its slot in the tensor-core fragment: sparsetorch/_slots.py) and, for few tokens on CUDA, CSR16 (CSR with each
-entry's value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first call with a token count
-in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it times the forms that apply on that input and keeps the
-fastest for the bucket (CUDA: device events with a cold L2, as SpmmPlan's autotuner; CPU: wall clock), so the
-layer is never slower than its dense weight. Forms that win no bucket are freed again; the dense copy costs
+entry's value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first
+call with a token count in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it times the forms that apply on
+that input and keeps the fastest for the bucket (CUDA: device events with a cold L2, as SpmmPlan's
+autotuner; CPU: wall clock), so the layer is never slower than its dense weight. Forms that win no bucket are freed again; the dense copy costs
 out * in * element bytes (90 MB for an 11008 x 4096 bf16 weight) and is kept only when dense wins a bucket.
 Derived forms are rebuilt when the pattern or the values change (their data pointers and version counters
 are compared), never per call. Inside CUDA graph capture (no timing possible) a bucket never measured takes
