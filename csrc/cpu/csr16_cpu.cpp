@@ -5,26 +5,14 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <cstring>
 #include <vector>
 
 #include "common/activation.h"
 #include "common/csr16_checks.h"
+#include "cpu/packed_value.h"
 
 namespace sparsetorch {
 namespace {
-
-// The 16 value bits of an entry as a float of x's type (bf16: the high half of a float; fp16: a half).
-float entry_value(uint32_t e, bool bf16) {
-  const uint16_t bits = static_cast<uint16_t>(e >> 16);
-  if (bf16) {
-    const uint32_t f = uint32_t{bits} << 16;
-    float v;
-    std::memcpy(&v, &f, 4);
-    return v;
-  }
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
 
 at::Tensor csr16_linear_cpu(const at::Tensor& x, const at::Tensor& crow, const at::Tensor& entries,
                             const std::optional<at::Tensor>& bias, c10::string_view activation, double negative_slope) {
@@ -58,7 +46,7 @@ at::Tensor csr16_linear_cpu(const at::Tensor& x, const at::Tensor& crow, const a
     for (int64_t r = begin; r < end; ++r) {
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = rp[r]; j < rp[r + 1]; ++j) {
-        const float v = entry_value(ep[j], bf16);
+        const float v = packed_value(ep[j], bf16);
         const float* xc = xp + static_cast<int64_t>(ep[j] & 0xffffu) * n;
         for (int64_t t = 0; t < n; ++t) acc[t] += v * xc[t];
       }

@@ -8,26 +8,15 @@
 #include <torch/library.h>
 
 #include <bitset>
-#include <cstring>
 #include <vector>
 
 #include "common/activation.h"
 #include "common/slot_checks.h"
 #include "common/slot_layout.h"
+#include "cpu/packed_value.h"
 
 namespace sparsetorch {
 namespace {
-
-float entry_value(uint32_t e, bool bf16) {
-  const uint16_t bits = static_cast<uint16_t>(e >> 16);
-  if (bf16) {
-    const uint32_t f = uint32_t{bits} << 16;
-    float v;
-    std::memcpy(&v, &f, 4);
-    return v;
-  }
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
 
 at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                            int64_t out_features, const std::optional<at::Tensor>& bias, c10::string_view activation,
@@ -75,7 +64,7 @@ at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const
         for (int64_t j = op[g]; j < op[g + 1]; ++j) {
           int rr = 0, cc = 0;
           slot_position(static_cast<int>(ep[j] & kSlotMask), rr, cc);
-          const float v = entry_value(ep[j], bf16);
+          const float v = packed_value(ep[j], bf16);
           const float* xc = xp + (c * kBitmapGroupCols + cc) * n;
           float* row = ap + (s * kBitmapGroupRows + rr) * n;
           for (int64_t t = 0; t < n; ++t) row[t] += v * xc[t];
