@@ -13,6 +13,8 @@ from typing import Optional, Tuple
 import torch
 
 from sparsetorch._ops import ops
+from sparsetorch._validate import ensure_valid
+from sparsetorch.csr import CSR
 
 MAX_COLUMNS = 0xFFFF  # the CUDA kernel's filler entries use column 0xFFFF: never a real column
 MAX_ENTRIES = 2**31 - 1024  # the kernel's lane offsets (up to 508 past a row's end) stay in int32
@@ -46,6 +48,8 @@ class Csr16Weight:
         if crow.numel() != int(shape[0]) + 1 or col.numel() != values.numel():
             raise ValueError(f"weight: expected {int(shape[0]) + 1} row pointers and as many columns as values, got "
                              f"{crow.numel()} and {col.numel()} for {values.numel()} values")
+        # Columns and row pointers checked once per pattern (cached: a layer's own validated CSR costs a lookup).
+        ensure_valid(CSR(crow, col, values, (int(shape[0]), int(shape[1]))))
         self.shape = (int(shape[0]), int(shape[1]))
         self.dtype, self.device = values.dtype, values.device
         self.crow = crow.to(torch.int32).contiguous()  # may share the caller's int32 row pointers

@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 import torch
 
 from sparsetorch._ops import ops
+from sparsetorch._validate import ensure_valid
+from sparsetorch.csr import CSR
 
 GROUP_ROWS, GROUP_COLS, SLOTS = 16, 64, 1024
 MAX_ENTRIES = 2**31 - 1024  # the kernel's stream positions (up to 128 past the end) stay in int32
@@ -60,6 +62,8 @@ class SlotWeight:
         if crow.numel() != m + 1 or col.numel() != values.numel():
             raise ValueError(f"weight: expected {m + 1} row pointers and as many columns as values, got "
                              f"{crow.numel()} and {col.numel()} for {values.numel()} values")
+        # Columns and row pointers checked once per pattern (cached: a layer's own validated CSR costs a lookup).
+        ensure_valid(CSR(crow, col, values, (m, k)))
         self.shape = (m, k)
         self.dtype, self.device = values.dtype, values.device
         strips, chunks = -(-m // GROUP_ROWS), -(-k // GROUP_COLS)
@@ -84,13 +88,11 @@ class SlotWeight:
     @classmethod
     def from_csr(cls, weight) -> "SlotWeight":
         """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
-        from sparsetorch._validate import ensure_valid
         from sparsetorch.csr import as_csr
 
         w = as_csr(weight)
         if len(w.shape) != 2:
             raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
-        ensure_valid(w)
         return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
 
     def set_values(self, values: torch.Tensor) -> None:

@@ -265,3 +265,13 @@ def test_inf_in_columns_without_entries_stays_out(device, rng):
     clean = x.clone()
     clean[:, 300:] = 0
     assert_matches(out, reference(a, clean), torch.bfloat16)
+
+
+def test_constructor_rejects_a_corrupt_csr(device):
+    """The public constructor checks the CSR it packs (a column past in_features would land in another
+    group or row of the layout; decreasing row pointers in none): ValueError naming the defect."""
+    values = torch.ones(2, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="col_indices"):
+        Csr16Weight(torch.tensor([0, 2], device=device), torch.tensor([1, 70], device=device), values, (1, 64))
+    with pytest.raises(ValueError, match="validate_csr"):
+        Csr16Weight(torch.tensor([0, 2, 1, 2], device=device), torch.tensor([1, 3], device=device), values, (3, 64))

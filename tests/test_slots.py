@@ -283,3 +283,13 @@ def test_sparse_linear_auto_times_slots():
     with torch.no_grad():
         layer(many)
     assert "slots" not in layer.route_times[1024]  # beyond SLOTS_MAX_TOKENS: not a candidate
+
+
+def test_constructor_rejects_a_corrupt_csr(device):
+    """The public constructor checks the CSR it packs (a column past in_features would land in another
+    group or row of the layout; decreasing row pointers in none): ValueError naming the defect."""
+    values = torch.ones(2, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="col_indices"):
+        SlotWeight(torch.tensor([0, 2], device=device), torch.tensor([1, 70], device=device), values, (1, 64))
+    with pytest.raises(ValueError, match="validate_csr"):
+        SlotWeight(torch.tensor([0, 2, 1, 2], device=device), torch.tensor([1, 3], device=device), values, (3, 64))

@@ -8,8 +8,9 @@ its slot in the tensor-core fragment: sparsetorch/_slots.py) and, for few tokens
 entry's value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first
 call with a token count in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it times the forms that apply on
 that input and keeps the fastest for the bucket (CUDA: device events with a cold L2, as SpmmPlan's
-autotuner; CPU: wall clock), so the layer is never slower than its dense weight. Forms that win no bucket are freed again; the dense copy costs
-out * in * element bytes (90 MB for an 11008 x 4096 bf16 weight) and is kept only when dense wins a bucket.
+autotuner; CPU: wall clock), so the layer is never slower than its dense weight. Forms that win no bucket are
+freed again; the dense copy costs out * in * element bytes (90 MB for an 11008 x 4096 bf16 weight) and is kept
+only when dense wins a bucket.
 Derived forms are rebuilt when the pattern or the values change (their data pointers and version counters
 are compared), never per call. Inside CUDA graph capture (no timing possible) a bucket never measured takes
 the route of the nearest measured bucket, or the CSR; torch.compile traces the CSR route.
@@ -278,7 +279,8 @@ class _Forms:
             for route in self.candidates(layer, x):
                 try:
                     self.build(layer, route)
-                    self.run(layer, route, x, bucket)  # the 2:4 form searches its algorithm here  # a candidate that fails on this input is left out
+                    # A candidate that fails on this input is left out; the 2:4 form searches its algorithm here.
+                    self.run(layer, route, x, bucket)
                 except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
                     self.skipped[route] = f"{type(e).__name__}: {e}"
                     continue
@@ -440,8 +442,8 @@ class SparseLinear(nn.Module):
     bucket and keeps the fastest (see the module docstring; ``layer.routes`` shows the choices,
     ``layer.route_times`` the measurements, ``layer.memory()`` the bytes of the derived forms); or one of
     ``"csr"``, ``"dense"``, ``"2:4"`` (cuSPARSELt on CUDA, a dense reference on the CPU; any pattern: the
-    entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"``, ``"slots"`` (bfloat16/float16) and ``"csr16"``
-    (bfloat16/float16, in_features <= 65535) to force a form. ``backend``
+    entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"``, ``"slots"`` (bfloat16/float16) and
+    ``"csr16"`` (bfloat16/float16, in_features <= 65535) to force a form. ``backend``
     is the SpMM route of the CSR form (``"auto"``: every applicable route is a candidate).
     """
 
