@@ -11,9 +11,7 @@
 #include <cuda_fp16.h>
 #include <cusparse.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -178,12 +176,6 @@ struct Packed<T, VEC, std::enable_if_t<sizeof(T) == 2 && VEC % 2 == 0>> {
     w = q % 2 ? (w & 0xffffu) | (static_cast<uint32_t>(bits) << 16) : (w & 0xffff0000u) | bits;
   }
 };
-
-// A knob for tests and benchmarks: the non-negative integer in environment variable `name`, 0 when unset.
-inline int64_t env_knob(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::max<int64_t>(0, std::atoll(v)) : 0;
-}
 
 inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

@@ -9,14 +9,10 @@
 // value, the group's entries spread over the 32 lanes as 16-byte pieces), four 16-byte loads and four
 // zeroing stores per lane, the x fragments and 4 * NT mma.
 //
-// Work split: the (strip, chunk) groups, in their flat order, cut in 8 * blocks runs of equal length (one
-// per warp; blocks = as many as fit on the GPU at once, per column tile of tokens), so every SM gets the
-// same share whatever the shape (cutting by whole strips left a partial wave: 688 one-strip blocks on 396
-// slots for 11008 x 4096). A warp writes the strips it holds whole straight to `out` and keeps the first and
-// last strips it shares with its neighbours for the block, which adds them in warp order; a strip cut by a
-// block boundary is summed by the last of its blocks to finish (a counter per strip, reset by that block),
-// in block order: the result does not depend on timing.
-// A warp's groups are one contiguous run of entries, walked in one of two
+// Work split as in the bitmap kernel (bitmap::split_work): a block's eight warps take ws strips x wk parts
+// of their chunks, chunks also split among blocks (blockIdx.z) for small grids; partial sums are added in
+// a fixed order (bitmap::write_block_sums and the split-k reduction): the result does not depend on timing.
+// A warp's groups (one strip, consecutive chunks) are one contiguous run of entries, walked in one of two
 // ways (walks_groups below, by measurement):
 //  - as a stream (NT = 1, 2, 8): through a ring of kStages trips of 128 entries (one 16-byte cp.async per
 //    lane per trip, kStages - 1 in flight); per trip each lane holds entries lane + 32 u (u < 4) and writes
@@ -58,19 +54,11 @@ constexpr int kRingBytes = kStages * kTrip * 4;
 // 81.8 / 58.6).
 __host__ __device__ constexpr bool walks_groups(int nt) { return nt == 4; }
 __host__ __device__ constexpr int warp_smem(int nt) { return walks_groups(nt) ? kTileBytes : kRingBytes + kTileBytes; }
-// One warp's sums of a strip's 16 rows x 8 NT tokens: token-major, kRedStride floats per token.
-__host__ __device__ constexpr int sums_floats(int nt) { return 8 * nt * bitmap::kRedStride; }
-// The warps' rings and tiles, reused for the warps' last strips at the end.
-__host__ __device__ constexpr int walk_smem(int nt) {
-  return kWarps * warp_smem(nt) > kWarps * sums_floats(nt) * 4 ? kWarps * warp_smem(nt) : kWarps * sums_floats(nt) * 4;
-}
-// The block's shared memory: the walk's, the warps' first strips, and per warp the ids of both (-1: none)
-// and a flag.
+// The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
 __host__ __device__ constexpr int block_smem(int nt) {
-  return walk_smem(nt) + kWarps * sums_floats(nt) * 4 + (2 * kWarps + 4) * 4;
+  return kWarps * warp_smem(nt) > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * warp_smem(nt)
+                                                                           : kWarps * 8 * nt * bitmap::kRedStride * 4;
 }
-// A warp's run holds at least this many groups where the GPU has room for more warps than that leaves.
-constexpr int kMinGroupsPerWarp = 4;
 
 struct Params {
   const int* offsets;       // (strips * chunks + 1)
@@ -79,114 +67,28 @@ struct Params {
   const uint16_t* x;        // (n, ldx) row-major, 16-byte aligned, ldx % 8 == 0; columns >= kx read as zero
   int64_t ldx;
   int kx;                   // columns of x that may be read: a multiple of 8, zeros past k
-  int n, m, strips, chunks;  // strips * chunks < 2^31
-  uint16_t* out;            // T (n, m)
-  const uint16_t* bias;     // (m,) T, or null
+  int n, m, strips, chunks;
+  void* out;                // T (n, m) when gridDim.z == 1; float (gridDim.z, n, m) otherwise
+  const uint16_t* bias;     // (m,) T, or null (only read when gridDim.z == 1)
   Activation act;
   float slope;
-  int blocks;               // blocks per column tile of tokens (gridDim.y), 1 .. max(1, strips * chunks)
-  float* partials;          // (gridDim.x, blocks, 2, 16 * 8 NT): a block's sums of its first and last strips
-                            // when it shares them with other blocks
-  int* counters;            // (gridDim.x, strips), zero between calls: blocks done with a shared strip
+  int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
+  int chunks_per_split;     // chunks of one blockIdx.z
 };
-
-// The first group of run i when `groups` groups are cut in `runs` runs of equal length (+-1).
-__host__ __device__ inline int run_begin(int64_t i, int64_t groups, int64_t runs) {
-  return static_cast<int>(i * groups / runs);
-}
-// The block whose run holds group f (the largest b with run_begin(b, groups, blocks) <= f).
-__device__ inline int block_of(int f, int groups, int blocks) {
-  return static_cast<int>(((static_cast<int64_t>(f) + 1) * blocks - 1) / groups);
-}
-
-// out[token][row] of the strip = act(z + bias), inside the output only.
-template <typename T>
-__device__ __forceinline__ void store_cell(const Params& p, float z, int strip, int row, int token) {
-  const int m = strip * 16 + row;
-  if (m >= p.m || token >= p.n) return;
-  if (p.bias != nullptr) z += Mma<T>::to_float(p.bias[m]);
-  p.out[static_cast<int64_t>(token) * p.m + m] = Mma<T>::from_float(apply_activation(p.act, z, p.slope));
-}
-
-// A strip that blocks share: each has put its sums in p.partials; the last to arrive adds them in block
-// order and writes the strip (its counter then goes back to zero for the next call). `flag`: a shared int.
-template <typename T, int NT>
-__device__ void settle_shared_strip(const Params& p, int s, int n0, int* flag) {
-  constexpr int kCells = 16 * 8 * NT;
-  const int groups = p.strips * p.chunks;
-  const int b_first = block_of(s * p.chunks, groups, p.blocks);
-  const int b_last = block_of((s + 1) * p.chunks - 1, groups, p.blocks);
-  __threadfence();  // this block's sums are visible before it counts itself in
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* counter = p.counters + static_cast<int64_t>(blockIdx.x) * p.strips + s;
-    const bool last = atomicAdd(counter, 1) == b_last - b_first;
-    if (last) *counter = 0;
-    *flag = last;
-  }
-  __syncthreads();
-  if (*flag) {
-    __threadfence();
-    const float* tile_partials = p.partials + static_cast<int64_t>(blockIdx.x) * p.blocks * 2 * kCells;
-    for (int e = threadIdx.x; e < kCells; e += kThreads) {
-      float z = 0.f;
-      for (int b = b_first; b <= b_last; ++b) {
-        const int slot = s == run_begin(b, groups, p.blocks) / p.chunks ? 0 : 1;
-        z += __ldcg(tile_partials + (2 * static_cast<int64_t>(b) + slot) * kCells + e);
-      }
-      store_cell<T>(p, z, s, e & 15, n0 + (e >> 4));
-    }
-  }
-}
-
-// After the walk: the strips the block's warps share (ids[2 w] / ids[2 w + 1]: warp w's first / last
-// strip kept in `heads` / `tails`, -1 if none), added in warp order; written out, or settled with the
-// blocks that share them.
-template <typename T, int NT>
-__device__ void finish_shared_strips(const Params& p, const float* heads, const float* tails, int* ids, int n0) {
-  constexpr int kCells = 16 * 8 * NT;
-  const int groups = p.strips * p.chunks;
-  const int fb0 = run_begin(blockIdx.y, groups, p.blocks), fb1 = run_begin(blockIdx.y + 1, groups, p.blocks);
-  float* mine = p.partials + (static_cast<int64_t>(blockIdx.x) * p.blocks + blockIdx.y) * 2 * kCells;
-  int prev = -1;
-  for (int i = 0; i < 2 * kWarps; ++i) {  // ids are non-decreasing in this order
-    const int s = ids[i];
-    if (s < 0 || s == prev) continue;
-    prev = s;
-    const bool shared = s * p.chunks < fb0 || (s + 1) * p.chunks > fb1;
-    for (int e = threadIdx.x; e < kCells; e += kThreads) {
-      const int row = e & 15, token = e >> 4, at = token * bitmap::kRedStride + row;
-      float z = 0.f;
-      for (int w = 0; w < kWarps; ++w) {
-        if (ids[2 * w] == s) z += heads[w * sums_floats(NT) + at];
-        if (ids[2 * w + 1] == s) z += tails[w * sums_floats(NT) + at];
-      }
-      if (shared) {
-        mine[(s == fb0 / p.chunks ? 0 : kCells) + e] = z;
-      } else {
-        store_cell<T>(p, z, s, row, n0 + token);
-      }
-    }
-    if (shared) settle_shared_strip<T, NT>(p, s, n0, ids + 2 * kWarps);
-  }
-}
 
 template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int ks = warp % p.wk, ss = warp / p.wk;
+  const int strip = blockIdx.y * p.ws + ss;
   const int n0 = blockIdx.x * (8 * NT);
-  const int groups = p.strips * p.chunks;
-  if (groups == 0) {  // no columns: act(bias) everywhere (one block per column tile)
-    for (int e = threadIdx.x; e < p.strips * 16 * 8 * NT; e += kThreads) {
-      store_cell<T>(p, 0.f, e / (16 * 8 * NT), e & 15, n0 + (e >> 4) % (8 * NT));
-    }
-    return;
-  }
-  // This warp's run of groups [f0, f1), in (strip, chunk) order.
-  const int64_t run = static_cast<int64_t>(blockIdx.y) * kWarps + warp, runs = static_cast<int64_t>(p.blocks) * kWarps;
-  const int f0 = run_begin(run, groups, runs), f1 = run_begin(run + 1, groups, runs);
-  const int count = f1 - f0;
+  // This warp's chunks: the split's range, cut in wk contiguous pieces.
+  const int split_begin = blockIdx.z * p.chunks_per_split;
+  const int split_end = min(p.chunks, split_begin + p.chunks_per_split);
+  const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
+  const int c_begin = min(split_end, split_begin + ks * per_warp);
+  const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
   uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * warp_smem(NT));  // stream walk only
   uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * warp_smem(NT) + (walks_groups(NT) ? 0 : kRingBytes));
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
@@ -194,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
   for (int r = 0; r < 4; ++r) tile4[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
   __syncwarp();
 
-  const int* offs = p.offsets + f0;  // the warp's groups' offsets
+  const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
   const int nnz = p.nnz;
 
   float acc[NT][4];
@@ -207,42 +109,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     const int token = n0 + 8 * j + g;
     xrow[j] = token < p.n ? p.x + static_cast<int64_t>(token) * p.ldx + 16 * t : nullptr;
   }
-  // acc sums the strip that ends before group strip_end. Few registers live through the walk for this:
-  // which strips are whole, and which one goes to `heads`, follow from f0, f1 and the strip.
-  int strip_end = (f0 / p.chunks + 1) * p.chunks;
-  float* heads = reinterpret_cast<float*>(smem + walk_smem(NT));
-  auto store_acc = [&](int s) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) store_cell<T>(p, acc[j][e], s, g + 8 * (e >> 1), n0 + 8 * j + 2 * t + (e & 1));
-    }
-  };
-  auto keep_acc = [&](float* sums) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sums[(8 * j + 2 * t + (e & 1)) * bitmap::kRedStride + g + 8 * (e >> 1)] = acc[j][e];
-    }
-  };
-  // acc holds all of its strip that this warp has, the strip ending before f1: write it out (whole) or
-  // keep it for the block (only the first strip can be cut); go on to the next.
-  auto next_strip = [&]() {
-    if (strip_end - p.chunks >= f0) {
-      store_acc(strip_end / p.chunks - 1);
-    } else {
-      keep_acc(heads + warp * sums_floats(NT));
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    strip_end += p.chunks;
-  };
-  // The first column of group gi (gi at most one past acc's strip).
-  auto column_of = [&](int gi) {
-    int c = f0 + gi - (strip_end - p.chunks);
-    if (c >= p.chunks) c -= p.chunks;
-    return c * static_cast<int>(kBitmapGroupCols);
-  };
   auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j at chunk column col + 8 h
     return xrow[j] != nullptr && col + 16 * t + 8 * h + 8 <= p.kx
                ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + col + 8 * h))
@@ -254,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
   int xq_group = -1;
   auto fetch_x = [&](int gi) {
     if (NT <= 2) {
-      const int col = column_of(gi);
+      const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
 #pragma unroll
       for (int jt = 0; jt < kHeld; ++jt) {
         xq[jt][0] = load_x(jt, col, 0);
@@ -265,7 +131,6 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
   };
   // Multiplies the tile (group gi, complete) into acc and zeroes it again.
   auto multiply = [&](int gi) {
-    while (f0 + gi >= strip_end) next_strip();
     __syncwarp();  // every lane's values are in the tile
     uint32_t a[4][4];
 #pragma unroll
@@ -276,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     }
     __syncwarp();  // zeroed before any lane writes the next group's values
     if (NT <= 2 && xq_group != gi) fetch_x(gi);
-    const int col = column_of(gi);
+    const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint4 xv[NT];
@@ -319,13 +184,13 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     };
 
     // Group bounds (warp-uniform): group j is [start(j), end(j)) with start(j) = end(j - 1) and end(j) =
-    // offs[j + 1] clamped to [start(j), min(nnz, start(j) + 1024)], computed in group order as
+    // offsets[group0 + j + 1] clamped to [start(j), min(nnz, start(j) + 1024)], computed in group order as
     // the groups' first pieces are requested. The raw ends come 32 at a time, lane l holding group
     // (end_base + l)'s.
     int end_base = 0, ends = 0, next_group = 0, next_start = 0;
     auto load_ends = [&](int base) {
       end_base = base;
-      ends = base + lane < count ? __ldg(offs + base + lane + 1) : 0;
+      ends = base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : 0;
     };
     // Bounds of the next group in order (empty past the warp's last) and its first piece, requested.
     auto request = [&](uint4& q, int& s, int& e) {
@@ -359,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     };
     if (count > 0) {
       load_ends(0);
-      next_start = min(max(__ldg(offs), 0), nnz);
+      next_start = min(max(__ldg(p.offsets + group0), 0), nnz);
       fetch_x(0);
     }
     // The next two groups' first pieces in flight: each register set is refilled as soon as its group is
@@ -380,8 +245,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     // The warp's entries: [start_all, end_all), streamed from s0 (16-byte aligned) in trips.
     int start_all = 0, end_all = 0;
     if (count > 0) {
-      start_all = min(max(__ldg(offs), 0), nnz);
-      end_all = min(max(__ldg(offs + count), start_all), nnz);
+      start_all = min(max(__ldg(p.offsets + group0), 0), nnz);
+      end_all = min(max(__ldg(p.offsets + group0 + count), start_all), nnz);
     }
     const int s0 = start_all & ~3;
     const int trips = end_all > start_all ? (end_all - s0 + kTrip - 1) / kTrip : 0;
@@ -399,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     int end_base = 0;
     auto load_ends = [&](int base) {
       end_base = base;
-      return base + lane < count ? __ldg(offs + base + lane + 1) : end_all;
+      return base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
     };
     int ends = count > 0 ? load_ends(0) : 0;
     int gi = 0, gstart = start_all;
@@ -438,38 +303,20 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     }
   }
   cp_async_wait<0>();
-  // The strips after the last group with entries (act(bias) at least), then the last strip: written out
-  // when whole, else kept (tail). head: the first strip, when cut and kept by next_strip.
-  int head = -1, tail = -1;
-  if (count > 0) {
-    while (strip_end < f1) next_strip();
-    const int first = f0 / p.chunks, last = strip_end / p.chunks - 1;
-    if (first != last && f0 % p.chunks != 0) head = first;
-    if (strip_end - p.chunks >= f0 && strip_end <= f1) {
-      store_acc(last);
-    } else {
-      tail = last;
-    }
-  }
-  __syncthreads();  // every warp is done with its ring and tile: they take the warps' last strips
-  float* tails = reinterpret_cast<float*>(smem);
-  int* ids = reinterpret_cast<int*>(smem + walk_smem(NT) + kWarps * sums_floats(NT) * 4);
-  if (tail >= 0) keep_acc(tails + warp * sums_floats(NT));
-  if (lane == 0) ids[2 * warp] = head, ids[2 * warp + 1] = tail;
-  __syncthreads();
-  finish_shared_strips<T, NT>(p, heads, tails, ids, n0);
+  __syncthreads();  // every warp is done with its ring and tile: they become the reduction buffer
+  bitmap::write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
+                                  p.slope, p.out);
 }
 
-// How a call is cut: NT (tiles of 8 tokens per warp) and the blocks per column tile: as many as fit on the
-// GPU at once (registers allow 3 per SM, 2 for NT = 8), fewer where a warp's run would hold fewer than
-// kMinGroupsPerWarp groups. forced_blocks > 0 (a test knob) sets them, capped at the groups.
+// How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work), for about as
+// many blocks as fit on the GPU at once (registers allow 3 per SM, 2 for NT = 8).
 struct Launch {
-  int nt = 1, smem = 0;
-  int64_t column_tiles = 1, blocks = 1;
+  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, smem = 0;
+  int64_t column_tiles = 1, row_blocks = 1;
 };
 
 inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms, int64_t smem_per_sm, int64_t smem_reserved,
-                            int64_t smem_per_block, int64_t forced_blocks = 0) {
+                            int64_t smem_per_block) {
   Launch l;
   l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
@@ -480,10 +327,8 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms, int64_t sm
   }
   const int64_t by_registers = l.nt <= 4 ? 3 : 2;
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
-  const int64_t groups = bitmap_strips(m) * bitmap_chunks(k);
-  const int64_t fit = std::max<int64_t>(1, per_sm * sms / l.column_tiles);
-  l.blocks = forced_blocks > 0 ? forced_blocks : std::min(fit, (groups + kWarps * kMinGroupsPerWarp - 1) / (kWarps * kMinGroupsPerWarp));
-  l.blocks = std::max<int64_t>(1, std::min(l.blocks, groups));
+  bitmap::split_work(bitmap_strips(m), bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks,
+                     l.splits, l.chunks_per_split);
   return l;
 }
 

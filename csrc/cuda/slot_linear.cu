@@ -1,19 +1,14 @@
 // slot_linear on CUDA: bf16 and fp16 through the tensor-core kernel of cuda/slot_kernel.cuh (the kernel,
 // its design and the launch heuristic are described there). This file prepares the operands: x as a
 // (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned (copied, zero-padded, only when
-// it is not already), the entries 16-byte aligned, the fp32 sums of the strips that blocks share and
-// their counters.
+// it is not already), the entries 16-byte aligned, and, when the chunks are split among thread blocks,
+// the fp32 workspace that the split-k kernel sums in split order.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <utility>
-#include <vector>
 
 #include "common/slot_checks.h"
 #include "cuda/cuda_utils.h"
@@ -31,7 +26,8 @@ bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_
 template <typename T, int NT>
 void launch_nt(const Params& p, const Launch& l, cudaStream_t stream) {
   allow_max_dynamic_smem(reinterpret_cast<const void*>(slot::slot_linear_kernel<T, NT>));
-  slot::slot_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.blocks)),
+  slot::slot_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks),
+                                         static_cast<unsigned>(l.splits)),
                                     slot::kThreads, l.smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -48,27 +44,6 @@ void launch(const Params& p, const Launch& l, cudaStream_t stream) {
     default:
       return launch_nt<T, 8>(p, l, stream);
   }
-}
-
-// The counters of the strips that blocks share (slot_kernel.cuh): zero between calls, as the last block
-// of each strip resets its counter, so they are kept, one buffer per stream (calls on two streams never
-// share one). No buffer is ever freed, since a captured CUDA graph may hold its address; one made during a
-// capture is zeroed only when the graph runs, so it serves that call alone.
-int* strip_counters(int64_t size, const at::Device& device, cudaStream_t stream) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, at::Tensor> buffers;
-  static std::vector<at::Tensor> kept;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto options = at::TensorOptions().device(device).dtype(at::kInt);
-  at::Tensor& buffer = buffers[{device.index(), stream}];
-  if (buffer.defined() && buffer.numel() >= size) return buffer.data_ptr<int>();
-  if (at::cuda::currentStreamCaptureStatus() != at::cuda::CaptureStatus::None) {
-    kept.push_back(at::zeros({std::max<int64_t>(size, 1)}, options));
-    return kept.back().data_ptr<int>();
-  }
-  if (buffer.defined()) kept.push_back(buffer);
-  buffer = at::zeros({std::max<int64_t>(2 * size, 4096)}, options);
-  return buffer.data_ptr<int>();
 }
 
 at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
@@ -95,17 +70,15 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
-  // SPARSETORCH_SLOT_BLOCKS (tests): the blocks per column tile, instead of as many as fit.
   const Launch l = slot::choose_launch(p.m, p.n, p.k, prop->multiProcessorCount,
                                        static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
-                                       static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block,
-                                       std::min<int64_t>(env_knob("SPARSETORCH_SLOT_BLOCKS"), 65535));
+                                       static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
   TORCH_CHECK(prop->major >= 8 && l.smem > 0, "slot_linear: needs mma.sync (sm_80+) and ", slot::block_smem(l.nt),
               " bytes of shared memory per block (this GPU: ", smem_per_block, ")");
-  TORCH_CHECK_VALUE(p.strips * p.chunks < (int64_t{1} << 31), "slot_linear: at most 2^31 groups of 16 x 64 "
-                    "(out_features x in_features), got ", p.strips, " x ", p.chunks);
+  TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536 && l.column_tiles < (int64_t{1} << 31),
+                    "slot_linear: at most ", int64_t{65535} * 16 * slot::kWarps, " out_features, got ", p.m);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const at::Tensor partials = at::empty({l.column_tiles * l.blocks * 2 * 16 * 8 * l.nt}, x.options().dtype(at::kFloat));
+  const at::Tensor work = l.splits > 1 ? at::empty({l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
 
   Params prm{};
   prm.offsets = off.data_ptr<int32_t>();
@@ -118,18 +91,31 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.m = static_cast<int>(p.m);
   prm.strips = static_cast<int>(p.strips);
   prm.chunks = static_cast<int>(p.chunks);
-  prm.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+  prm.out = l.splits > 1 ? work.data_ptr() : out.data_ptr();
   prm.bias = bias_c.defined() ? reinterpret_cast<const uint16_t*>(bias_c.data_ptr()) : nullptr;
   prm.act = act;
   prm.slope = static_cast<float>(negative_slope);
-  prm.blocks = static_cast<int>(l.blocks);
-  prm.partials = partials.data_ptr<float>();
-  prm.counters = strip_counters(l.column_tiles * p.strips, x.device(), stream);
+  prm.ws = l.ws;
+  prm.wk = l.wk;
+  prm.chunks_per_split = l.chunks_per_split;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (bf16) {
     launch<__nv_bfloat16>(prm, l, stream);
   } else {
     launch<__half>(prm, l, stream);
+  }
+  if (l.splits > 1) {
+    const int64_t cells = p.n * p.m;
+    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((cells + 255) / 256, 8 * prop->multiProcessorCount)));
+    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+    if (bf16) {
+      bitmap::bitmap_splitk_reduce_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
+          work.data_ptr<float>(), l.splits, cells, p.m, prm.bias, act, prm.slope, o);
+    } else {
+      bitmap::bitmap_splitk_reduce_kernel<__half><<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), l.splits, cells,
+                                                                               p.m, prm.bias, act, prm.slope, o);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return out.view(p.out_shape);
 }

@@ -310,6 +310,10 @@ __global__ void __launch_bounds__(kThreads)
 // Benchmark knobs (benchmarks/spmm_skew_cuda.py sweeps them; 0 or unset: the rules below):
 // SPARSETORCH_SPLIT_LANES forces the lanes per group (8, 16 or 32, i.e. the column tile),
 // SPARSETORCH_SPLIT_UNIT the entries per unit.
+int64_t env_knob(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::max<int64_t>(0, std::atoll(v)) : 0;
+}
 
 // Lanes per group: the fewest (4, 8, 16, 32) covering B's width in 16-byte vectors. Measured on the
 // H100 (benchmarks/results/h100/spmm_skew_cuda_v1.txt, sweep, power-law 100k and 1M): narrower
