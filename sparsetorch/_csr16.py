@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from sparsetorch._ops import ops
+from sparsetorch._packed_weight import PackedWeight
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR
 
@@ -37,7 +38,7 @@ def _pack(values: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     return (bits << 16) | col.to(torch.int32)
 
 
-class Csr16Weight:
+class Csr16Weight(PackedWeight):
     """W (out_features, in_features) in CSR16, made from a CSR pattern with sorted or unsorted columns
     (duplicates are summed, as in the CSR) and its values."""
 
@@ -54,16 +55,6 @@ class Csr16Weight:
         self.dtype, self.device = values.dtype, values.device
         self.crow = crow.to(torch.int32).contiguous()  # may share the caller's int32 row pointers
         self.entries = _pack(values, col)
-
-    @classmethod
-    def from_csr(cls, weight) -> "Csr16Weight":
-        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
-        from sparsetorch.csr import as_csr
-
-        w = as_csr(weight)
-        if len(w.shape) != 2:
-            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
-        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
 
     def set_values(self, values: torch.Tensor) -> None:
         """New values for the same pattern (the CSR's order), in place."""
@@ -83,11 +74,7 @@ def csr16_linear(x: torch.Tensor, weight: Csr16Weight, bias: Optional[torch.Tens
                  activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
     """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the
     layer differentiates through its CSR)."""
-    if x.dtype != weight.dtype:
-        raise TypeError(f"x: expected {weight.dtype} (the weight's dtype), got {x.dtype}")
-    if x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x: expected shape (..., {weight.shape[1]}) for a weight of shape {weight.shape}, "
-                         f"got {tuple(x.shape)}")
+    weight.check_input(x)
     return ops.csr16_linear(x, weight.crow, weight.entries, bias, activation, float(negative_slope))
 
 

@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import torch
 
 from sparsetorch._ops import ops
+from sparsetorch._packed_weight import PackedWeight
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR
 
@@ -50,7 +51,7 @@ def _pack(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return (bits << 16) | slots.to(torch.int32)
 
 
-class SlotWeight:
+class SlotWeight(PackedWeight):
     """W (out_features, in_features) in the slot layout, made from a CSR pattern with sorted or unsorted
     columns (repeated positions are summed, as in the CSR) and its values."""
 
@@ -85,16 +86,6 @@ class SlotWeight:
         out.index_add_(0, self._into.long(), values.float())
         return out.to(self.dtype)
 
-    @classmethod
-    def from_csr(cls, weight) -> "SlotWeight":
-        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
-        from sparsetorch.csr import as_csr
-
-        w = as_csr(weight)
-        if len(w.shape) != 2:
-            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
-        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
-
     def set_values(self, values: torch.Tensor) -> None:
         """New values for the same pattern (the CSR's order), in place."""
         if values.dtype != self.dtype or values.shape != self._into.shape:
@@ -112,11 +103,7 @@ def slot_linear(x: torch.Tensor, weight: SlotWeight, bias: Optional[torch.Tensor
                 activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
     """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the
     layer differentiates through its CSR)."""
-    if x.dtype != weight.dtype:
-        raise TypeError(f"x: expected {weight.dtype} (the weight's dtype), got {x.dtype}")
-    if x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x: expected shape (..., {weight.shape[1]}) for a weight of shape {weight.shape}, "
-                         f"got {tuple(x.shape)}")
+    weight.check_input(x)
     return ops.slot_linear(x, weight.offsets, weight.entries, weight.shape[0], bias, activation,
                            float(negative_slope))
 

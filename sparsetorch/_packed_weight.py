@@ -1,0 +1,33 @@
+"""What the packed pruned-weight forms (CSR16 in _csr16.py, the slot layout in _slots.py) share: building
+one from any CSR, and the checks of the x their linear op multiplies."""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+
+class PackedWeight:
+    """Base of Csr16Weight and SlotWeight: a subclass takes (crow, col, values, shape) and sets ``shape``
+    (out_features, in_features) and ``dtype``."""
+
+    shape: Tuple[int, int]
+    dtype: torch.dtype
+
+    @classmethod
+    def from_csr(cls, weight):
+        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
+        from sparsetorch.csr import as_csr
+
+        w = as_csr(weight)
+        if len(w.shape) != 2:
+            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
+        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x."""
+        if x.dtype != self.dtype:
+            raise TypeError(f"x: expected {self.dtype} (the weight's dtype), got {x.dtype}")
+        if x.shape[-1] != self.shape[1]:
+            raise ValueError(f"x: expected shape (..., {self.shape[1]}) for a weight of shape {self.shape}, "
+                             f"got {tuple(x.shape)}")
