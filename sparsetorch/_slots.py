@@ -1,13 +1,13 @@
 """The slot layout: a pruned bfloat16/float16 weight in the bitmap layout's 16 x 64 groups, each nonzero
-stored as one 32-bit word holding its slot in the group's tensor-core fragment tile and its value, a
-group's words padded to whole rounds of 32 (csrc/common/slot_layout.h), and ``slot_linear``, its product
-on tensor cores (csrc/cuda/slot_kernel.cuh; a CPU reference in csrc/cpu/slot_cpu.cpp).
+stored as one 32-bit word holding its value and its slot in the group's tensor-core fragment tile
+(csrc/common/slot_layout.h), and ``slot_linear``, its product on tensor cores (csrc/cuda/slot_kernel.cuh;
+a CPU reference in csrc/cpu/slot_cpu.cpp).
 
 Why a second tensor-core layout: the bitmap layout moves fewer bytes (3.3 per nonzero at 90% sparsity
-against ~4.7 here, padding included) but its kernel spends ~400 instructions per group finding where the
-values go; this one spends one shared-memory store per value and lane, so at high sparsity and few tokens
-it runs near the memory floor. SparseLinear derives it from its CSR and times it against its other forms;
-new values (same pattern) are one scatter.
+against 4 here) but its kernel spends ~400 instructions per group finding where the values go; this one
+spends one shared-memory store per value, so at high sparsity and few tokens it runs near the memory
+floor. SparseLinear derives it from its CSR and times it against its other forms; new values (same
+pattern) are one scatter.
 """
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR
 
 GROUP_ROWS, GROUP_COLS, SLOTS = 16, 64, 1024
-ROUND = 32  # entries per round (one per lane); a group is whole rounds
-PAD = SLOTS << 16  # a padding entry: slot 1024 (past the tile's slots), no value
-MAX_ENTRIES = 2**31 - 1024  # the kernel's round positions (up to 8 rounds past the end) stay in int32
+MAX_ENTRIES = 2**31 - 1024  # the kernel's stream positions (up to 128 past the end) stay in int32
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -32,7 +30,7 @@ def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[st
     if dtype not in DTYPES:
         return f"dtype {dtype}: the slot layout packs 16-bit values (bfloat16, float16)"
     if nnz > MAX_ENTRIES:
-        return f"{nnz} nonzeros: the slot layout takes at most {MAX_ENTRIES} entries, padding included"
+        return f"{nnz} nonzeros: the slot layout takes at most {MAX_ENTRIES}"
     if max(shape) >= 2**31:
         return f"shape {tuple(shape)}: at most 2^31 - 1 rows and columns"
     return None
@@ -40,11 +38,9 @@ def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[st
 
 def slot_of(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Slot (0..1023) of row rows % 16, column cols % 64 of a group: element 2 r + j of lane 4 g + t's
-    fragment of mma step s, column 32 (s // 2) + 8 t + 4 (s % 2) + 2 (r // 2) + j (the inverse of
-    slot_position in slot_layout.h)."""
+    fragment of mma step s (the inverse of slot_position in slot_layout.h)."""
     rr, cc = rows % GROUP_ROWS, cols % GROUP_COLS
-    s = 2 * (cc >> 5) + ((cc >> 2) & 1)
-    t, h, j = (cc >> 3) & 3, (cc >> 1) & 1, cc & 1
+    t, s, h, j = cc >> 4, (cc >> 2) & 3, (cc >> 1) & 1, cc & 1
     r = (rr >> 3) + 2 * h
     lane = 4 * (rr & 7) + t
     return 8 * (32 * s + lane) + 2 * r + j
@@ -52,27 +48,7 @@ def slot_of(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
 
 def _pack(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     bits = values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-    return (slots.to(torch.int32) << 16) | bits
-
-
-def _round_order(groups: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Rank of each entry within its group (entries sorted by group, then slot) in the order that spreads a
-    round's slots over the shared-memory banks: the first entry of every bank (slot // 2 % 32: a 16-bit
-    slot's 4-byte word), then the second of every bank, and so on."""
-    if groups.numel() == 0:
-        return groups.clone()
-    bank = (slots >> 1) & 31
-    by_bank = torch.sort(groups * 32 + bank, stable=True)
-    _, counts = torch.unique_consecutive(by_bank.values, return_counts=True)
-    seg_start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-    rank = torch.empty_like(slots)
-    rank[by_bank.indices] = torch.arange(slots.numel(), device=slots.device) - seg_start
-    order = torch.sort(groups * SLOTS + rank * 32 + bank, stable=True).indices
-    _, group_counts = torch.unique_consecutive(groups, return_counts=True)
-    group_start = torch.repeat_interleave(torch.cumsum(group_counts, 0) - group_counts, group_counts)
-    within = torch.empty_like(slots)
-    within[order] = torch.arange(slots.numel(), device=slots.device) - group_start
-    return within
+    return (bits << 16) | slots.to(torch.int32)
 
 
 class SlotWeight(PackedWeight):
@@ -97,22 +73,12 @@ class SlotWeight(PackedWeight):
         rows = torch.repeat_interleave(torch.arange(m, device=values.device), crow.diff())
         key = ((rows // GROUP_ROWS) * chunks + col // GROUP_COLS) * SLOTS + slot_of(rows, col)
         unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
-        # CSR entry i is position _into[i] of the deduplicated positions (a permutation unless the CSR
-        # repeats positions); position u is entry _at[u] of the layout, whose slot is _slots[u].
+        # CSR entry i goes to packed entry _into[i] (a permutation unless the CSR repeats positions).
         self._into = inverse.to(torch.int32)
-        groups, slots = unique // SLOTS, unique % SLOTS
-        self._slots = slots.to(torch.int32)
-        rounds = (torch.bincount(groups, minlength=strips * chunks) + ROUND - 1) // ROUND
-        ends = torch.cumsum(rounds * ROUND, 0)
-        total = int(ends[-1]) if ends.numel() else 0
-        if total > MAX_ENTRIES:
-            raise ValueError(f"weight: {values.numel()} nonzeros make {total} entries in the slot layout (whole "
-                             f"rounds of {ROUND} per 16 x 64 group), more than its {MAX_ENTRIES}")
+        self._slots = (unique % SLOTS).to(torch.int32)
         self.offsets = torch.zeros(strips * chunks + 1, dtype=torch.int32, device=values.device)
-        self.offsets[1:] = ends
-        self._at = (self.offsets[groups].long() + _round_order(groups, slots)).to(torch.int32)
-        self.entries = torch.full((total,), PAD, dtype=torch.int32, device=values.device)
-        self.entries[self._at.long()] = _pack(self._packed(values.detach()), self._slots)
+        torch.cumsum(torch.bincount(unique // SLOTS, minlength=strips * chunks), 0, out=self.offsets[1:])
+        self.entries = _pack(self._packed(values.detach()), self._slots)
 
     def _packed(self, values: torch.Tensor) -> torch.Tensor:
         """The CSR's values in packed order, repeated positions summed (in float32, rounded once)."""
@@ -125,14 +91,12 @@ class SlotWeight(PackedWeight):
         if values.dtype != self.dtype or values.shape != self._into.shape:
             raise ValueError(f"values: expected {tuple(self._into.shape)} of {self.dtype} (the weight's), got "
                              f"{tuple(values.shape)} of {values.dtype}")
-        self.entries[self._at.long()] = _pack(self._packed(values.detach()), self._slots)
+        self.entries.copy_(_pack(self._packed(values.detach()), self._slots))
 
     @property
     def nbytes(self) -> int:
-        """Offsets and entries (padding included), and the maps that refresh the values (per nonzero a slot,
-        a layout position and a target per CSR entry)."""
-        return (self.offsets.numel() + self.entries.numel() + self._slots.numel() + self._at.numel()
-                + self._into.numel()) * 4
+        """Offsets and entries, and the maps that refresh the values (a slot and a target per entry)."""
+        return (self.offsets.numel() + self.entries.numel() + self._slots.numel() + self._into.numel()) * 4
 
 
 def slot_linear(x: torch.Tensor, weight: SlotWeight, bias: Optional[torch.Tensor] = None,

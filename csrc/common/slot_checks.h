@@ -9,7 +9,7 @@
 
 namespace sparsetorch {
 
-// Entries at most this many: the CUDA kernel's round positions (up to 8 rounds past the last) stay in int32.
+// Entries at most this many: the CUDA kernel's stream positions (up to 128 past the last entry) stay in int32.
 constexpr int64_t kSlotMaxEntries = (int64_t{1} << 31) - 1024;
 
 // One slot_linear call: out (..., m) = act(x (..., k) @ W^T + bias), W (m, k) in the slot layout.

@@ -1,25 +1,18 @@
-// The slot layout of a pruned bf16/fp16 weight W (out_features x in_features): W cut into groups of 16 rows
-// x 64 columns (the bitmap layout's strips and chunks, common/bitmap_layout.h: one warp's A operand for four
-// mma.m16n8k16 steps), each nonzero stored with its slot in the group's fragment-order tile:
+// The slot layout of a pruned bf16/fp16 weight W (out_features x in_features): the bitmap layout's groups
+// (common/bitmap_layout.h: 16 rows x 64 columns, one warp's A operand for four mma.m16n8k16 steps), but
+// each nonzero carries its slot in the group's fragment-order tile instead of a bit in a bitmap:
 //   offsets  int32 (strips * chunks + 1)  group g's entries are entries[offsets[g] .. offsets[g + 1]);
-//                                          groups in (strip, chunk) order, every offset a multiple of 32,
-//                                          the last one = the number of entries
-//   entries  int32                         slot << 16 | value_bits; slot 0 .. 1023 (distinct within a
-//                                          group), or kSlotPad (1024): padding, no value
-// A group's entries are whole rounds of 32 (padded with kSlotPad entries): lane l of the warp writes entry
-// 32 r + l of round r to its slot, so a round is one coalesced 128-byte load and one 16-bit shared store per
-// lane, with no per-entry bounds or group checks. sparsetorch/_slots.py orders a group's entries so that a
-// round's slots fall in distinct shared-memory banks where it can (the r-th entry of each bank in round
-// order), so the stores rarely conflict.
+//                                          groups in (strip, chunk) order, the last entry = nnz
+//   entries  int32 (nnz,)                  value_bits << 16 | slot (slot 0 .. 1023, distinct within a group)
 // Slot s of a group is element s % 8 of lane (s / 8) % 32's 16-byte A fragment of mma step s / 256:
-// register r = (s % 8) / 2, half j = s % 2, lane = 4 g + t: row g + 8 (r % 2) and, since any permutation of
-// a chunk's 64 columns works if x is read the same way, column 32 (step / 2) + 8 t + 4 (step % 2) +
-// 2 (r / 2) + j. With that order a lane's B fragments for steps 0, 1 are x[token][8 t .. 8 t + 7] of the
-// chunk and for steps 2, 3 x[token][32 + 8 t .. 32 + 8 t + 7]: each 16-byte load of x reads 64 contiguous
-// bytes per token across the four lanes of a row (whole 32-byte sectors).
-// Bytes: 4 per entry, padding included (11008 x 4096 at 90% sparsity: 102 nonzeros per group on average,
-// ~121 entries with padding, 21 MB; bitmap layout 14.8 MB; dense bf16 90 MB). sparsetorch/_slots.py writes
-// the layout; cpu/slot_cpu.cpp and cuda/slot_linear.cu read it.
+// register (s % 8) / 2, half s % 2. With the bitmap layout's column order (any permutation of a chunk's 64
+// columns works if x is read the same way) that is row g + 8 (r % 2), column 16 t + 4 step + 2 (r / 2) + j
+// for lane = 4 g + t, register r, half j. So the CUDA kernel writes each value to its slot of a zeroed
+// shared tile (one store per value, no decoding) and reads each lane's 16 A registers back as four 16-byte
+// loads; a lane's B fragments for the four steps are x[token][16 t .. 16 t + 15] of the chunk.
+// 4 bytes per nonzero (18 MB for 11008 x 4096 at 90% sparsity; bitmap 14.8 MB, dense bf16 90 MB), read as
+// one coalesced stream. sparsetorch/_slots.py writes the layout; cpu/slot_cpu.cpp and cuda/slot_linear.cu
+// read it.
 #pragma once
 
 #include <cstdint>
@@ -34,15 +27,14 @@
 
 namespace sparsetorch {
 
-constexpr int kSlotRound = 32;    // entries per round: one per lane
-constexpr uint32_t kSlotPad = 1024;  // the slot of a padding entry (kBitmapGroupElems: past the tile's slots)
+constexpr int kSlotMask = 1023;  // kBitmapGroupElems - 1: the slot bits of an entry
 
 // Row (0..15) and column (0..63) within its group of slot `slot` (0..1023).
 SPARSETORCH_SLOT_HD inline void slot_position(int slot, int& row, int& col) {
   const int j = slot & 1, r = (slot >> 1) & 3, lane = (slot >> 3) & 31, step = slot >> 8;
   const int g = lane >> 2, t = lane & 3;
   row = g + 8 * (r & 1);
-  col = 32 * (step >> 1) + 8 * t + 4 * (step & 1) + 2 * (r >> 1) + j;
+  col = 16 * t + 4 * step + 2 * (r >> 1) + j;
 }
 
 }  // namespace sparsetorch

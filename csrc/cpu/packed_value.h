@@ -1,6 +1,5 @@
-// 16 value bits of a packed 32-bit entry as a float: bf16 is the high half of a float, fp16 a half. CSR16
-// keeps them in the high half (value << 16 | column), the slot layout in the low half (slot << 16 | value).
-// Shared by their CPU kernels.
+// The 16 value bits in the high half of a packed 32-bit entry (CSR16's and the slot layout's: value << 16 |
+// column or slot) as a float: bf16 is the high half of a float, fp16 a half. Shared by their CPU kernels.
 #pragma once
 
 #include <c10/util/Half.h>
@@ -10,7 +9,8 @@
 
 namespace sparsetorch {
 
-inline float half_bits_value(uint16_t bits, bool bf16) {
+inline float packed_value(uint32_t entry, bool bf16) {
+  const uint16_t bits = static_cast<uint16_t>(entry >> 16);
   if (bf16) {
     const uint32_t f = uint32_t{bits} << 16;
     float v;
@@ -19,7 +19,5 @@ inline float half_bits_value(uint16_t bits, bool bf16) {
   }
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
-
-inline float packed_value(uint32_t entry, bool bf16) { return half_bits_value(static_cast<uint16_t>(entry >> 16), bf16); }
 
 }  // namespace sparsetorch

@@ -1,8 +1,8 @@
 // slot_linear on the CPU: the reference for the CUDA kernel. Each group's entries are decoded to (row,
 // column) and accumulated in float, one task per strip of 16 rows (at::parallel_for), entries in stored
-// order, padding skipped. The layout is checked as it is read: IndexError (offsets from 0 to the number of
-// entries, non-decreasing, whole rounds of 32; slots 0 .. 1023 or the padding slot, every position inside
-// the weight, slots distinct within a group: the CUDA kernel's scatter keeps one value per slot).
+// order. The layout is checked as it is read: IndexError (offsets from 0 to nnz and non-decreasing, every
+// position inside the weight, slots distinct within a group: the CUDA kernel's scatter keeps one value per
+// slot).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -26,25 +26,21 @@ at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const
   const at::Tensor off_c = offsets.contiguous(), entries_c = entries.contiguous();
   const int32_t* op = off_c.data_ptr<int32_t>();
   const uint32_t* ep = reinterpret_cast<const uint32_t*>(entries_c.data_ptr<int32_t>());
-  const int64_t nentries = entries_c.size(0), m = p.m, k = p.k, n = p.n, groups = p.strips * p.chunks;
-  TORCH_CHECK_INDEX(op[0] == 0 && op[groups] == nentries, "offsets: expected to run from 0 to ", nentries,
+  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k, n = p.n, groups = p.strips * p.chunks;
+  TORCH_CHECK_INDEX(op[0] == 0 && op[groups] == nnz, "offsets: expected to run from 0 to ", nnz,
                     " (the number of entries), got ", op[0], " .. ", op[groups]);
   for (int64_t g = 0; g < groups; ++g) {
     TORCH_CHECK_INDEX(op[g] <= op[g + 1], "offsets: expected non-decreasing offsets, got offsets[", g, "] = ", op[g],
                       " > offsets[", g + 1, "] = ", op[g + 1]);
-    TORCH_CHECK_INDEX(op[g + 1] % kSlotRound == 0, "offsets: expected multiples of ", kSlotRound,
-                      " (groups of whole rounds), got offsets[", g + 1, "] = ", op[g + 1]);
   }
   at::parallel_for(0, groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t row0 = (g / p.chunks) * kBitmapGroupRows, col0 = (g % p.chunks) * kBitmapGroupCols;
       std::bitset<kBitmapGroupElems> seen;
       for (int64_t j = op[g]; j < op[g + 1]; ++j) {
-        const uint32_t slot_bits = ep[j] >> 16;
-        if (slot_bits == kSlotPad) continue;
-        TORCH_CHECK_INDEX(slot_bits < kSlotPad, "entries: entry ", j, " has slot ", slot_bits, ", expected 0 .. ",
-                          kSlotPad - 1, " or ", kSlotPad, " (padding)");
-        const int slot = static_cast<int>(slot_bits);
+        const int slot = static_cast<int>(ep[j] & kSlotMask);
+        TORCH_CHECK_INDEX((ep[j] & 0xffffu) <= static_cast<uint32_t>(kSlotMask), "entries: entry ", j, " has slot ",
+                          ep[j] & 0xffffu, ", expected 0 .. ", kSlotMask);
         int rr = 0, cc = 0;
         slot_position(slot, rr, cc);
         TORCH_CHECK_INDEX(row0 + rr < m && col0 + cc < k, "entries: entry ", j, " (slot ", slot, " of group ", g,
@@ -66,10 +62,9 @@ at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const
       for (int64_t c = 0; c < p.chunks; ++c) {
         const int64_t g = s * p.chunks + c;
         for (int64_t j = op[g]; j < op[g + 1]; ++j) {
-          if ((ep[j] >> 16) == kSlotPad) continue;
           int rr = 0, cc = 0;
-          slot_position(static_cast<int>(ep[j] >> 16), rr, cc);
-          const float v = half_bits_value(static_cast<uint16_t>(ep[j]), bf16);
+          slot_position(static_cast<int>(ep[j] & kSlotMask), rr, cc);
+          const float v = packed_value(ep[j], bf16);
           const float* xc = xp + (c * kBitmapGroupCols + cc) * n;
           float* row = ap + (s * kBitmapGroupRows + rr) * n;
           for (int64_t t = 0; t < n; ++t) row[t] += v * xc[t];

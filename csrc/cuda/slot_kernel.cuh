@@ -3,25 +3,32 @@
 // the op).
 //
 // Why: the bitmap kernel (cuda/bitmap_kernel.cuh) spends ~400 warp instructions per 16 x 64 group on
-// finding where its values go. Here each value carries its slot in the fragment-order tile and a group is
-// whole rounds of 32 entries, so a round costs a lane one 4-byte load (issued 2-8 rounds early), a
-// clamp and one 16-bit shared store; a group adds four 16-byte tile loads and four zeroing stores per
-// lane, the x fragments and 4 * NT mma. (The first version of this layout packed groups without padding
-// and scanned 128-entry trips for group boundaries: ~240 warp instructions per group at 90% sparsity,
-// 26-30 us for 11008 x 4096 at N <= 16 on an H100, against ~6 us of memory floor.)
+// finding where its values go (popcount scans, a scatter loop as long as the fullest bitmap word): at 90%
+// sparsity and N = 16 it is bound by instructions at a sixth of the memory floor. Here each value carries
+// its slot in the fragment-order tile, so a group costs its entries' scatter (one 16-bit shared store per
+// value, the group's entries spread over the 32 lanes as 16-byte pieces), four 16-byte loads and four
+// zeroing stores per lane, the x fragments and 4 * NT mma.
 //
 // Work split as in the bitmap kernel (bitmap::split_work): a block's eight warps take ws strips x wk parts
 // of their chunks, chunks also split among blocks (blockIdx.z) for small grids; partial sums are added in
 // a fixed order (bitmap::write_block_sums and the split-k reduction): the result does not depend on timing.
-// A warp's groups (one strip, consecutive chunks) are one contiguous run of rounds, walked in order through
-// a ring of rounds_ahead(NT) rounds held in registers (the loop is unrolled as many times so the ring is indexed
-// statically); when a round ends its group the warp multiplies the tile. x is read from global memory
-// (L1/L2: small next to W), for NT <= 2 one group ahead.
+// A warp's groups (one strip, consecutive chunks) are one contiguous run of entries, walked in one of two
+// ways (walks_groups below, by measurement):
+//  - as a stream (NT = 1, 2, 8): through a ring of kStages trips of 128 entries (one 16-byte cp.async per
+//    lane per trip, kStages - 1 in flight); per trip each lane holds entries lane + 32 u (u < 4) and writes
+//    those of the current group to the tile; when a group ends inside the trip the warp multiplies the
+//    tile, and the trip's remaining entries go to the next group (a trip is scanned once per group it
+//    touches: ~200-240 warp instructions per group at 90%, ncu_slots_n*.txt in the results);
+//  - group by group (NT = 4): lane l loads the group's 16-byte pieces l, l + 32, .. directly (entries of the
+//    neighbouring groups in the first and last piece skipped), the next two groups' first pieces in flight.
+//    Fewer instructions, but each group waits on its own loads: faster where the x fragments are loaded
+//    on the fly anyway (NT = 4), slower at NT <= 2, where the stream's longer per-group work hides the
+//    x fragments fetched a group ahead, and at NT = 8 (more registers than the launch bound leaves).
+// x is read from global memory (L1/L2: small next to W).
 //
-// Bounds: offsets are clamped to [0, entries] and made non-decreasing as read, round positions past the
-// warp's last round read as padding, slots are clamped to kSlotPad (the tile has room for it): whatever the layout
-// holds, every access stays in bounds and the work is bounded by the entries (a corrupt layout gives a
-// wrong product; two entries of one slot keep one).
+// Bounds: offsets are clamped to [0, nnz] and made non-decreasing as read (the group walk also caps a group
+// at 1024 entries), the slots masked to 0 .. 1023: whatever the layout holds, every access stays in bounds
+// and the work is bounded (a corrupt layout gives a wrong product; two entries of one slot keep one).
 #pragma once
 
 #include "cuda/bitmap_kernel.cuh"
@@ -35,23 +42,28 @@ using bitmap::kThreads;
 using bitmap::kWarps;
 using bitmap::Mma;
 
-// One warp's tile: the group's A fragments in fragment order, and one more 16-byte word that padding
-// entries (slot kSlotPad) write to.
-constexpr int kTileBytes = kBitmapGroupElems * 2 + 16;
-// Rounds in flight per warp (registers; the walk loop is unrolled this many times): fewer where the
-// accumulators and x fragments of more tokens need the registers.
-__host__ __device__ constexpr int rounds_ahead(int nt) { return nt <= 2 || nt == 4 ? 8 : 2; }
-// The block's shared memory: the warps' tiles, reused as the reduction buffer at the end.
+constexpr int kTileBytes = kBitmapGroupElems * 2;  // one group's A fragments, fragment order, per warp
+constexpr int kMaxGroupEntries = static_cast<int>(kBitmapGroupElems);
+// The stream walk's ring: kStages trips of kTrip entries (one 16-byte cp.async per lane per trip).
+constexpr int kTrip = 128;
+constexpr int kStages = 4;
+constexpr int kRingBytes = kStages * kTrip * 4;
+// How a warp walks its entries, by tokens per warp (8 NT): group by group for NT = 4, as a stream otherwise
+// (measured, H100, bf16, 11008 x 4096 and 4096 x 11008 at 90%: N = 16 stream 30.0 / 27.3 us, group walk
+// 32.6 / 34.6; N = 32 stream 44.7 / 51.8, group walk 39.3 / 39.9; N = 64 stream 75.0 / 52.1, group walk
+// 81.8 / 58.6).
+__host__ __device__ constexpr bool walks_groups(int nt) { return nt == 4; }
+__host__ __device__ constexpr int warp_smem(int nt) { return walks_groups(nt) ? kTileBytes : kRingBytes + kTileBytes; }
+// The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
 __host__ __device__ constexpr int block_smem(int nt) {
-  return kWarps * kTileBytes > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * kTileBytes
-                                                                        : kWarps * 8 * nt * bitmap::kRedStride * 4;
+  return kWarps * warp_smem(nt) > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * warp_smem(nt)
+                                                                           : kWarps * 8 * nt * bitmap::kRedStride * 4;
 }
-static_assert(kTileBytes % 16 == 0, "tiles must stay 16-byte aligned");
 
 struct Params {
   const int* offsets;       // (strips * chunks + 1)
-  const uint32_t* entries;  // (nentries,): slot << 16 | value bits
-  int nentries;
+  const uint32_t* entries;  // (nnz,): value bits << 16 | slot; 16-byte aligned
+  int nnz;
   const uint16_t* x;        // (n, ldx) row-major, 16-byte aligned, ldx % 8 == 0; columns >= kx read as zero
   int64_t ldx;
   int kx;                   // columns of x that may be read: a multiple of 8, zeros past k
@@ -62,21 +74,10 @@ struct Params {
   float slope;
   int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
   int chunks_per_split;     // chunks of one blockIdx.z
-  int prefetch;             // kPrefetchEntries | kPrefetchX (hints; the result does not depend on them)
 };
-// Prefetch hints: the warp's entries into L2 32 rounds ahead (one prefetch per lane per 32 rounds), and the
-// x rows of the group after next into L1 (one per lane per group for NT <= 2).
-constexpr int kPrefetchEntries = 1, kPrefetchX = 2;
-
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
-}
-__device__ __forceinline__ void prefetch_l1(const void* ptr) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));
-}
 
 template <typename T, int NT>
-__global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2) slot_linear_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ks = warp % p.wk, ss = warp / p.wk;
@@ -88,24 +89,29 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2) slot_linear_kernel(
   const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
   const int c_begin = min(split_end, split_begin + ks * per_warp);
   const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
-  uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * kTileBytes);
+  uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * warp_smem(NT));  // stream walk only
+  uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * warp_smem(NT) + (walks_groups(NT) ? 0 : kRingBytes));
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
 #pragma unroll
   for (int r = 0; r < 4; ++r) tile4[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
   __syncwarp();
 
   const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
-  const int total = p.nentries;
+  const int nnz = p.nnz;
 
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const int g = lane >> 2, t = lane & 3;
-  // The lane's row of x in tile j: token n0 + 8 j + g from column 8 t (read only when the token exists).
-  const uint16_t* xlane = p.x + static_cast<int64_t>(min(n0 + g, max(p.n - 1, 0))) * p.ldx + 8 * t;
-  auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j: chunk columns col + 32 h + 8 t ..
-    return n0 + 8 * j + g < p.n && col + 32 * h + 8 * t + 8 <= p.kx
-               ? __ldg(reinterpret_cast<const uint4*>(xlane + 8 * j * p.ldx + col + 32 * h))
+  const uint16_t* xrow[NT];  // the lane's rows of x (token 8 j + g of the tile, from column 16 t), or null
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int token = n0 + 8 * j + g;
+    xrow[j] = token < p.n ? p.x + static_cast<int64_t>(token) * p.ldx + 16 * t : nullptr;
+  }
+  auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j at chunk column col + 8 h
+    return xrow[j] != nullptr && col + 16 * t + 8 * h + 8 <= p.kx
+               ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + col + 8 * h))
                : make_uint4(0u, 0u, 0u, 0u);
   };
   // NT <= 2: the x fragments of one group in registers, fetched a group ahead.
@@ -150,88 +156,160 @@ __global__ void __launch_bounds__(kThreads, NT <= 2 ? 3 : 2) slot_linear_kernel(
       }
     }
     if (gi + 1 < count) fetch_x(gi + 1);
-    if ((p.prefetch & kPrefetchX) && gi + 2 < count) {  // x rows of group gi + 2: token q / 2, half q % 2
-      const int col = (c_begin + gi + 2) * static_cast<int>(kBitmapGroupCols);
-      for (int q = lane; q < 16 * NT; q += 32) {
-        const int token = n0 + (q >> 1), c = col + 32 * (q & 1);
-        if (token < p.n && c < p.kx) prefetch_l1(p.x + static_cast<int64_t>(token) * p.ldx + c);
-      }
-    }
   };
 
-  // The warp's entries [start_all, end_all) as rounds [r_begin, r_end); group bounds warp-uniform, clamped
-  // to [previous end, end_all] as read, 32 raw ends at a time (lane l holds group (end_base + l)'s).
-  int start_all = 0, end_all = 0;
-  if (count > 0) {
-    start_all = min(max(__ldg(p.offsets + group0), 0), total);
-    end_all = min(max(__ldg(p.offsets + group0 + count), start_all), total);
-  }
-  const int r_begin = start_all / kSlotRound, r_end = end_all / kSlotRound;
-  int end_base = 0, ends = 0;
-  auto load_ends = [&](int base) {
-    end_base = base;
-    ends = base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
-  };
-  // Round r's word for this lane, r clamped to the warp's last round: the ring's loads past the end are
-  // plain loads of a word never used (no predicate or select on a register with a load in flight, which
-  // would wait for it).
-  auto load_round = [&](int r) -> uint32_t { return __ldg(p.entries + min(r, r_end - 1) * kSlotRound + lane); };
-  // gi: the group that round r belongs to, gend_round its end (in rounds); empty groups are passed over.
-  int gi = 0, gend_entries = start_all, gend_round = r_begin;
-  auto next_group = [&](int r) {  // the first group from gi on that ends past round r
-    while (gi < count) {
-      if (gi - end_base >= 32) load_ends(gi);
-      gend_entries = min(max(__shfl_sync(0xffffffffu, ends, gi - end_base), gend_entries), end_all);
-      gend_round = gend_entries / kSlotRound;
-      if (gend_round > r) return;
-      ++gi;
-    }
-  };
-  // Scatters round r (word w) and multiplies the tile when r ends its group.
-  auto round = [&](int r, uint32_t w) {
-    tile[min(w >> 16, kSlotPad)] = static_cast<uint16_t>(w);
-    if (r + 1 == gend_round) {
-      multiply(gi);
-      ++gi;
-      next_group(r + 1);
-    }
-  };
-  if (r_end > r_begin) {
-    load_ends(0);
-    next_group(r_begin);
-    fetch_x(gi);
-    constexpr int kAhead = rounds_ahead(NT);
-    uint32_t ring[kAhead];
-#pragma unroll
-    for (int d = 0; d < kAhead; ++d) ring[d] = load_round(r_begin + d);
-    // Entries into L2 ahead of the ring: lane l the round 32 + l past the current one, every 32 rounds.
-    auto prefetch_entries = [&](int r) {
-      if ((p.prefetch & kPrefetchEntries) && r + 32 + lane < r_end) prefetch_l2(p.entries + (r + 32 + lane) * kSlotRound);
+  if constexpr (walks_groups(NT)) {
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    // Entries pos .. pos + 3 (pos % 4 == 0, 0 <= pos < nnz); those past nnz read as 0.
+    auto load_piece = [&](int pos) -> uint4 {
+      if (pos <= nnz - 4) return __ldg(reinterpret_cast<const uint4*>(p.entries + pos));
+      uint4 q = zero4;
+      q.x = __ldg(p.entries + pos);
+      if (pos + 1 < nnz) q.y = __ldg(p.entries + pos + 1);
+      if (pos + 2 < nnz) q.z = __ldg(p.entries + pos + 2);
+      return q;
     };
-    if ((p.prefetch & kPrefetchEntries) && r_begin + lane < r_end) prefetch_l2(p.entries + (r_begin + lane) * kSlotRound);
-    prefetch_entries(r_begin);
-    int rb = r_begin;
-    for (; rb + kAhead <= r_end; rb += kAhead) {  // whole trips of kAhead rounds: no per-round test
-      if (((rb - r_begin) & 31) + kAhead > 32) prefetch_entries(rb + kAhead);  // once per 32 rounds
+    // The lane's first piece of a group [s, e): entries (s & ~3) + 4 lane ..
+    auto first_piece = [&](int s, int e) -> uint4 {
+      const int pos = (s & ~3) + 4 * lane;
+      return pos < e ? load_piece(pos) : zero4;
+    };
+    // Writes the piece's entries that belong to [s, e) to their slots.
+    auto scatter = [&](const uint4& q, int pos, int s, int e) {
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        const uint32_t w = ring[d];
-        ring[d] = load_round(rb + d + kAhead);
-        round(rb + d, w);
+      for (int j = 0; j < 4; ++j) {
+        if (pos + j >= s && pos + j < e) tile[w[j] & kSlotMask] = static_cast<uint16_t>(w[j] >> 16);
+      }
+    };
+
+    // Group bounds (warp-uniform): group j is [start(j), end(j)) with start(j) = end(j - 1) and end(j) =
+    // offsets[group0 + j + 1] clamped to [start(j), min(nnz, start(j) + 1024)], computed in group order as
+    // the groups' first pieces are requested. The raw ends come 32 at a time, lane l holding group
+    // (end_base + l)'s.
+    int end_base = 0, ends = 0, next_group = 0, next_start = 0;
+    auto load_ends = [&](int base) {
+      end_base = base;
+      ends = base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : 0;
+    };
+    // Bounds of the next group in order (empty past the warp's last) and its first piece, requested.
+    auto request = [&](uint4& q, int& s, int& e) {
+      s = e = next_start;
+      if (next_group < count) {
+        if (next_group - end_base >= 32) load_ends(next_group);
+        const int raw = __shfl_sync(0xffffffffu, ends, next_group - end_base);
+        e = min(max(raw, s), min(nnz, s + kMaxGroupEntries));
+        next_start = e;
+        ++next_group;
+      }
+      q = e > s ? first_piece(s, e) : zero4;
+    };
+    // Scatters group gi ([s, e), first piece q) and multiplies it.
+    auto step = [&](int gi, const uint4& q, int s, int e) {
+      if (e <= s) return;  // empty: nothing to add
+      const int a = s & ~3;
+      const int pieces = (e - a + 3) >> 2;
+      scatter(q, a + 4 * lane, s, e);
+      for (int base = 32; base < pieces; base += 128) {  // groups beyond ~124 entries: four pieces per lane at once
+        uint4 r[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int pc = base + lane + 32 * u;
+          r[u] = pc < pieces ? load_piece(a + 4 * pc) : zero4;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) scatter(r[u], a + 4 * (base + lane + 32 * u), s, e);
+      }
+      multiply(gi);
+    };
+    if (count > 0) {
+      load_ends(0);
+      next_start = min(max(__ldg(p.offsets + group0), 0), nnz);
+      fetch_x(0);
+    }
+    // The next two groups' first pieces in flight: each register set is refilled as soon as its group is
+    // scattered, so no load is waited for by a register copy.
+    uint4 qa, qb;
+    int sa, ea, sb, eb;
+    request(qa, sa, ea);
+    request(qb, sb, eb);
+    for (int gi = 0; gi < count; gi += 2) {
+      step(gi, qa, sa, ea);
+      request(qa, sa, ea);
+      if (gi + 1 < count) {
+        step(gi + 1, qb, sb, eb);
+        request(qb, sb, eb);
       }
     }
+  } else {
+    // The warp's entries: [start_all, end_all), streamed from s0 (16-byte aligned) in trips.
+    int start_all = 0, end_all = 0;
+    if (count > 0) {
+      start_all = min(max(__ldg(p.offsets + group0), 0), nnz);
+      end_all = min(max(__ldg(p.offsets + group0 + count), start_all), nnz);
+    }
+    const int s0 = start_all & ~3;
+    const int trips = end_all > start_all ? (end_all - s0 + kTrip - 1) / kTrip : 0;
+    auto issue = [&](int trip) {
+      uint32_t* dst = ring + (trip % kStages) * kTrip + 4 * lane;
+      const int e = s0 + trip * kTrip + 4 * lane;
+      if (e <= nnz - 4) {
+        cp_async_16(dst, p.entries + e);
+      } else {
+        for (int j = 0; j < 4; ++j) dst[j] = e + j < nnz ? __ldg(p.entries + e + j) : 0u;
+      }
+    };
+
+    // Group ends, 32 at a time: lane l holds the raw end of group (base + l); clamped when used.
+    int end_base = 0;
+    auto load_ends = [&](int base) {
+      end_base = base;
+      return base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
+    };
+    int ends = count > 0 ? load_ends(0) : 0;
+    int gi = 0, gstart = start_all;
+    int gend = min(max(__shfl_sync(0xffffffffu, ends, 0), gstart), end_all);
+    if (trips > 0) fetch_x(0);
+
 #pragma unroll
-    for (int d = 0; d < kAhead; ++d) {  // the last rounds, already in the ring
-      if (rb + d < r_end) round(rb + d, ring[d]);
+    for (int b = 0; b < kStages - 1; ++b) {
+      if (b < trips) issue(b);
+      cp_async_commit();
+    }
+    for (int trip = 0; trip < trips && gi < count; ++trip) {
+      cp_async_wait<kStages - 2>();
+      __syncwarp();  // trip's entries are in the ring for every lane; every lane is done with the previous trip
+      if (trip + kStages - 1 < trips) issue(trip + kStages - 1);
+      cp_async_commit();
+      const uint32_t* cur = ring + (trip % kStages) * kTrip;
+      const int tb = s0 + trip * kTrip;
+      uint32_t w[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) w[u] = cur[lane + 32 * u];
+      while (true) {  // the groups that have entries in this trip (warp-uniform)
+        const int lim = min(gend, tb + kTrip);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int pos = tb + lane + 32 * u;
+          if (pos >= gstart && pos < lim) tile[w[u] & kSlotMask] = static_cast<uint16_t>(w[u] >> 16);
+        }
+        if (gend > tb + kTrip) break;  // the group goes on in the next trip
+        if (gend > gstart) multiply(gi);
+        if (++gi == count) break;
+        if (gi - end_base == 32) ends = load_ends(gi);
+        gstart = gend;
+        gend = min(max(__shfl_sync(0xffffffffu, ends, gi - end_base), gstart), end_all);
+      }
     }
   }
-  __syncthreads();  // every warp is done with its tile: the tiles become the reduction buffer
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring and tile: they become the reduction buffer
   bitmap::write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
                                   p.slope, p.out);
 }
 
 // How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work), for about as
-// many blocks as fit on the GPU at once (registers allow 3 per SM for NT <= 2, else 2).
+// many blocks as fit on the GPU at once (registers allow 3 per SM, 2 for NT = 8).
 struct Launch {
   int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
@@ -247,7 +325,7 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms, int64_t sm
     l.smem = 0;
     return l;
   }
-  const int64_t by_registers = l.nt <= 2 ? 3 : 2;
+  const int64_t by_registers = l.nt <= 4 ? 3 : 2;
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
   bitmap::split_work(bitmap_strips(m), bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks,
                      l.splits, l.chunks_per_split);

@@ -1,7 +1,7 @@
 // slot_linear on CUDA: bf16 and fp16 through the tensor-core kernel of cuda/slot_kernel.cuh (the kernel,
 // its design and the launch heuristic are described there). This file prepares the operands: x as a
 // (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned (copied, zero-padded, only when
-// it is not already) and, when the chunks are split among thread blocks,
+// it is not already), the entries 16-byte aligned, and, when the chunks are split among thread blocks,
 // the fp32 workspace that the split-k kernel sums in split order.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -9,7 +9,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "common/slot_checks.h"
 #include "cuda/cuda_utils.h"
@@ -21,13 +20,6 @@ namespace {
 
 using slot::Launch;
 using slot::Params;
-
-// The kernel's prefetch hints (slot::kPrefetchEntries | kPrefetchX); SPARSETORCH_SLOT_PREFETCH (0 .. 3) overrides
-// them for benchmarks, read at every call.
-int prefetch_hints() {
-  const char* env = std::getenv("SPARSETORCH_SLOT_PREFETCH");
-  return env != nullptr ? std::atoi(env) & 3 : slot::kPrefetchEntries | slot::kPrefetchX;
-}
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -72,7 +64,8 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
     x2 = padded;
   }
   const at::Tensor off = offsets.contiguous();
-  const at::Tensor ent = entries.contiguous();
+  at::Tensor ent = entries.contiguous();
+  if (!aligned16(ent)) ent = ent.clone();  // one 16-byte copy per lane and trip
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -90,7 +83,7 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   Params prm{};
   prm.offsets = off.data_ptr<int32_t>();
   prm.entries = reinterpret_cast<const uint32_t*>(ent.data_ptr<int32_t>());
-  prm.nentries = static_cast<int>(ent.size(0));
+  prm.nnz = static_cast<int>(ent.size(0));
   prm.x = reinterpret_cast<const uint16_t*>(x2.data_ptr());
   prm.ldx = x2.stride(0);
   prm.kx = static_cast<int>(std::min<int64_t>(kx, x2.size(1)));
@@ -105,7 +98,6 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.ws = l.ws;
   prm.wk = l.wk;
   prm.chunks_per_split = l.chunks_per_split;
-  prm.prefetch = prefetch_hints();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (bf16) {
     launch<__nv_bfloat16>(prm, l, stream);
