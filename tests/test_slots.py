@@ -83,19 +83,6 @@ def test_densities_and_work_splits(device, rng, density, n):
     assert_matches(slot_linear(x, w), reference(a, x), torch.bfloat16)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA work split")
-@pytest.mark.parametrize("blocks_per_sm", ["1", "2", "4", "7"])
-def test_forced_blocks_per_sm(rng, monkeypatch, blocks_per_sm):
-    """The work split sized for any number of resident blocks (the runtime's occupancy by default,
-    SPARSETORCH_SLOT_BLOCKS_PER_SM in benchmarks): more or fewer warps per strip and split-k parts, the same
-    product."""
-    monkeypatch.setenv("SPARSETORCH_SLOT_BLOCKS_PER_SM", blocks_per_sm)
-    a, w = weight(rng, 300, 2000, 0.1, torch.bfloat16, "cuda", empty_rows=0.1)
-    for n in (1, 8, 16, 40):
-        x = randn(rng, n, 2000, dtype=torch.bfloat16, device="cuda")
-        assert_matches(slot_linear(x, w), reference(a, x), torch.bfloat16)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams and graphs")
 def test_two_streams_and_a_cuda_graph(rng):
     """Calls on two streams at once and a captured CUDA graph replayed give the eager result (the split-k

@@ -267,17 +267,15 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
       return base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
     };
     int ends = count > 0 ? load_ends(0) : 0;
+    int gi = 0, gstart = start_all;
+    int gend = min(max(__shfl_sync(0xffffffffu, ends, 0), gstart), end_all);
     if (trips > 0) fetch_x(0);
+
 #pragma unroll
     for (int b = 0; b < kStages - 1; ++b) {
       if (b < trips) issue(b);
       cp_async_commit();
     }
-    // The first group's end only after the first copies and x are requested: its shuffle waits for the
-    // ends' load, which would otherwise hold those requests back by a memory round trip (ncu, H100: the
-    // stall at the first boundary was 14% of the warps' samples at N = 16).
-    int gi = 0, gstart = start_all;
-    int gend = min(max(__shfl_sync(0xffffffffu, ends, 0), gstart), end_all);
     for (int trip = 0; trip < trips && gi < count; ++trip) {
       cp_async_wait<kStages - 2>();
       __syncwarp();  // trip's entries are in the ring for every lane; every lane is done with the previous trip
@@ -311,32 +309,24 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
 }
 
 // How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work), for about as
-// many blocks as fit on the GPU at once.
+// many blocks as fit on the GPU at once (registers allow 3 per SM, 2 for NT = 8).
 struct Launch {
   int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
 };
 
-// tokens_per_warp(n): the NT of a call. resident(nt, smem): blocks of that kernel an SM holds at once
-// (cudaOccupancyMaxActiveBlocksPerMultiprocessor for the compiled kernel, so the registers it really uses
-// count: NT = 1 takes 64 and fits 4 per SM, not the 3 its launch bound promises); 0 = unknown, then the
-// launch bounds and the shared memory decide.
-inline int tokens_per_warp(int64_t n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
-
-template <typename Resident>
 inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms, int64_t smem_per_sm, int64_t smem_reserved,
-                            int64_t smem_per_block, Resident resident) {
+                            int64_t smem_per_block) {
   Launch l;
-  l.nt = tokens_per_warp(n);
+  l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
   l.smem = block_smem(l.nt);
   if (l.smem > smem_per_block) {
     l.smem = 0;
     return l;
   }
-  const int64_t measured = resident(l.nt, l.smem);
-  const int64_t by_bounds = std::min<int64_t>(l.nt <= 4 ? 3 : 2, smem_per_sm / (l.smem + smem_reserved));
-  const int64_t per_sm = std::max<int64_t>(1, measured > 0 ? measured : by_bounds);
+  const int64_t by_registers = l.nt <= 4 ? 3 : 2;
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
   bitmap::split_work(bitmap_strips(m), bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks,
                      l.splits, l.chunks_per_split);
   return l;

@@ -9,10 +9,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "common/slot_checks.h"
 #include "cuda/cuda_utils.h"
@@ -50,43 +46,6 @@ void launch(const Params& p, const Launch& l, cudaStream_t stream) {
   }
 }
 
-// Blocks of slot_linear_kernel<T, NT> an SM holds at once with `smem` bytes of shared memory, asked of the
-// runtime once per device, type, NT and size. SPARSETORCH_SLOT_BLOCKS_PER_SM overrides it (benchmarks).
-template <typename T, int NT>
-int resident_nt(int smem) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, int>, int> known;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(device, smem);
-  auto it = known.find(key);
-  if (it != known.end()) return it->second;
-  allow_max_dynamic_smem(reinterpret_cast<const void*>(slot::slot_linear_kernel<T, NT>));
-  int blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, slot::slot_linear_kernel<T, NT>,
-                                                               slot::kThreads, static_cast<size_t>(smem)));
-  return known[key] = blocks;
-}
-
-int resident_blocks(bool bf16, int nt, int smem) {
-  if (const char* env = std::getenv("SPARSETORCH_SLOT_BLOCKS_PER_SM")) return std::atoi(env);
-  auto pick = [&](auto tag) {
-    using T = decltype(tag);
-    switch (nt) {
-      case 1:
-        return resident_nt<T, 1>(smem);
-      case 2:
-        return resident_nt<T, 2>(smem);
-      case 4:
-        return resident_nt<T, 4>(smem);
-      default:
-        return resident_nt<T, 8>(smem);
-    }
-  };
-  return bf16 ? pick(__nv_bfloat16{}) : pick(__half{});
-}
-
 at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                             int64_t out_features, const std::optional<at::Tensor>& bias, c10::string_view activation,
                             double negative_slope) {
@@ -111,11 +70,9 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
   const Launch l = slot::choose_launch(p.m, p.n, p.k, prop->multiProcessorCount,
                                        static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
-                                       static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block,
-                                       [&](int nt, int smem) { return resident_blocks(bf16, nt, smem); });
+                                       static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
   TORCH_CHECK(prop->major >= 8 && l.smem > 0, "slot_linear: needs mma.sync (sm_80+) and ", slot::block_smem(l.nt),
               " bytes of shared memory per block (this GPU: ", smem_per_block, ")");
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536 && l.column_tiles < (int64_t{1} << 31),
@@ -141,6 +98,7 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.ws = l.ws;
   prm.wk = l.wk;
   prm.chunks_per_split = l.chunks_per_split;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (bf16) {
     launch<__nv_bfloat16>(prm, l, stream);
   } else {
