@@ -179,57 +179,6 @@ def test_set_values_repacks_in_place(device, rng):
     assert w.nbytes == 4 * (21 + a.nnz)
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_sparse_linear_csr16_form(device, dtype, monkeypatch):
-    """SparseLinear(format="csr16"): forward, new values, gradients through the layer's CSR backward."""
-    torch.manual_seed(3)
-    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).to(device=device, dtype=dtype), sparsity=0.8,
-                                         activation="gelu")
-    layer = st.nn.SparseLinear(48, 24, base.crow_indices, base.col_indices, base.values.detach().clone(),
-                               base.bias.detach().clone(), activation="gelu", format="csr16")
-    x = torch.randn(5, 48, device=device, dtype=dtype)
-    w = base.to_dense().detach().double()
-    z = x.double() @ w.T + base.bias.detach().double()
-    with torch.no_grad():
-        assert_matches(layer(x), torch.nn.functional.gelu(z), dtype, input_scale=z)
-        layer.values.mul_(-2.0)
-        z2 = x.double() @ (-2.0 * w).T + base.bias.detach().double()
-        assert_matches(layer(x), torch.nn.functional.gelu(z2), dtype, input_scale=z2)
-    # The entries; the row pointers are the layer's own int32 tensor (counted under "csr"), else a copy.
-    shared = layer.crow_indices.dtype == torch.int32
-    assert layer.memory()["csr16"] == 4 * ((0 if shared else 25) + layer.nnz)
-    import sparsetorch.nn.linear as lin
-
-    calls = []
-    monkeypatch.setattr(lin, "csr16_linear", lambda *a, **k: calls.append(1) or csr16_linear(*a, **k))
-    xg = x.clone().requires_grad_()
-    layer(xg).float().sum().backward()
-    assert calls, "the csr16 form ran the forward of a call that records gradients (not the CSR route)"
-    assert layer.values.grad is not None and xg.grad is not None
-    ref_x = x.double().requires_grad_()
-    ref_w = (-2.0 * w).requires_grad_()
-    torch.nn.functional.gelu(ref_x @ ref_w.T + base.bias.detach().double()).sum().backward()
-    assert_matches(xg.grad, ref_x.grad, dtype)
-    rows = torch.repeat_interleave(torch.arange(24, device=device), torch.diff(layer.crow_indices.long()))
-    assert_matches(layer.values.grad, ref_w.grad[rows, layer.col_indices.long()], dtype)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the auto route times CUDA forms")
-def test_sparse_linear_auto_times_csr16():
-    torch.manual_seed(4)
-    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 256).cuda().bfloat16(), sparsity=0.9)
-    x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        y = layer(x)
-    assert "csr16" in layer.route_times[4]
-    ref = torch.nn.functional.linear(x.double(), layer.to_dense().detach().double(), layer.bias.detach().double())
-    assert_matches(y, ref, torch.bfloat16)
-    many = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        layer(many)
-    assert "csr16" not in layer.route_times[128]  # beyond CSR16_MAX_TOKENS: not a candidate
-
-
 @pytest.mark.parametrize("n", [1, 16, 40])
 def test_many_rows_per_warp_and_wide_inputs(device, rng, n):
     """Rows well beyond one per warp (9000 rows: each warp streams several, prefetching the next row's
@@ -265,13 +214,3 @@ def test_inf_in_columns_without_entries_stays_out(device, rng):
     clean = x.clone()
     clean[:, 300:] = 0
     assert_matches(out, reference(a, clean), torch.bfloat16)
-
-
-def test_constructor_rejects_a_corrupt_csr(device):
-    """The public constructor checks the CSR it packs (a column past in_features would land in another
-    group or row of the layout; decreasing row pointers in none): ValueError naming the defect."""
-    values = torch.ones(2, dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match="col_indices"):
-        Csr16Weight(torch.tensor([0, 2], device=device), torch.tensor([1, 70], device=device), values, (1, 64))
-    with pytest.raises(ValueError, match="validate_csr"):
-        Csr16Weight(torch.tensor([0, 2, 1, 2], device=device), torch.tensor([1, 3], device=device), values, (3, 64))

@@ -1,0 +1,95 @@
+"""What SparseLinear's two packed few-token forms share, tested once for both: the slot layout
+(sparsetorch/_slots.py, format="slots") and CSR16 (sparsetorch/_csr16.py, format="csr16"). Each form's own
+kernel, layout and bad-input tests are in tests/test_slots.py and tests/test_csr16.py."""
+import pytest
+import torch
+
+import sparsetorch as st
+import sparsetorch.nn.linear as lin
+from sparsetorch._csr16 import Csr16Weight, csr16_linear
+from sparsetorch._slots import SlotWeight, slot_linear
+from _helpers import assert_matches
+
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+
+
+def slots_bytes(layer):
+    return 4 * (3 + 3 * layer.nnz)  # 2 strips x 1 chunk + 1 offsets, an entry, a slot and a target per nonzero
+
+
+def csr16_bytes(layer):
+    # The entries; the row pointers are the layer's own int32 tensor (counted under "csr"), else a copy.
+    shared = layer.crow_indices.dtype == torch.int32
+    return 4 * ((0 if shared else 25) + layer.nnz)
+
+
+# form: (the layer's op attribute, the op, the weight class, bytes of the form in memory(), the token-count
+# bucket past the form's limit and a token count in it)
+FORMS = {
+    "slots": ("slot_linear", slot_linear, SlotWeight, slots_bytes, (1024, 600)),
+    "csr16": ("csr16_linear", csr16_linear, Csr16Weight, csr16_bytes, (128, 100)),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_sparse_linear_form(device, dtype, form, monkeypatch):
+    """SparseLinear(format=form): forward, new values, gradients through the layer's CSR backward."""
+    op_name, op, _, form_bytes, _ = FORMS[form]
+    torch.manual_seed(3)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).to(device=device, dtype=dtype), sparsity=0.8,
+                                         activation="gelu")
+    layer = st.nn.SparseLinear(48, 24, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="gelu", format=form)
+    x = torch.randn(5, 48, device=device, dtype=dtype)
+    w = base.to_dense().detach().double()
+    z = x.double() @ w.T + base.bias.detach().double()
+    with torch.no_grad():
+        assert_matches(layer(x), torch.nn.functional.gelu(z), dtype, input_scale=z)
+        layer.values.mul_(-2.0)
+        z2 = x.double() @ (-2.0 * w).T + base.bias.detach().double()
+        assert_matches(layer(x), torch.nn.functional.gelu(z2), dtype, input_scale=z2)
+    assert layer.memory()[form] == form_bytes(layer)
+
+    calls = []
+    monkeypatch.setattr(lin, op_name, lambda *a, **k: calls.append(1) or op(*a, **k))
+    xg = x.clone().requires_grad_()
+    layer(xg).float().sum().backward()
+    assert calls, f"the {form} form ran the forward of a call that records gradients (not the CSR route)"
+    assert layer.values.grad is not None and xg.grad is not None
+    ref_x = x.double().requires_grad_()
+    ref_w = (-2.0 * w).requires_grad_()
+    torch.nn.functional.gelu(ref_x @ ref_w.T + base.bias.detach().double()).sum().backward()
+    assert_matches(xg.grad, ref_x.grad, dtype)
+    rows = torch.repeat_interleave(torch.arange(24, device=device), torch.diff(layer.crow_indices.long()))
+    assert_matches(layer.values.grad, ref_w.grad[rows, layer.col_indices.long()], dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the auto route times CUDA forms")
+@pytest.mark.parametrize("form", FORMS)
+def test_sparse_linear_auto_times_form(form):
+    _, _, _, _, (past_bucket, past_tokens) = FORMS[form]
+    torch.manual_seed(4)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 256).cuda().bfloat16(), sparsity=0.9)
+    x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = layer(x)
+    assert form in layer.route_times[4]
+    ref = torch.nn.functional.linear(x.double(), layer.to_dense().detach().double(), layer.bias.detach().double())
+    assert_matches(y, ref, torch.bfloat16)
+    many = torch.randn(past_tokens, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(many)
+    assert form not in layer.route_times[past_bucket]  # beyond the form's token limit: not a candidate
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_constructor_rejects_a_corrupt_csr(device, form):
+    """The public constructor checks the CSR it packs (a column past in_features would land in another
+    group or row of the layout; decreasing row pointers in none): ValueError naming the defect."""
+    cls = FORMS[form][2]
+    values = torch.ones(2, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="col_indices"):
+        cls(torch.tensor([0, 2], device=device), torch.tensor([1, 70], device=device), values, (1, 64))
+    with pytest.raises(ValueError, match="validate_csr"):
+        cls(torch.tensor([0, 2, 1, 2], device=device), torch.tensor([1, 3], device=device), values, (3, 64))
