@@ -99,3 +99,26 @@ def activation_refs(negative_slope):
         "sigmoid": torch.sigmoid,
         "tanh": torch.tanh,
     }
+
+
+def packed_weight(cls, rng, m, k, density, dtype, device, **kw):
+    """A random SciPy CSR (random_csr's options) and the packed pruned weight cls (SlotWeight, Csr16Weight)
+    built from it in dtype; the SciPy values are set to the ones stored (rounded to the half type), so the
+    float64 reference multiplies what the kernel does. Repeated positions are summed in float32 and rounded
+    once by the packed layouts, as their sum is here."""
+    a = random_csr(rng, m, k, density, **kw)
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=dtype, device=device)
+    a.data = values.double().cpu().numpy()
+    return a, cls(crow, col, values, (m, k))
+
+
+def linear_reference(a, x, bias=None, act=None):
+    """act(x @ a.T + bias) in float64 on the CPU for a SciPy matrix a (out, in) and x (..., in)."""
+    z = torch.from_numpy(np.asarray(a @ x.double().reshape(-1, a.shape[1]).cpu().numpy().T).T.copy())
+    if bias is not None:
+        z = z + bias.double().cpu()
+    if act is not None:
+        z = getattr(torch.nn.functional, act)(z)
+    return z.reshape(*x.shape[:-1], a.shape[0])

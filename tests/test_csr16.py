@@ -7,28 +7,16 @@ import torch
 import sparsetorch as st
 from sparsetorch._csr16 import MAX_COLUMNS, Csr16Weight, applies, csr16_linear
 from sparsetorch._ops import ops
-from _helpers import assert_matches, random_csr, randn
+from _helpers import assert_matches, linear_reference, packed_weight, random_csr, randn
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 
 
 def weight(rng, m, k, density, dtype, device, **kw):
-    a = random_csr(rng, m, k, density, **kw)
-    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
-    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
-    values = torch.from_numpy(a.data).to(dtype=dtype, device=device)
-    # the reference multiplies the values as stored (rounded to the half type)
-    a.data = values.double().cpu().numpy()
-    return a, Csr16Weight(crow, col, values, (m, k))
+    return packed_weight(Csr16Weight, rng, m, k, density, dtype, device, **kw)
 
 
-def reference(a, x, bias=None, act=None):
-    z = torch.from_numpy(np.asarray(a @ x.double().reshape(-1, a.shape[1]).cpu().numpy().T).T.copy())
-    if bias is not None:
-        z = z + bias.double().cpu()
-    if act is not None:
-        z = getattr(torch.nn.functional, act)(z)
-    return z.reshape(*x.shape[:-1], a.shape[0])
+reference = linear_reference
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
