@@ -5,7 +5,7 @@ row crosses L2 whether it hits or misses.
 A: 100k rows x 200 random columns in [0, cols) with cols chosen so that B (cols x n) takes 24 MB (fits in the
 H100's 50 MB L2 with room), so the 20M gathers hit L2 and C stays small (100k x n). Timed: torch.sparse.mm
 (cuSPARSE) and st.spmm (default route, after its measuring call), do_bench medians without an L2 flush
-(B is meant to stay resident), plus an L2-resident copy for comparison. Rate = nnz x n x element size / time.
+(B is meant to stay resident). Rate = nnz x n x element size / time.
 
     python benchmarks/l2_gather_ceiling_cuda.py > results/nvidia-h100-80gb-hbm3/l2_window/l2_gather_ceiling.txt
 """
@@ -22,10 +22,6 @@ def bench(fn):
 def main():
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, L2 {props.L2_cache_size / 2**20:.0f} MB")
-    x = torch.empty(12 * 2**20, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    t = bench(lambda: y.copy_(x))
-    print(f"L2-resident copy of 12 MB: {2 * x.numel() / t / 1e12:.2f} TB/s (read + write)")
     g = torch.Generator(device="cuda").manual_seed(0)
     rows, per_row = 100_000, 200
     for dtype in (torch.float32, torch.bfloat16):

@@ -98,7 +98,6 @@ def make(args):
 def main():
     global RT
     RT = cudart()
-    dev = ctypes.c_int(0)
     max_persist, max_window = ctypes.c_int(0), ctypes.c_int(0)
     check(RT.cudaDeviceGetAttribute(ctypes.byref(max_persist), 108, 0), "max persisting L2")
     check(RT.cudaDeviceGetAttribute(ctypes.byref(max_window), 109, 0), "max window")
