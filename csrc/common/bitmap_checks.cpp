@@ -12,13 +12,10 @@ BitmapProblem check_bitmap_linear_args(const at::Tensor& x, const at::Tensor& bi
                                        const std::optional<at::Tensor>& bias) {
   check_float_dtype(x, "x");
   check_same_dtype(x, "x", values, "values");
-  TORCH_CHECK_TYPE(bitmaps.scalar_type() == at::kLong, "bitmaps: expected int64, got ", bitmaps.scalar_type());
-  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kInt, "offsets: expected int32, got ", offsets.scalar_type());
-  check_same_device(x, "x", bitmaps, "bitmaps");
-  check_same_device(x, "x", offsets, "offsets");
+  check_layout_tensor(bitmaps, "bitmaps", at::kLong, x);
+  check_layout_tensor(offsets, "offsets", at::kInt, x);
   check_same_device(x, "x", values, "values");
-  TORCH_CHECK_VALUE(out_features >= 0 && out_features < (int64_t{1} << 31), "out_features: expected 0 <= out_features < 2^31, got ",
-                    out_features);
+  check_out_features(out_features);
   BitmapProblem p;
   p.m = out_features;
   p.n = check_packed_linear_tokens(x, p.m, bias, &p.out_shape);

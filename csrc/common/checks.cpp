@@ -282,6 +282,22 @@ void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std:
   }
 }
 
+void check_layout_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const at::Tensor& x) {
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, ": expected ", dtype == at::kInt ? "int32" : "int64", ", got ",
+                   t.scalar_type());
+  check_same_device(x, "x", t, name);
+}
+
+void check_16bit_x(const at::Tensor& x, const char* layout) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+                   "x: expected bfloat16 or float16 (the ", layout, " packs 16-bit values), got ", x.scalar_type());
+}
+
+void check_out_features(int64_t out_features) {
+  TORCH_CHECK_VALUE(out_features >= 0 && out_features < (int64_t{1} << 31), "out_features: expected 0 .. 2^31 - 1, got ",
+                    out_features);
+}
+
 int64_t check_packed_linear_tokens(const at::Tensor& x, int64_t out_features, const std::optional<at::Tensor>& bias,
                                    std::vector<int64_t>* out_shape) {
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least one dimension (..., in_features), got a scalar");

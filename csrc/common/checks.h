@@ -111,6 +111,12 @@ void check_linear_args(const at::Tensor& x, const at::Tensor& weight, const std:
 // (..., out_features).
 int64_t check_packed_linear_tokens(const at::Tensor& x, int64_t out_features, const std::optional<at::Tensor>& bias,
                                    std::vector<int64_t>* out_shape);
+// The weight side of the packed layouts (bitmap, slot, CSR16): an index tensor `name` of `dtype` (int32;
+// int64 for bitmaps) on x's device; x of bfloat16 or float16 where the layout packs 16-bit values; and
+// out_features in 0 .. 2^31 - 1. Messages name the argument and what was expected.
+void check_layout_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, const at::Tensor& x);
+void check_16bit_x(const at::Tensor& x, const char* layout);
+void check_out_features(int64_t out_features);
 // dense_bmm: a (b, m, k) or (m, k), b (b, k, n) or (k, n), at least one batched. Returns the batch.
 int64_t check_dense_bmm_args(const at::Tensor& a, const at::Tensor& b);
 

@@ -8,12 +8,9 @@ namespace sparsetorch {
 
 Csr16Problem check_csr16_linear_args(const at::Tensor& x, const at::Tensor& crow, const at::Tensor& entries,
                                      const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-                   "x: expected bfloat16 or float16 (the CSR16 layout packs 16-bit values), got ", x.scalar_type());
-  TORCH_CHECK_TYPE(crow.scalar_type() == at::kInt, "crow: expected int32, got ", crow.scalar_type());
-  TORCH_CHECK_TYPE(entries.scalar_type() == at::kInt, "entries: expected int32, got ", entries.scalar_type());
-  check_same_device(x, "x", crow, "crow");
-  check_same_device(x, "x", entries, "entries");
+  check_16bit_x(x, "CSR16 layout");
+  check_layout_tensor(crow, "crow", at::kInt, x);
+  check_layout_tensor(entries, "entries", at::kInt, x);
   TORCH_CHECK_VALUE(crow.dim() == 1 && crow.size(0) >= 1 && crow.size(0) <= (int64_t{1} << 31),
                     "crow: expected a 1-D tensor of out_features + 1 (1 .. 2^31) row pointers, got shape ", crow.sizes());
   TORCH_CHECK_VALUE(entries.dim() == 1 && entries.size(0) <= kCsr16MaxEntries,

@@ -9,14 +9,10 @@ namespace sparsetorch {
 
 SlotProblem check_slot_linear_args(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                                    int64_t out_features, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-                   "x: expected bfloat16 or float16 (the slot layout packs 16-bit values), got ", x.scalar_type());
-  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kInt, "offsets: expected int32, got ", offsets.scalar_type());
-  TORCH_CHECK_TYPE(entries.scalar_type() == at::kInt, "entries: expected int32, got ", entries.scalar_type());
-  check_same_device(x, "x", offsets, "offsets");
-  check_same_device(x, "x", entries, "entries");
-  TORCH_CHECK_VALUE(out_features >= 0 && out_features < (int64_t{1} << 31), "out_features: expected 0 .. 2^31 - 1, got ",
-                    out_features);
+  check_16bit_x(x, "slot layout");
+  check_layout_tensor(offsets, "offsets", at::kInt, x);
+  check_layout_tensor(entries, "entries", at::kInt, x);
+  check_out_features(out_features);
   SlotProblem p;
   p.m = out_features;
   p.n = check_packed_linear_tokens(x, p.m, bias, &p.out_shape);

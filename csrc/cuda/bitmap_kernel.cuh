@@ -87,11 +87,9 @@ __host__ __device__ constexpr int block_smem(int stage_values, int batch, int nt
 static_assert(kBitmapBytes % 16 == 0 && kHeaderBytes % 16 == 0 && (kTileBytes + kTableBytes) % 16 == 0,
               "stages must stay 16-byte aligned");
 
-struct Params {
-  const uint64_t* bitmaps;  // (strips, chunks, 16)
-  const int* offsets;       // (strips * chunks + 1)
-  const uint16_t* values;   // (nvalues,): the raw 16-bit values; 16-byte aligned
-  int64_t nvalues;
+// What both tensor-core kernels (this one, cuda/slot_kernel.cuh) take besides their layout: x, the output
+// and the work split.
+struct TileParams {
   const uint16_t* x;        // (n, ldx) row-major, 16-byte aligned, ldx % 8 == 0; columns >= kx read as zero
   int64_t ldx;
   int kx;                   // columns of x that may be read: a multiple of 8, zeros past k
@@ -102,6 +100,13 @@ struct Params {
   float slope;
   int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
   int chunks_per_split;     // chunks of one blockIdx.z
+};
+
+struct Params : TileParams {
+  const uint64_t* bitmaps;  // (strips, chunks, 16)
+  const int* offsets;       // (strips * chunks + 1)
+  const uint16_t* values;   // (nvalues,): the raw 16-bit values; 16-byte aligned
+  int64_t nvalues;
   int scatter_max;          // groups with at most this many values take the scatter path
   int batch;                // groups per stage, 1 .. kMaxBatch
   int stage_values;         // values a stage holds (a multiple of 8); a batch with more is read from
@@ -176,6 +181,48 @@ __device__ __forceinline__ void write_block_sums(const float (&acc)[NT][4], floa
   }
 }
 
+// The warp's share of a launch of either tensor-core kernel (this one, cuda/slot_kernel.cuh): its strip
+// (blockIdx.y * ws + warp / wk), its first token, and its chunks [c_begin, c_begin + count): the range of
+// split blockIdx.z, cut in wk contiguous pieces (count = 0 past the last strip).
+struct WarpRun {
+  int strip, n0, c_begin, count;
+};
+template <int NT>
+__device__ __forceinline__ WarpRun warp_run(int ws, int wk, int strips, int chunks, int chunks_per_split) {
+  const int warp = threadIdx.x >> 5;
+  WarpRun r;
+  r.strip = blockIdx.y * ws + warp / wk;
+  r.n0 = blockIdx.x * (8 * NT);
+  const int split_begin = blockIdx.z * chunks_per_split;
+  const int split_end = min(chunks, split_begin + chunks_per_split);
+  const int per_warp = (max(split_end - split_begin, 0) + wk - 1) / wk;
+  r.c_begin = min(split_end, split_begin + (warp % wk) * per_warp);
+  r.count = r.strip < strips ? min(split_end, r.c_begin + per_warp) - r.c_begin : 0;
+  return r;
+}
+
+// A lane's B fragments (x) for both tensor-core kernels: with the layouts' column order, the lane (g, t)
+// needs x[token n0 + 8 j + g][16 t .. 16 t + 15] of each chunk for tile j, 16 contiguous bytes at a time;
+// tokens past n and columns past kx read as zero.
+template <int NT>
+struct XFragments {
+  const uint16_t* row[NT];  // the lane's row of x in tile j, from column 16 t; null past the last token
+  int kx, t16;
+  __device__ __forceinline__ XFragments(const uint16_t* x, int64_t ldx, int n, int kx_, int n0, int lane)
+      : kx(kx_), t16(16 * (lane & 3)) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int token = n0 + 8 * j + (lane >> 2);
+      row[j] = token < n ? x + static_cast<int64_t>(token) * ldx + t16 : nullptr;
+    }
+  }
+  // 8 values of tile j at chunk column col + 16 t + 8 h.
+  __device__ __forceinline__ uint4 load(int j, int col, int h) const {
+    return row[j] != nullptr && col + t16 + 8 * h + 8 <= kx ? __ldg(reinterpret_cast<const uint4*>(row[j] + col + 8 * h))
+                                                             : make_uint4(0u, 0u, 0u, 0u);
+  }
+};
+
 // PRMT selectors that turn (v0 = value at the lane's first index, v1 = the next value), both
 // zero-extended, into the A register for the lane's two bits b: 0 -> 0, 1 -> (v0, 0), 2 -> (0, v0),
 // 3 -> (v0, v1) (low half first). Four 16-bit selectors, picked by a PRMT on b * 0x22 + 0x10.
@@ -185,15 +232,8 @@ template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int ks = warp % p.wk, ss = warp / p.wk;
-  const int strip = blockIdx.y * p.ws + ss;
-  const int n0 = blockIdx.x * (8 * NT);
-  // This warp's chunks: the split's range, cut in wk contiguous pieces.
-  const int split_begin = blockIdx.z * p.chunks_per_split;
-  const int split_end = min(p.chunks, split_begin + p.chunks_per_split);
-  const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
-  const int c_begin = min(split_end, split_begin + ks * per_warp);
-  const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
+  const WarpRun run = warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
+  const int strip = run.strip, n0 = run.n0, c_begin = run.c_begin, count = run.count;
   const int batch = p.batch, batches = (count + batch - 1) / batch;
   const int stage_size = stage_bytes(p.stage_values, batch);
   unsigned char* my = smem + warp * warp_smem(p.stage_values, batch);
@@ -237,21 +277,9 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  const int g = lane >> 2, t = lane & 3;
   const int high = lane >> 4, shift = 2 * (lane & 15);
   const uint32_t below = (1u << shift) - 1u;  // the bits of the lane's word below its two
-  // The lane's rows of x (token 8 j + g of the tile, from column 16 t of each chunk), or null.
-  const uint16_t* xrow[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int token = n0 + 8 * j + g;
-    xrow[j] = token < p.n ? p.x + static_cast<int64_t>(token) * p.ldx + 16 * t : nullptr;
-  }
-  auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j at chunk column col + 8 h
-    return xrow[j] != nullptr && col + 16 * t + 8 * h + 8 <= p.kx
-               ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + col + 8 * h))
-               : make_uint4(0u, 0u, 0u, 0u);
-  };
+  const XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
 
 #pragma unroll
   for (int b = 0; b < kStages - 1; ++b) {
@@ -278,8 +306,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
       if (NT <= 2) {
 #pragma unroll
         for (int jt = 0; jt < (NT <= 2 ? NT : 1); ++jt) {
-          xq[jt][0] = load_x(jt, col, 0);
-          xq[jt][1] = load_x(jt, col, 1);
+          xq[jt][0] = xf.load(jt, col, 0);
+          xq[jt][1] = xf.load(jt, col, 1);
         }
       }
 
@@ -361,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) bitmap_linear_kerne
       for (int h = 0; h < 2; ++h) {
         uint4 xv[NT];
 #pragma unroll
-        for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : load_x(jt, col, h);
+        for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : xf.load(jt, col, h);
 #pragma unroll
         for (int s2 = 0; s2 < 2; ++s2) {
 #pragma unroll

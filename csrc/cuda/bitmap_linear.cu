@@ -13,7 +13,7 @@
 
 #include "common/bitmap_checks.h"
 #include "cuda/bitmap_kernel.cuh"
-#include "cuda/cuda_utils.h"
+#include "cuda/pruned_linear_launch.cuh"
 
 namespace sparsetorch {
 namespace cuda {
@@ -22,37 +22,12 @@ namespace {
 using bitmap::Launch;
 using bitmap::Params;
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 // Groups with at most this many values take the kernel's scatter path (work ~ values), the others the
 // gather path (work ~ positions). SPARSETORCH_BITMAP_SCATTER overrides it (-1: never, 1024: always),
 // for benchmarks; read per call (a getenv) so that one process can compare.
 int scatter_max() {
   const char* env = std::getenv("SPARSETORCH_BITMAP_SCATTER");
   return env != nullptr ? std::atoi(env) : 256;
-}
-
-template <typename T, int NT>
-void launch_nt(const Params& p, const Launch& l, cudaStream_t stream) {
-  allow_max_dynamic_smem(reinterpret_cast<const void*>(bitmap::bitmap_linear_kernel<T, NT>));
-  bitmap::bitmap_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks),
-                                             static_cast<unsigned>(l.splits)),
-                                        bitmap::kThreads, l.smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <typename T>
-void launch(const Params& p, const Launch& l, cudaStream_t stream) {
-  switch (l.nt) {
-    case 1:
-      return launch_nt<T, 1>(p, l, stream);
-    case 2:
-      return launch_nt<T, 2>(p, l, stream);
-    case 4:
-      return launch_nt<T, 4>(p, l, stream);
-    default:
-      return launch_nt<T, 8>(p, l, stream);
-  }
 }
 
 at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, const at::Tensor& offsets,
@@ -70,17 +45,10 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   at::Tensor out = at::empty({p.n, p.m}, x.options());
   if (p.n == 0 || p.m == 0) return out.view(p.out_shape);
 
-  // x as (n, ldx) rows, ldx % 8 == 0, 16-byte aligned; zero-padded columns when copied.
-  at::Tensor x2 = x.reshape({p.n, p.k});
-  const int64_t kx = (p.k + 7) / 8 * 8;
-  if (!(x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && p.k % 8 == 0 && aligned16(x2)) || p.k == 0) {
-    at::Tensor padded = at::zeros({p.n, std::max<int64_t>(kx, 8)}, x.options());
-    padded.narrow(1, 0, p.k).copy_(x2);
-    x2 = padded;
-  }
+  const at::Tensor x2 = rows_for_16byte_loads(x, p.n, p.k);
   at::Tensor bm = bitmaps.contiguous(), off = offsets.contiguous(), val = values.contiguous();
-  if (!aligned16(bm)) bm = bm.clone();
-  if (!aligned16(val)) val = val.clone();
+  if (!is_aligned(bm.data_ptr(), 16)) bm = bm.clone();
+  if (!is_aligned(val.data_ptr(), 16)) val = val.clone();
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -101,42 +69,18 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   prm.offsets = off.data_ptr<int32_t>();
   prm.values = reinterpret_cast<const uint16_t*>(val.data_ptr());
   prm.nvalues = val.size(0);
-  prm.x = reinterpret_cast<const uint16_t*>(x2.data_ptr());
-  prm.ldx = x2.stride(0);
-  prm.kx = static_cast<int>(std::min<int64_t>(kx, x2.size(1)));
-  prm.n = static_cast<int>(p.n);
-  prm.m = static_cast<int>(p.m);
-  prm.strips = static_cast<int>(p.strips);
-  prm.chunks = static_cast<int>(p.chunks);
-  prm.out = l.splits > 1 ? work.data_ptr() : out.data_ptr();
-  prm.bias = bias_c.defined() ? reinterpret_cast<const uint16_t*>(bias_c.data_ptr()) : nullptr;
-  prm.act = act;
-  prm.slope = static_cast<float>(negative_slope);
-  prm.ws = l.ws;
-  prm.wk = l.wk;
-  prm.chunks_per_split = l.chunks_per_split;
+  set_tile_params(prm, p, x2, l, out, work, bias_c, act, negative_slope);
   prm.scatter_max = scatter_max();
   prm.batch = l.batch;
   prm.stage_values = l.stage_values;
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  if (bf16) {
-    launch<__nv_bfloat16>(prm, l, stream);
-  } else {
-    launch<__half>(prm, l, stream);
-  }
-  if (l.splits > 1) {
-    const int64_t cells = p.n * p.m;
-    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((cells + 255) / 256, 8 * prop->multiProcessorCount)));
-    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
-    if (bf16) {
-      bitmap::bitmap_splitk_reduce_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
-          work.data_ptr<float>(), l.splits, cells, p.m, prm.bias, act, prm.slope, o);
+  with_tokens_per_warp(l.nt, [&](auto NT) {
+    if (x.scalar_type() == at::kBFloat16) {
+      launch_tiles(bitmap::bitmap_linear_kernel<__nv_bfloat16, decltype(NT)::value>, l, stream, prm);
     } else {
-      bitmap::bitmap_splitk_reduce_kernel<__half><<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), l.splits, cells,
-                                                                               p.m, prm.bias, act, prm.slope, o);
+      launch_tiles(bitmap::bitmap_linear_kernel<__half, decltype(NT)::value>, l, stream, prm);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  });
+  if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);
   return out.view(p.out_shape);
 }
 

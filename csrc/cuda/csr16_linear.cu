@@ -18,8 +18,6 @@ namespace sparsetorch {
 namespace cuda {
 namespace {
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 template <typename T, int NB>
 void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, int device, cudaStream_t stream) {
   auto* kernel = csr16::csr16_linear_kernel<T, NB>;
@@ -54,18 +52,12 @@ at::Tensor csr16_linear_cuda(const at::Tensor& x, const at::Tensor& crow, const 
   at::Tensor out = at::empty({p.n, p.m}, x.options());
   if (p.n == 0 || p.m == 0) return out.view(p.out_shape);
 
-  // x as (n, ldx) rows, ldx % 8 == 0, 16-byte aligned, at least 8 columns, zero-padded when copied (k == 0
-  // too: the kernel then reads a zero column and writes act(bias)).
-  at::Tensor x2 = x.reshape({p.n, p.k});
+  // k == 0: x2 is 8 zero columns, the kernel writes act(bias).
+  const at::Tensor x2 = rows_for_16byte_loads(x, p.n, p.k);
   const int64_t kx = std::max<int64_t>(8, (p.k + 7) / 8 * 8);
-  if (!(x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && p.k % 8 == 0 && aligned16(x2)) || p.k == 0) {
-    at::Tensor padded = at::zeros({p.n, kx}, x.options());
-    padded.narrow(1, 0, p.k).copy_(x2);
-    x2 = padded;
-  }
   const at::Tensor crow_c = crow.contiguous();
   at::Tensor entries_c = entries.contiguous();
-  if (!aligned16(entries_c)) entries_c = entries_c.clone();  // the kernel reads 4 entries at a time
+  if (!is_aligned(entries_c.data_ptr(), 16)) entries_c = entries_c.clone();  // the kernel reads 4 entries at a time
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();

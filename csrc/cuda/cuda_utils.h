@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cusparse.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -178,6 +179,17 @@ struct Packed<T, VEC, std::enable_if_t<sizeof(T) == 2 && VEC % 2 == 0>> {
 };
 
 inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// x (any shape, n * k elements) as (n, ldx) rows that 16-byte loads can read: unit column stride, ldx a
+// multiple of 8, 16-byte aligned (the pruned-weight kernels' x). Copied (zero-padded to k rounded up to 8,
+// at least 8 columns) only when x is not already so, or k == 0: the kernels then read zeros past k.
+inline at::Tensor rows_for_16byte_loads(const at::Tensor& x, int64_t n, int64_t k) {
+  const at::Tensor x2 = x.reshape({n, k});
+  if (k > 0 && k % 8 == 0 && x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && is_aligned(x2.data_ptr(), 16)) return x2;
+  at::Tensor padded = at::zeros({n, std::max<int64_t>(8, (k + 7) / 8 * 8)}, x.options());
+  padded.narrow(1, 0, k).copy_(x2);
+  return padded;
+}
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

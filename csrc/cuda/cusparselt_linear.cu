@@ -50,8 +50,6 @@ constexpr int64_t kStructMultiple = 16;  // ... and the structured operand multi
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void check_operand_dtype(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, "sparse24: ", name,
                    " must be float16 or bfloat16 (2:4 tensor cores), got ", t.scalar_type());
@@ -233,11 +231,11 @@ struct LinearArgs {
                       "sparse24: bias must be (", a.m, ",) of x's dtype and device, got ", bias->sizes(), " ",
                       bias->scalar_type(), " on ", bias->device());
     a.bias = bias->contiguous();
-    if (!aligned16(a.bias.data_ptr())) a.bias = a.bias.clone();
+    if (!is_aligned(a.bias.data_ptr(), 16)) a.bias = a.bias.clone();
   }
   a.n_pad = round_up(std::max<int64_t>(a.n, 1), kPadN);
   at::Tensor x = x_in.contiguous();
-  if (a.n_pad != a.n || !aligned16(x.data_ptr())) {
+  if (a.n_pad != a.n || !is_aligned(x.data_ptr(), 16)) {
     at::Tensor padded = at::zeros({a.n_pad, a.k}, x.options());
     padded.narrow(0, 0, a.n).copy_(x);
     x = padded;
@@ -466,7 +464,7 @@ at::Tensor weight_for_compression(const at::Tensor& weight) {
                     "sparse24: the weight's dimensions must be positive multiples of ", kStructMultiple,
                     " (cuSPARSELt), got ", weight.sizes());
   at::Tensor w = weight.contiguous();
-  return aligned16(w.data_ptr()) ? w : w.clone();
+  return is_aligned(w.data_ptr(), 16) ? w : w.clone();
 }
 
 at::Tensor sparse24_compress_cuda(const at::Tensor& weight) {

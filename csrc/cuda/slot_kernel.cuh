@@ -60,35 +60,18 @@ __host__ __device__ constexpr int block_smem(int nt) {
                                                                            : kWarps * 8 * nt * bitmap::kRedStride * 4;
 }
 
-struct Params {
+struct Params : bitmap::TileParams {
   const int* offsets;       // (strips * chunks + 1)
   const uint32_t* entries;  // (nnz,): value bits << 16 | slot; 16-byte aligned
   int nnz;
-  const uint16_t* x;        // (n, ldx) row-major, 16-byte aligned, ldx % 8 == 0; columns >= kx read as zero
-  int64_t ldx;
-  int kx;                   // columns of x that may be read: a multiple of 8, zeros past k
-  int n, m, strips, chunks;
-  void* out;                // T (n, m) when gridDim.z == 1; float (gridDim.z, n, m) otherwise
-  const uint16_t* bias;     // (m,) T, or null (only read when gridDim.z == 1)
-  Activation act;
-  float slope;
-  int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
-  int chunks_per_split;     // chunks of one blockIdx.z
 };
 
 template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int ks = warp % p.wk, ss = warp / p.wk;
-  const int strip = blockIdx.y * p.ws + ss;
-  const int n0 = blockIdx.x * (8 * NT);
-  // This warp's chunks: the split's range, cut in wk contiguous pieces.
-  const int split_begin = blockIdx.z * p.chunks_per_split;
-  const int split_end = min(p.chunks, split_begin + p.chunks_per_split);
-  const int per_warp = (max(split_end - split_begin, 0) + p.wk - 1) / p.wk;
-  const int c_begin = min(split_end, split_begin + ks * per_warp);
-  const int count = strip < p.strips ? min(split_end, c_begin + per_warp) - c_begin : 0;
+  const bitmap::WarpRun run = bitmap::warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
+  const int strip = run.strip, n0 = run.n0, c_begin = run.c_begin, count = run.count;
   uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * warp_smem(NT));  // stream walk only
   uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * warp_smem(NT) + (walks_groups(NT) ? 0 : kRingBytes));
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
@@ -102,18 +85,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  const int g = lane >> 2, t = lane & 3;
-  const uint16_t* xrow[NT];  // the lane's rows of x (token 8 j + g of the tile, from column 16 t), or null
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int token = n0 + 8 * j + g;
-    xrow[j] = token < p.n ? p.x + static_cast<int64_t>(token) * p.ldx + 16 * t : nullptr;
-  }
-  auto load_x = [&](int j, int col, int h) {  // 8 values of x for tile j at chunk column col + 8 h
-    return xrow[j] != nullptr && col + 16 * t + 8 * h + 8 <= p.kx
-               ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + col + 8 * h))
-               : make_uint4(0u, 0u, 0u, 0u);
-  };
+  const bitmap::XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
   // NT <= 2: the x fragments of one group in registers, fetched a group ahead.
   constexpr int kHeld = NT <= 2 ? NT : 1;
   uint4 xq[kHeld][2];
@@ -123,8 +95,8 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
       const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
 #pragma unroll
       for (int jt = 0; jt < kHeld; ++jt) {
-        xq[jt][0] = load_x(jt, col, 0);
-        xq[jt][1] = load_x(jt, col, 1);
+        xq[jt][0] = xf.load(jt, col, 0);
+        xq[jt][1] = xf.load(jt, col, 1);
       }
       xq_group = gi;
     }
@@ -146,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
     for (int h = 0; h < 2; ++h) {
       uint4 xv[NT];
 #pragma unroll
-      for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : load_x(jt, col, h);
+      for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : xf.load(jt, col, h);
 #pragma unroll
       for (int s2 = 0; s2 < 2; ++s2) {
 #pragma unroll

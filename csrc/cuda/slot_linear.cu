@@ -11,7 +11,7 @@
 #include <algorithm>
 
 #include "common/slot_checks.h"
-#include "cuda/cuda_utils.h"
+#include "cuda/pruned_linear_launch.cuh"
 #include "cuda/slot_kernel.cuh"
 
 namespace sparsetorch {
@@ -20,31 +20,6 @@ namespace {
 
 using slot::Launch;
 using slot::Params;
-
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
-template <typename T, int NT>
-void launch_nt(const Params& p, const Launch& l, cudaStream_t stream) {
-  allow_max_dynamic_smem(reinterpret_cast<const void*>(slot::slot_linear_kernel<T, NT>));
-  slot::slot_linear_kernel<T, NT><<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks),
-                                         static_cast<unsigned>(l.splits)),
-                                    slot::kThreads, l.smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <typename T>
-void launch(const Params& p, const Launch& l, cudaStream_t stream) {
-  switch (l.nt) {
-    case 1:
-      return launch_nt<T, 1>(p, l, stream);
-    case 2:
-      return launch_nt<T, 2>(p, l, stream);
-    case 4:
-      return launch_nt<T, 4>(p, l, stream);
-    default:
-      return launch_nt<T, 8>(p, l, stream);
-  }
-}
 
 at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                             int64_t out_features, const std::optional<at::Tensor>& bias, c10::string_view activation,
@@ -55,17 +30,10 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   at::Tensor out = at::empty({p.n, p.m}, x.options());
   if (p.n == 0 || p.m == 0) return out.view(p.out_shape);
 
-  // x as (n, ldx) rows, ldx % 8 == 0, 16-byte aligned; zero-padded columns when copied.
-  at::Tensor x2 = x.reshape({p.n, p.k});
-  const int64_t kx = (p.k + 7) / 8 * 8;
-  if (!(x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && p.k % 8 == 0 && aligned16(x2)) || p.k == 0) {
-    at::Tensor padded = at::zeros({p.n, std::max<int64_t>(kx, 8)}, x.options());
-    padded.narrow(1, 0, p.k).copy_(x2);
-    x2 = padded;
-  }
+  const at::Tensor x2 = rows_for_16byte_loads(x, p.n, p.k);
   const at::Tensor off = offsets.contiguous();
   at::Tensor ent = entries.contiguous();
-  if (!aligned16(ent)) ent = ent.clone();  // one 16-byte copy per lane and trip
+  if (!is_aligned(ent.data_ptr(), 16)) ent = ent.clone();  // one 16-byte copy per lane and trip
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -84,39 +52,15 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.offsets = off.data_ptr<int32_t>();
   prm.entries = reinterpret_cast<const uint32_t*>(ent.data_ptr<int32_t>());
   prm.nnz = static_cast<int>(ent.size(0));
-  prm.x = reinterpret_cast<const uint16_t*>(x2.data_ptr());
-  prm.ldx = x2.stride(0);
-  prm.kx = static_cast<int>(std::min<int64_t>(kx, x2.size(1)));
-  prm.n = static_cast<int>(p.n);
-  prm.m = static_cast<int>(p.m);
-  prm.strips = static_cast<int>(p.strips);
-  prm.chunks = static_cast<int>(p.chunks);
-  prm.out = l.splits > 1 ? work.data_ptr() : out.data_ptr();
-  prm.bias = bias_c.defined() ? reinterpret_cast<const uint16_t*>(bias_c.data_ptr()) : nullptr;
-  prm.act = act;
-  prm.slope = static_cast<float>(negative_slope);
-  prm.ws = l.ws;
-  prm.wk = l.wk;
-  prm.chunks_per_split = l.chunks_per_split;
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  if (bf16) {
-    launch<__nv_bfloat16>(prm, l, stream);
-  } else {
-    launch<__half>(prm, l, stream);
-  }
-  if (l.splits > 1) {
-    const int64_t cells = p.n * p.m;
-    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((cells + 255) / 256, 8 * prop->multiProcessorCount)));
-    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
-    if (bf16) {
-      bitmap::bitmap_splitk_reduce_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
-          work.data_ptr<float>(), l.splits, cells, p.m, prm.bias, act, prm.slope, o);
+  set_tile_params(prm, p, x2, l, out, work, bias_c, act, negative_slope);
+  with_tokens_per_warp(l.nt, [&](auto NT) {
+    if (x.scalar_type() == at::kBFloat16) {
+      launch_tiles(slot::slot_linear_kernel<__nv_bfloat16, decltype(NT)::value>, l, stream, prm);
     } else {
-      bitmap::bitmap_splitk_reduce_kernel<__half><<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), l.splits, cells,
-                                                                               p.m, prm.bias, act, prm.slope, o);
+      launch_tiles(slot::slot_linear_kernel<__half, decltype(NT)::value>, l, stream, prm);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  });
+  if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);
   return out.view(p.out_shape);
 }
 
