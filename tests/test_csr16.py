@@ -41,28 +41,6 @@ def test_bias_activation_and_batch_dims(device, rng, dtype, act):
     assert_matches(out, reference(a, x, bias, act), dtype, input_scale=z)
 
 
-def test_skewed_rows_and_non_contiguous_x(device, rng):
-    """One row holding every column, rows of one entry and empty rows; x a transposed view (copied into
-    the aligned layout the kernel reads) and x sliced from a wider tensor."""
-    m, k = 64, 600
-    a = random_csr(rng, m, k, 0.01)
-    a = a.tolil()
-    a[5, :] = rng.standard_normal(k)
-    a = a.tocsr()
-    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
-    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
-    values = torch.from_numpy(a.data).to(dtype=torch.bfloat16, device=device)
-    a.data = values.double().cpu().numpy()
-    w = Csr16Weight(crow, col, values, (m, k))
-    xt = randn(rng, k, 5, dtype=torch.bfloat16, device=device).t()
-    assert_matches(csr16_linear(xt, w), reference(a, xt), torch.bfloat16)
-    wide = randn(rng, 5, k + 3, dtype=torch.bfloat16, device=device)[:, 3:]
-    assert_matches(csr16_linear(wide, w), reference(a, wide), torch.bfloat16)
-    # entries as a view 4 bytes into a buffer (not 16-byte aligned: the CUDA op copies them)
-    shifted = torch.cat([w.entries.new_zeros(1), w.entries])[1:]
-    assert_matches(ops.csr16_linear(xt, w.crow, shifted), reference(a, xt), torch.bfloat16)
-
-
 def test_empty_shapes(device):
     crow = torch.zeros(5, dtype=torch.int32, device=device)
     entries = torch.zeros(0, dtype=torch.int32, device=device)

@@ -1,14 +1,16 @@
 """What SparseLinear's two packed few-token forms share, tested once for both: the slot layout
 (sparsetorch/_slots.py, format="slots") and CSR16 (sparsetorch/_csr16.py, format="csr16"). Each form's own
 kernel, layout and bad-input tests are in tests/test_slots.py and tests/test_csr16.py."""
+import numpy as np
 import pytest
 import torch
 
 import sparsetorch as st
 import sparsetorch.nn.linear as lin
 from sparsetorch._csr16 import Csr16Weight, csr16_linear
+from sparsetorch._ops import ops
 from sparsetorch._slots import SlotWeight, slot_linear
-from _helpers import assert_matches
+from _helpers import assert_matches, linear_reference, random_csr, randn
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -29,6 +31,36 @@ FORMS = {
     "slots": ("slot_linear", slot_linear, SlotWeight, slots_bytes, (1024, 600)),
     "csr16": ("csr16_linear", csr16_linear, Csr16Weight, csr16_bytes, (128, 100)),
 }
+
+
+# form: the raw op on the weight's index tensors with `entries` in place of the weight's own
+RAW_OPS = {
+    "slots": lambda x, w, entries: ops.slot_linear(x, w.offsets, entries, w.shape[0]),
+    "csr16": lambda x, w, entries: ops.csr16_linear(x, w.crow, entries),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_skewed_rows_and_non_contiguous_x(device, rng, form):
+    """One row holding every column, rows of one entry and empty rows; x a transposed view and x sliced from
+    a wider tensor (both copied into the aligned layout the kernels read); entries as a view 4 bytes into a
+    buffer (not 16-byte aligned: the CUDA ops copy them)."""
+    _, op, cls, _, _ = FORMS[form]
+    m, k = 64, 600
+    a = random_csr(rng, m, k, 0.01).tolil()
+    a[5, :] = rng.standard_normal(k)
+    a = a.tocsr()
+    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
+    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
+    values = torch.from_numpy(a.data).to(dtype=torch.bfloat16, device=device)
+    a.data = values.double().cpu().numpy()
+    w = cls(crow, col, values, (m, k))
+    xt = randn(rng, k, 5, dtype=torch.bfloat16, device=device).t()
+    assert_matches(op(xt, w), linear_reference(a, xt), torch.bfloat16)
+    wide = randn(rng, 5, k + 3, dtype=torch.bfloat16, device=device)[:, 3:]
+    assert_matches(op(wide, w), linear_reference(a, wide), torch.bfloat16)
+    shifted = torch.cat([w.entries.new_zeros(1), w.entries])[1:]
+    assert_matches(RAW_OPS[form](xt, w, shifted), linear_reference(a, xt), torch.bfloat16)
 
 
 @pytest.mark.parametrize("form", FORMS)

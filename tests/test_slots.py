@@ -106,26 +106,6 @@ def test_two_streams_and_a_cuda_graph(rng):
         assert torch.equal(static_out, e)
 
 
-def test_skewed_rows_and_non_contiguous_x(device, rng):
-    """One full row and rows of one entry and empty rows; x a transposed view and x sliced from a wider
-    tensor (both copied into the aligned layout the kernel reads); entries not 16-byte aligned."""
-    m, k = 64, 600
-    a = random_csr(rng, m, k, 0.01).tolil()
-    a[5, :] = rng.standard_normal(k)
-    a = a.tocsr()
-    crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
-    col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
-    values = torch.from_numpy(a.data).to(dtype=torch.bfloat16, device=device)
-    a.data = values.double().cpu().numpy()
-    w = SlotWeight(crow, col, values, (m, k))
-    xt = randn(rng, k, 5, dtype=torch.bfloat16, device=device).t()
-    assert_matches(slot_linear(xt, w), reference(a, xt), torch.bfloat16)
-    wide = randn(rng, 5, k + 3, dtype=torch.bfloat16, device=device)[:, 3:]
-    assert_matches(slot_linear(wide, w), reference(a, wide), torch.bfloat16)
-    shifted = torch.cat([w.entries.new_zeros(1), w.entries])[1:]
-    assert_matches(ops.slot_linear(xt, w.offsets, shifted, m), reference(a, xt), torch.bfloat16)
-
-
 @pytest.mark.parametrize("n", [1, 16, 64])
 def test_llm_shape(device, rng, n):
     """A pruned 11008 x 4096 layer at 90% sparsity (the shape the kernel is tuned on) and its transpose's
