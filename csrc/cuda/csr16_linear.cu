@@ -54,7 +54,7 @@ at::Tensor csr16_linear_cuda(const at::Tensor& x, const at::Tensor& crow, const 
 
   // k == 0: x2 is 8 zero columns, the kernel writes act(bias).
   const at::Tensor x2 = rows_for_16byte_loads(x, p.n, p.k);
-  const int64_t kx = std::max<int64_t>(8, (p.k + 7) / 8 * 8);
+  const int64_t kx = x2.size(1);
   const at::Tensor crow_c = crow.contiguous();
   at::Tensor entries_c = entries.contiguous();
   if (!is_aligned(entries_c.data_ptr(), 16)) entries_c = entries_c.clone();  // the kernel reads 4 entries at a time

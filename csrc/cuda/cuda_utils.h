@@ -182,7 +182,8 @@ inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintp
 
 // x (any shape, n * k elements) as (n, ldx) rows that 16-byte loads can read: unit column stride, ldx a
 // multiple of 8, 16-byte aligned (the pruned-weight kernels' x). Copied (zero-padded to k rounded up to 8,
-// at least 8 columns) only when x is not already so, or k == 0: the kernels then read zeros past k.
+// at least 8 columns) only when x is not already so, or k == 0. Its size(1) is the kernels' kx, the columns
+// they may read (a multiple of 8; zeros past k).
 inline at::Tensor rows_for_16byte_loads(const at::Tensor& x, int64_t n, int64_t k) {
   const at::Tensor x2 = x.reshape({n, k});
   if (k > 0 && k % 8 == 0 && x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && is_aligned(x2.data_ptr(), 16)) return x2;

@@ -41,7 +41,7 @@ inline void set_tile_params(bitmap::TileParams& prm, const Problem& p, const at:
                             double negative_slope) {
   prm.x = reinterpret_cast<const uint16_t*>(x2.data_ptr());
   prm.ldx = x2.stride(0);
-  prm.kx = static_cast<int>(std::min<int64_t>((p.k + 7) / 8 * 8, x2.size(1)));
+  prm.kx = static_cast<int>(x2.size(1));
   prm.n = static_cast<int>(p.n);
   prm.m = static_cast<int>(p.m);
   prm.strips = static_cast<int>(p.strips);
