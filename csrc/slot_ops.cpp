@@ -5,8 +5,8 @@
 
 TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   // out (..., out_features) = act(x (..., in_features) @ W^T + bias), W (out_features, in_features) given
-  // as offsets / entries.
+  // as offsets / entries, in the plain or the banded group and slot order (`banded`).
   m.def(
       "slot_linear(Tensor x, Tensor offsets, Tensor entries, int out_features, Tensor? bias=None, "
-      "str activation=\"none\", float negative_slope=0.01) -> Tensor");
+      "str activation=\"none\", float negative_slope=0.01, bool banded=False) -> Tensor");
 }

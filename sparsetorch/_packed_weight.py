@@ -15,14 +15,15 @@ class PackedWeight:
     dtype: torch.dtype
 
     @classmethod
-    def from_csr(cls, weight):
-        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...)."""
+    def from_csr(cls, weight, **options):
+        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...);
+        options go to the form's constructor (SlotWeight: ``banded``)."""
         from sparsetorch.csr import as_csr
 
         w = as_csr(weight)
         if len(w.shape) != 2:
             raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
-        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape))
+        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape), **options)
 
     def check_input(self, x: torch.Tensor) -> None:
         """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x."""

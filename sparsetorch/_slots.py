@@ -8,6 +8,13 @@ against 4 here) but its kernel spends ~400 instructions per group finding where 
 spends one shared-memory store per value, so at high sparsity and few tokens it runs near the memory
 floor. SparseLinear derives it from its CSR and times it against its other forms; new values (same
 pattern) are one scatter.
+
+Two variants of the layout: the plain one, groups in (strip, chunk) order, and the banded one, groups in
+(band of two strips, chunk, strip) order with lane-consecutive slots, whose kernel loads each chunk's x
+once for two groups and resets its tile with atomic exchanges (slot_layout.h). The banded one is faster
+where the weight has many strips of 16 rows for the GPU's multiprocessors (tall layers such as a Llama
+MLP's gate and up projections) and slower where it halves too few work units, so ``SlotWeight`` picks it
+from the weight's shape and the GPU (``prefers_banded``) unless told.
 """
 from __future__ import annotations
 
@@ -23,6 +30,10 @@ from sparsetorch.csr import CSR
 GROUP_ROWS, GROUP_COLS, SLOTS = 16, 64, 1024
 MAX_ENTRIES = 2**31 - 1024  # the kernel's stream positions (up to 128 past the end) stay in int32
 DTYPES = (torch.bfloat16, torch.float16)
+# The banded layout when the weight has at least this many strips per multiprocessor (measured, H100, 90%,
+# N = 1-16: 11008 x 4096 and 14336 x 4096 (5.2 and 6.8 strips per SM) faster banded, 4096 x 11008 and
+# 4096 x 4096 (1.9) slower: benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded).
+BANDED_MIN_STRIPS_PER_SM = 3
 
 
 def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[str]:
@@ -36,14 +47,41 @@ def applies(shape: Tuple[int, int], dtype: torch.dtype, nnz: int) -> Optional[st
     return None
 
 
-def slot_of(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+def prefers_banded(shape: Tuple[int, int], device: torch.device) -> bool:
+    """Whether the banded layout is the faster one for a weight of this shape on this device (CUDA: enough
+    strips of 16 rows per multiprocessor; elsewhere the plain layout, which the CPU reads as fast)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return -(-int(shape[0]) // GROUP_ROWS) >= BANDED_MIN_STRIPS_PER_SM * sms
+
+
+def slot_of(rows: torch.Tensor, cols: torch.Tensor, banded: bool = False) -> torch.Tensor:
     """Slot (0..1023) of row rows % 16, column cols % 64 of a group: element 2 r + j of lane 4 g + t's
-    fragment of mma step s (the inverse of slot_position in slot_layout.h)."""
+    fragment of mma step s, numbered 8 (32 s + lane) + 2 r + j, or lane-consecutively (the banded
+    layout) 256 s + 64 r + 2 lane + j (the inverse of slot_position and fragment_slot in slot_layout.h)."""
     rr, cc = rows % GROUP_ROWS, cols % GROUP_COLS
     t, s, h, j = cc >> 4, (cc >> 2) & 3, (cc >> 1) & 1, cc & 1
     r = (rr >> 3) + 2 * h
     lane = 4 * (rr & 7) + t
+    if banded:
+        return 256 * s + 64 * r + 2 * lane + j
     return 8 * (32 * s + lane) + 2 * r + j
+
+
+def group_of(strips: torch.Tensor, chunks: torch.Tensor, num_chunks: int, banded: bool = False) -> torch.Tensor:
+    """Index of group (strip, chunk): (strip, chunk) order, or (band, chunk, strip in band) in the banded
+    layout (slot_group in slot_layout.h)."""
+    if banded:
+        return ((strips >> 1) * num_chunks + chunks) * 2 + (strips & 1)
+    return strips * num_chunks + chunks
+
+
+def num_groups(shape: Tuple[int, int], banded: bool = False) -> int:
+    """Groups of a weight of this shape: the offsets hold one more (the banded layout pads to whole bands)."""
+    strips, chunks = -(-int(shape[0]) // GROUP_ROWS), -(-int(shape[1]) // GROUP_COLS)
+    return (2 * -(-strips // 2) if banded else strips) * chunks
 
 
 def _pack(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -53,9 +91,11 @@ def _pack(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 class SlotWeight(PackedWeight):
     """W (out_features, in_features) in the slot layout, made from a CSR pattern with sorted or unsorted
-    columns (repeated positions are summed, as in the CSR) and its values."""
+    columns (repeated positions are summed, as in the CSR) and its values. ``banded``: the layout's
+    variant (module docstring); None picks the faster one for the shape and device (``prefers_banded``)."""
 
-    def __init__(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: Tuple[int, int]):
+    def __init__(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: Tuple[int, int],
+                 banded: Optional[bool] = None):
         reason = applies(shape, values.dtype, values.numel())
         if reason is not None:
             raise ValueError(f"weight: {reason}")
@@ -67,17 +107,19 @@ class SlotWeight(PackedWeight):
         ensure_valid(CSR(crow, col, values, (m, k)))
         self.shape = (m, k)
         self.dtype, self.device = values.dtype, values.device
-        strips, chunks = -(-m // GROUP_ROWS), -(-k // GROUP_COLS)
+        self.banded = prefers_banded(self.shape, values.device) if banded is None else bool(banded)
+        chunks, groups = -(-k // GROUP_COLS), num_groups(self.shape, self.banded)
         crow = crow.to(device=values.device, dtype=torch.int64)
         col = col.to(device=values.device, dtype=torch.int64)
         rows = torch.repeat_interleave(torch.arange(m, device=values.device), crow.diff())
-        key = ((rows // GROUP_ROWS) * chunks + col // GROUP_COLS) * SLOTS + slot_of(rows, col)
+        group = group_of(rows // GROUP_ROWS, col // GROUP_COLS, chunks, self.banded)
+        key = group * SLOTS + slot_of(rows, col, self.banded)
         unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
         # CSR entry i goes to packed entry _into[i] (a permutation unless the CSR repeats positions).
         self._into = inverse.to(torch.int32)
         self._slots = (unique % SLOTS).to(torch.int32)
-        self.offsets = torch.zeros(strips * chunks + 1, dtype=torch.int32, device=values.device)
-        torch.cumsum(torch.bincount(unique // SLOTS, minlength=strips * chunks), 0, out=self.offsets[1:])
+        self.offsets = torch.zeros(groups + 1, dtype=torch.int32, device=values.device)
+        torch.cumsum(torch.bincount(unique // SLOTS, minlength=groups), 0, out=self.offsets[1:])
         self.entries = _pack(self._packed(values.detach()), self._slots)
 
     def _packed(self, values: torch.Tensor) -> torch.Tensor:
@@ -105,10 +147,11 @@ def slot_linear(x: torch.Tensor, weight: SlotWeight, bias: Optional[torch.Tensor
     layer differentiates through its CSR)."""
     weight.check_input(x)
     return ops.slot_linear(x, weight.offsets, weight.entries, weight.shape[0], bias, activation,
-                           float(negative_slope))
+                           float(negative_slope), weight.banded)
 
 
 @torch.library.register_fake("sparsetorch::slot_linear")
-def _slot_linear_fake(x, offsets, entries, out_features, bias=None, activation="none", negative_slope=0.01):
+def _slot_linear_fake(x, offsets, entries, out_features, bias=None, activation="none", negative_slope=0.01,
+                      banded=False):
     torch._check(x.dtype in DTYPES, lambda: f"x: expected bfloat16 or float16, got {x.dtype}")
     return x.new_empty((*x.shape[:-1], out_features))

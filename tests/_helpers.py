@@ -101,17 +101,17 @@ def activation_refs(negative_slope):
     }
 
 
-def packed_weight(cls, rng, m, k, density, dtype, device, **kw):
+def packed_weight(cls, rng, m, k, density, dtype, device, options=None, **kw):
     """A random SciPy CSR (random_csr's options) and the packed pruned weight cls (SlotWeight, Csr16Weight)
-    built from it in dtype; the SciPy values are set to the ones stored (rounded to the half type), so the
-    float64 reference multiplies what the kernel does. Repeated positions are summed in float32 and rounded
-    once by the packed layouts, as their sum is here."""
+    built from it in dtype with the form's options (SlotWeight: banded); the SciPy values are set to the
+    ones stored (rounded to the half type), so the float64 reference multiplies what the kernel does.
+    Repeated positions are summed in float32 and rounded once by the packed layouts, as their sum is here."""
     a = random_csr(rng, m, k, density, **kw)
     crow = torch.from_numpy(a.indptr.astype(np.int64)).to(device)
     col = torch.from_numpy(a.indices.astype(np.int64)).to(device)
     values = torch.from_numpy(a.data).to(dtype=dtype, device=device)
     a.data = values.double().cpu().numpy()
-    return a, cls(crow, col, values, (m, k))
+    return a, cls(crow, col, values, (m, k), **(options or {}))
 
 
 def linear_reference(a, x, bias=None, act=None):

@@ -104,9 +104,10 @@ def samples(rng, device):
     # slot_linear (tests/test_slots.py has the rest): the same weight in the slot layout
     from sparsetorch._slots import SlotWeight
 
-    S = SlotWeight(crow, col, values.to(torch.bfloat16), (9, 7))
-    yield ops.slot_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), S.offsets, S.entries, 9), dict(
-        bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="gelu")
+    for banded in (False, True):
+        S = SlotWeight(crow, col, values.to(torch.bfloat16), (9, 7), banded=banded)
+        yield ops.slot_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), S.offsets, S.entries, 9), dict(
+            bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="gelu", banded=banded)
 
 
 # Device- or library-specific ops, checked in their own test files: the 2:4 ops (CUDA with cuSPARSELt only;

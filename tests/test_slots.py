@@ -1,20 +1,23 @@
 """slot_linear (the slot layout: each value with its slot in the tensor-core fragment tile; CUDA kernel on
-mma.sync, CPU reference) against float64 products, its argument checks and corrupt layouts, and
-SparseLinear's "slots" form."""
+mma.sync, CPU reference) against float64 products, in both of the layout's variants (plain and banded),
+its argument checks and corrupt layouts, and SparseLinear's "slots" form."""
 import numpy as np
 import pytest
 import torch
 
 import sparsetorch as st
 from sparsetorch._ops import ops
-from sparsetorch._slots import SlotWeight, applies, slot_linear, slot_of
+from sparsetorch._slots import BANDED_MIN_STRIPS_PER_SM, SlotWeight, applies, prefers_banded, slot_linear, slot_of
 from _helpers import assert_matches, linear_reference, packed_weight, random_csr, randn
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 
 
-def weight(rng, m, k, density, dtype, device, **kw):
-    return packed_weight(SlotWeight, rng, m, k, density, dtype, device, **kw)
+BANDED = pytest.mark.parametrize("banded", [False, True], ids=["plain", "banded"])
+
+
+def weight(rng, m, k, density, dtype, device, banded=False, **kw):
+    return packed_weight(SlotWeight, rng, m, k, density, dtype, device, options=dict(banded=banded), **kw)
 
 
 reference = linear_reference
@@ -33,22 +36,46 @@ def test_slot_is_the_inverse_of_the_fragment_position():
     expected = 8 * (32 * (q >> 2) + (b >> 1)) + 2 * (q & 3) + (b & 1)
     assert torch.equal(slots, expected)
     assert torch.equal(torch.sort(slots).values, torch.arange(1024))
+    # banded: lane-consecutive, word 128 step + 32 register + lane of the tile
+    banded = slot_of(rows, cols, banded=True)
+    assert torch.equal(banded, 256 * (q >> 2) + 64 * (q & 3) + 2 * (b >> 1) + (b & 1))
+    assert torch.equal(torch.sort(banded).values, torch.arange(1024))
 
 
+def test_banded_layout_choice(device):
+    """The banded layout where the weight has BANDED_MIN_STRIPS_PER_SM strips per multiprocessor or more
+    (CUDA), the plain one otherwise and on the CPU; a SlotWeight takes the choice unless told."""
+    if device == "cpu":
+        assert not prefers_banded((1 << 20, 64), device)
+        return
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = 16 * BANDED_MIN_STRIPS_PER_SM * sms
+    assert prefers_banded((rows, 64), device) and not prefers_banded((rows - 16, 64), device)
+    crow = torch.zeros(rows + 1, dtype=torch.int64, device=device)
+    col = torch.zeros(0, dtype=torch.int64, device=device)
+    values = torch.zeros(0, dtype=torch.bfloat16, device=device)
+    assert SlotWeight(crow, col, values, (rows, 64)).banded
+    assert not SlotWeight(crow, col, values, (rows, 64), banded=False).banded
+    assert not SlotWeight(crow[:17], col, values, (16, 64)).banded
+
+
+@BANDED
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 9, 16, 17, 33, 64, 65, 200])
-def test_matches_float64(device, rng, dtype, n):
-    """Token counts across the kernel's tiles (8, 16, 32, 64 per warp; several column tiles), out_features
-    not a multiple of 16, in_features not a multiple of 8 or 64, empty rows."""
-    a, w = weight(rng, 70, 333, 0.1, dtype, device, empty_rows=0.2)
+def test_matches_float64(device, rng, dtype, n, banded):
+    """Token counts across the kernel's tiles (8, 16, 32, 64 per warp, the banded kernel's 32 at most;
+    several column tiles), out_features not a multiple of 16 (five strips: the banded layout's last band
+    half empty), in_features not a multiple of 8 or 64, empty rows."""
+    a, w = weight(rng, 70, 333, 0.1, dtype, device, banded, empty_rows=0.2)
     x = randn(rng, n, 333, dtype=dtype, device=device)
     assert_matches(slot_linear(x, w), reference(a, x), dtype)
 
 
+@BANDED
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("act", [None, "relu", "gelu", "silu"])
-def test_bias_activation_batch_dims_and_repeated_positions(device, rng, dtype, act):
-    a, w = weight(rng, 45, 96, 0.3, dtype, device, unsorted=True, duplicates=True)
+def test_bias_activation_batch_dims_and_repeated_positions(device, rng, dtype, act, banded):
+    a, w = weight(rng, 45, 96, 0.3, dtype, device, banded, unsorted=True, duplicates=True)
     x = randn(rng, 2, 3, 96, dtype=dtype, device=device)
     bias = randn(rng, 45, dtype=dtype, device=device)
     a.sum_duplicates()
@@ -59,23 +86,25 @@ def test_bias_activation_batch_dims_and_repeated_positions(device, rng, dtype, a
     assert_matches(out, reference(a, x, bias, act), dtype, input_scale=z)
 
 
+@BANDED
 @pytest.mark.parametrize("density", [0.002, 0.05, 0.5, 0.97])
 @pytest.mark.parametrize("n", [1, 16, 100])
-def test_densities_and_work_splits(device, rng, density, n):
+def test_densities_and_work_splits(device, rng, density, n, banded):
     """Groups from nearly empty (most groups hold nothing, a trip spans many groups) to nearly full (a
     group spans eight trips of the warp's stream); 40 rows x 4096 columns: few strips, many chunks, so
     the chunks are split among the warps of a block and among blocks (the split-k sum)."""
-    a, w = weight(rng, 40, 4096, density, torch.bfloat16, device)
+    a, w = weight(rng, 40, 4096, density, torch.bfloat16, device, banded)
     x = randn(rng, n, 4096, dtype=torch.bfloat16, device=device)
     assert_matches(slot_linear(x, w), reference(a, x), torch.bfloat16)
 
 
+@BANDED
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams and graphs")
-def test_two_streams_and_a_cuda_graph(rng):
+def test_two_streams_and_a_cuda_graph(rng, banded):
     """Calls on two streams at once and a captured CUDA graph replayed give the eager result (the split-k
     workspace comes from the caching allocator per call; 64 x 4096 at N = 16, four strips of 64 chunks,
     has its chunks split between two blocks, a split-k sum)."""
-    a, w = weight(rng, 64, 4096, 0.1, torch.bfloat16, "cuda")
+    a, w = weight(rng, 64, 4096, 0.1, torch.bfloat16, "cuda", banded)
     xs = [randn(rng, 16, 4096, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
     expected = [slot_linear(x, w) for x in xs]
     assert_matches(expected[0], reference(a, xs[0]), torch.bfloat16)
@@ -106,17 +135,18 @@ def test_two_streams_and_a_cuda_graph(rng):
         assert torch.equal(static_out, e)
 
 
+@BANDED
 @pytest.mark.parametrize("n", [1, 16, 64])
-def test_llm_shape(device, rng, n):
+def test_llm_shape(device, rng, n, banded):
     """A pruned 11008 x 4096 layer at 90% sparsity (the shape the kernel is tuned on) and its transpose's
-    shape 4096 x 11008 at 70%, against float64."""
-    if device == "cpu" and n > 1:
-        pytest.skip("the CPU reference at this size is slow; n = 1 covers it")
+    shape 4096 x 11008 at 70%, against float64, in either layout."""
+    if device == "cpu" and (n > 1 or banded):
+        pytest.skip("the CPU reference at this size is slow; plain n = 1 covers it (the small tests, banded)")
     for m, k, density in ((11008, 4096, 0.1), (4096, 11008, 0.3)):
         dense = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
         dense *= torch.from_numpy(rng.random((m, k)) < density)
         w16 = dense.to(torch.bfloat16)
-        w = SlotWeight.from_csr(w16.to_sparse_csr().to(device))
+        w = SlotWeight.from_csr(w16.to_sparse_csr().to(device), banded=banded)
         x = randn(rng, n, k, dtype=torch.bfloat16, device=device)
         assert_matches(slot_linear(x, w), x.double().cpu() @ w16.double().T, torch.bfloat16)
 
@@ -134,6 +164,11 @@ def test_empty_shapes(device):
                                                bias), bias.expand(2, 4))
     assert ops.slot_linear(torch.empty(0, 10, dtype=torch.bfloat16, device=device), offsets, entries, 4).shape == (0, 4)
     assert ops.slot_linear(torch.randn(3, 10, dtype=torch.bfloat16, device=device), one, entries, 0).shape == (3, 0)
+    # banded: one band of two strips (the second past the weight), one chunk: three offsets
+    three = torch.zeros(3, dtype=torch.int32, device=device)
+    out = ops.slot_linear(torch.randn(3, 10, dtype=torch.bfloat16, device=device), three, entries, 4, bias, "relu",
+                          banded=True)
+    torch.testing.assert_close(out, torch.relu(bias).expand(3, 4))
     # a CSR without entries
     w = SlotWeight(torch.zeros(5, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.int64, device=device),
                    torch.zeros(0, dtype=torch.float16, device=device), (4, 100))
@@ -153,6 +188,8 @@ def test_argument_errors(device):
         ops.slot_linear(x, offsets, entries.long(), 1)
     with pytest.raises(ValueError, match=r"offsets: expected shape \(3,\)"):
         ops.slot_linear(x, offsets, entries, 17)  # two strips: three offsets
+    with pytest.raises(ValueError, match=r"offsets: expected shape \(3,\) .*whole bands.*banded layout"):
+        ops.slot_linear(x, offsets, entries, 1, banded=True)  # one strip, padded to a band: three offsets
     with pytest.raises(ValueError, match="out_features"):
         ops.slot_linear(x, offsets, entries, -1)
     with pytest.raises(ValueError, match="entries: expected a 1-D"):
@@ -201,6 +238,19 @@ def test_corrupt_layout_cpu_raises():
         ops.slot_linear(x, torch.tensor([0, 2, 2], dtype=torch.int32), entries, 3)
     out = ops.slot_linear(x, good, entries, 3)  # the valid layout: x[:, 0] and x[:, 64] into row 0
     torch.testing.assert_close(out[:, 0], (x[:, 0].float() + x[:, 64].float()).bfloat16())
+    # banded: groups (chunk 0, strip 0), (chunk 0, strip 1), (chunk 1, strip 0), (chunk 1, strip 1); strip 1
+    # is the band's padding (rows 16..31 of a 3-row weight)
+    banded_good = torch.tensor([0, 1, 1, 2, 2], dtype=torch.int32)
+    with pytest.raises(IndexError, match="row 16"):
+        ops.slot_linear(x, torch.tensor([0, 1, 2, 2, 2], dtype=torch.int32), entries, 3, banded=True)
+    # banded slot 2 = lane 1 (lane-consecutive): column 16 + 64 = 80 >= 70 in chunk 1
+    with pytest.raises(IndexError, match="column 80"):
+        ops.slot_linear(x, banded_good, torch.tensor([one, one | 2], dtype=torch.int32), 3, banded=True)
+    # banded slot 64 = register 1 of lane 0: row 8 (the plain layout's slot 64 is lane 8: row 2, column 0)
+    with pytest.raises(IndexError, match="row 8"):
+        ops.slot_linear(x, banded_good, torch.tensor([one | 64, one], dtype=torch.int32), 3, banded=True)
+    out = ops.slot_linear(x, banded_good, entries, 3, banded=True)
+    torch.testing.assert_close(out[:, 0], (x[:, 0].float() + x[:, 64].float()).bfloat16())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
@@ -215,6 +265,13 @@ def test_corrupt_layout_cuda_stays_in_bounds():
     out = ops.slot_linear(x, bad_offsets, bad_entries, 40)
     torch.cuda.synchronize()
     assert out.shape == (3, 40)
+    # banded: 2 bands x 4 chunks x 2 strips, 17 offsets; at 1, 16 and 40 tokens (NT = 1, 2, 4)
+    bad_banded = torch.cat([bad_offsets, bad_offsets.flip(0)[:4]])
+    for n in (1, 16, 40):
+        out = ops.slot_linear(torch.randn(n, 200, dtype=torch.bfloat16, device="cuda"), bad_banded, bad_entries, 40,
+                              banded=True)
+        torch.cuda.synchronize()
+        assert out.shape == (n, 40)
     # the same GPU computes a correct product afterwards
     ok = ops.slot_linear(x, torch.tensor([0, 1] + [1] * 11, dtype=torch.int32, device="cuda"),
                          torch.tensor([0x3F800000], dtype=torch.int32, device="cuda"), 40)
@@ -223,9 +280,11 @@ def test_corrupt_layout_cuda_stays_in_bounds():
     torch.testing.assert_close(ok, expected)
 
 
-def test_from_csr_set_values_and_public_names(device, rng):
+@BANDED
+def test_from_csr_set_values_and_public_names(device, rng, banded):
     a = random_csr(rng, 20, 130, 0.3)
-    w = st.SlotWeight.from_csr(st.from_scipy(a, device=device, dtype=torch.float16))
+    w = st.SlotWeight.from_csr(st.from_scipy(a, device=device, dtype=torch.float16), banded=banded)
+    assert w.banded == banded
     x = randn(rng, 3, 130, dtype=torch.float16, device=device)
     a.data = torch.from_numpy(a.data).half().double().numpy()
     assert_matches(st.slot_linear(x, w), reference(a, x), torch.float16)

@@ -1,8 +1,9 @@
 // slot_linear on the CPU: the reference for the CUDA kernel. Each group's entries are decoded to (row,
 // column) and accumulated in float, one task per strip of 16 rows (at::parallel_for), entries in stored
-// order. The layout is checked as it is read: IndexError (offsets from 0 to nnz and non-decreasing, every
-// position inside the weight, slots distinct within a group: the CUDA kernel's scatter keeps one value per
-// slot).
+// order; plain and banded layouts alike (slot_layout.h: only the group and slot numbering differ). The
+// layout is checked as it is read: IndexError (offsets from 0 to nnz and non-decreasing, every position
+// inside the weight, a banded layout's padding strip included, slots distinct within a group: the CUDA
+// kernel's scatter keeps one value per slot).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -20,13 +21,13 @@ namespace {
 
 at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                            int64_t out_features, const std::optional<at::Tensor>& bias, c10::string_view activation,
-                           double negative_slope) {
-  const SlotProblem p = check_slot_linear_args(x, offsets, entries, out_features, bias);
+                           double negative_slope, bool banded) {
+  const SlotProblem p = check_slot_linear_args(x, offsets, entries, out_features, bias, banded);
   const Activation act = parse_activation(std::string(activation));
   const at::Tensor off_c = offsets.contiguous(), entries_c = entries.contiguous();
   const int32_t* op = off_c.data_ptr<int32_t>();
   const uint32_t* ep = reinterpret_cast<const uint32_t*>(entries_c.data_ptr<int32_t>());
-  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k, n = p.n, groups = p.strips * p.chunks;
+  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k, n = p.n, groups = p.groups;
   TORCH_CHECK_INDEX(op[0] == 0 && op[groups] == nnz, "offsets: expected to run from 0 to ", nnz,
                     " (the number of entries), got ", op[0], " .. ", op[groups]);
   for (int64_t g = 0; g < groups; ++g) {
@@ -35,14 +36,16 @@ at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const
   }
   at::parallel_for(0, groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const int64_t row0 = (g / p.chunks) * kBitmapGroupRows, col0 = (g % p.chunks) * kBitmapGroupCols;
+      int64_t strip = 0, chunk = 0;
+      slot_group_position(g, p.chunks, banded, strip, chunk);
+      const int64_t row0 = strip * kBitmapGroupRows, col0 = chunk * kBitmapGroupCols;
       std::bitset<kBitmapGroupElems> seen;
       for (int64_t j = op[g]; j < op[g + 1]; ++j) {
         const int slot = static_cast<int>(ep[j] & kSlotMask);
         TORCH_CHECK_INDEX((ep[j] & 0xffffu) <= static_cast<uint32_t>(kSlotMask), "entries: entry ", j, " has slot ",
                           ep[j] & 0xffffu, ", expected 0 .. ", kSlotMask);
         int rr = 0, cc = 0;
-        slot_position(slot, rr, cc);
+        slot_position(fragment_slot(slot, banded), rr, cc);
         TORCH_CHECK_INDEX(row0 + rr < m && col0 + cc < k, "entries: entry ", j, " (slot ", slot, " of group ", g,
                           ") is at row ", row0 + rr, ", column ", col0 + cc, ", outside the ", m, " x ", k, " weight");
         TORCH_CHECK_INDEX(!seen[slot], "entries: entry ", j, " repeats slot ", slot, " of group ", g,
@@ -60,10 +63,10 @@ at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const
   at::parallel_for(0, p.strips, 1, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       for (int64_t c = 0; c < p.chunks; ++c) {
-        const int64_t g = s * p.chunks + c;
+        const int64_t g = slot_group(s, c, p.chunks, banded);
         for (int64_t j = op[g]; j < op[g + 1]; ++j) {
           int rr = 0, cc = 0;
-          slot_position(static_cast<int>(ep[j] & kSlotMask), rr, cc);
+          slot_position(fragment_slot(static_cast<int>(ep[j] & kSlotMask), banded), rr, cc);
           const float v = packed_value(ep[j], bf16);
           const float* xc = xp + (c * kBitmapGroupCols + cc) * n;
           float* row = ap + (s * kBitmapGroupRows + rr) * n;

@@ -141,36 +141,41 @@ struct Mma<__half> {
 };
 
 // The epilogue of the tensor-core kernels (this one and cuda/slot_kernel.cuh), whose kWarps warps each hold
-// m16n8 accumulators acc[j] for the 16 rows of strip (blockIdx.y * ws + warp / wk) and the block's 8 * NT
-// tokens from n0, summed over a 1/wk part of the block's chunks: the parts are added in shared memory
-// (`red`, at least kWarps * 8 * NT * kRedStride floats, free for reuse: the caller has synchronized the
-// block) in warp order, and the block writes act(sum + bias) (gridDim.z == 1), or the plain sums into
-// split blockIdx.z of the float workspace `out` (n, m) per split.
-template <typename T, int NT>
-__device__ __forceinline__ void write_block_sums(const float (&acc)[NT][4], float* red, int ws, int wk, int m_total,
-                                                 int n_total, int n0, const uint16_t* bias, Activation act,
-                                                 float slope, void* out) {
+// m16n8 accumulators acc[NT * set + j] for the 16 rows of strip (blockIdx.y * ws + warp / wk) * SETS + set
+// (SETS = 2: the slot kernel's banded layout, a warp on two strips) and the block's 8 * NT tokens from n0,
+// summed over a 1/wk part of the block's chunks: the parts are added in shared memory (`red`, at least
+// kWarps * 8 * NT * SETS * kRedStride floats, free for reuse: the caller has synchronized the block) in warp
+// order, and the block writes act(sum + bias) (gridDim.z == 1), or the plain sums into split blockIdx.z of
+// the float workspace `out` (n, m) per split.
+template <typename T, int NT, int SETS = 1>
+__device__ __forceinline__ void write_block_sums(const float (&acc)[SETS * NT][4], float* red, int ws, int wk,
+                                                 int m_total, int n_total, int n0, const uint16_t* bias,
+                                                 Activation act, float slope, void* out) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // acc[j]: (row g, token 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1).
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+  for (int set = 0; set < SETS; ++set) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = 8 * j + 2 * t + (e & 1), row = g + 8 * (e >> 1);
-      red[(warp * 8 * NT + token) * kRedStride + row] = acc[j][e];
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token = 8 * j + 2 * t + (e & 1), row = g + 8 * (e >> 1);
+        red[((warp * 8 * NT + token) * SETS + set) * kRedStride + row] = acc[NT * set + j][e];
+      }
     }
   }
   __syncthreads();
-  // Thread e of the block writes rows (strip of ss, row) x token, rows fastest: for each token the
-  // block's 16 * ws rows are contiguous in out.
-  const int cells = ws * 16 * 8 * NT;
+  // Thread e of the block writes rows (strip of (ss, set), row) x token, rows fastest: for each token the
+  // block's 16 * SETS * ws rows are contiguous in out.
+  const int cells = ws * SETS * 16 * 8 * NT;
   for (int e = threadIdx.x; e < cells; e += kThreads) {
-    const int row = e & 15, ws_i = (e >> 4) % ws, token = (e >> 4) / ws;
-    const int64_t m = (static_cast<int64_t>(blockIdx.y) * ws + ws_i) * 16 + row;
+    const int row = e & 15, strip_i = (e >> 4) % (ws * SETS), token = (e >> 4) / (ws * SETS);
+    const int ws_i = strip_i / SETS, set = strip_i % SETS;
+    const int64_t m = (static_cast<int64_t>(blockIdx.y) * ws * SETS + strip_i) * 16 + row;
     const int n = n0 + token;
     if (m >= m_total || n >= n_total) continue;
     float z = 0.f;
-    for (int k = 0; k < wk; ++k) z += red[((ws_i * wk + k) * 8 * NT + token) * kRedStride + row];
+    for (int k = 0; k < wk; ++k) z += red[(((ws_i * wk + k) * 8 * NT + token) * SETS + set) * kRedStride + row];
     if (gridDim.z == 1) {
       if (bias != nullptr) z += Mma<T>::to_float(bias[m]);
       reinterpret_cast<uint16_t*>(out)[static_cast<int64_t>(n) * m_total + m] =

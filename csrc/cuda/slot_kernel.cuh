@@ -26,10 +26,22 @@
 //    x fragments fetched a group ahead, and at NT = 8 (more registers than the launch bound leaves).
 // x is read from global memory (L1/L2: small next to W).
 //
+// The banded layout (slot_layout.h; BANDED): a warp's run is a band's two strips over its chunks, one
+// stream in (chunk, strip) order, walked as a stream at every NT (1, 2, 4; more tokens take more column
+// tiles): each chunk's x fragments are loaded once into registers for both groups, into two accumulator
+// sets, and the tile is read back and zeroed by atomic exchanges of its lane-consecutive words. At N <= 16
+// on a weight of many strips x's per-group fragments are a quarter and the tile reset a tenth of the
+// plain kernel's time, bound by L1 wavefronts (measured, H100, 11008 x 4096, 90%, N = 16: 27.8 -> 22.4 us,
+// benchmarks/results/nvidia-h100-80gb-hbm3/slots_l1_diagnosis); with half as many work units it is
+// slower where strips are few, so the layout is chosen per weight (sparsetorch/_slots.py).
+//
 // Bounds: offsets are clamped to [0, nnz] and made non-decreasing as read (the group walk also caps a group
 // at 1024 entries), the slots masked to 0 .. 1023: whatever the layout holds, every access stays in bounds
 // and the work is bounded (a corrupt layout gives a wrong product; two entries of one slot keep one).
 #pragma once
+
+#include <algorithm>
+#include <type_traits>
 
 #include "cuda/bitmap_kernel.cuh"
 #include "common/slot_layout.h"
@@ -48,89 +60,132 @@ constexpr int kMaxGroupEntries = static_cast<int>(kBitmapGroupElems);
 constexpr int kTrip = 128;
 constexpr int kStages = 4;
 constexpr int kRingBytes = kStages * kTrip * 4;
-// How a warp walks its entries, by tokens per warp (8 NT): group by group for NT = 4, as a stream otherwise
-// (measured, H100, bf16, 11008 x 4096 and 4096 x 11008 at 90%: N = 16 stream 30.0 / 27.3 us, group walk
-// 32.6 / 34.6; N = 32 stream 44.7 / 51.8, group walk 39.3 / 39.9; N = 64 stream 75.0 / 52.1, group walk
-// 81.8 / 58.6).
-__host__ __device__ constexpr bool walks_groups(int nt) { return nt == 4; }
-__host__ __device__ constexpr int warp_smem(int nt) { return walks_groups(nt) ? kTileBytes : kRingBytes + kTileBytes; }
-// The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
-__host__ __device__ constexpr int block_smem(int nt) {
-  return kWarps * warp_smem(nt) > kWarps * 8 * nt * bitmap::kRedStride * 4 ? kWarps * warp_smem(nt)
-                                                                           : kWarps * 8 * nt * bitmap::kRedStride * 4;
+// Accumulator sets per warp: two in the banded layout (a band's two strips).
+__host__ __device__ constexpr int sets(bool banded) { return banded ? 2 : 1; }
+// How a warp walks its entries, by tokens per warp (8 NT): group by group for NT = 4 of the plain layout,
+// as a stream otherwise (measured, H100, bf16, 11008 x 4096 and 4096 x 11008 at 90%: N = 16 stream 30.0 /
+// 27.3 us, group walk 32.6 / 34.6; N = 32 stream 44.7 / 51.8, group walk 39.3 / 39.9; N = 64 stream 75.0
+// / 52.1, group walk 81.8 / 58.6). The banded walk is a stream: its two groups per chunk share x.
+__host__ __device__ constexpr bool walks_groups(int nt, bool banded) { return nt == 4 && !banded; }
+__host__ __device__ constexpr int warp_smem(int nt, bool banded) {
+  return walks_groups(nt, banded) ? kTileBytes : kRingBytes + kTileBytes;
 }
+// The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
+__host__ __device__ constexpr int block_smem(int nt, bool banded) {
+  return kWarps * warp_smem(nt, banded) > kWarps * 8 * nt * sets(banded) * bitmap::kRedStride * 4
+             ? kWarps * warp_smem(nt, banded)
+             : kWarps * 8 * nt * sets(banded) * bitmap::kRedStride * 4;
+}
+// Blocks per SM the launch plans its work split for: 3 while a thread's registers fit in 85, 2 where the
+// accumulators and held x fragments need more (NT = 8; NT = 4 banded).
+__host__ __device__ constexpr int blocks_per_sm(int nt, bool banded) { return nt <= 2 || (nt == 4 && !banded) ? 3 : 2; }
+// The kernel's launch bound: the planned blocks, but the banded NT = 1 kernel is held to 64 registers, so
+// that 4 blocks fit on an SM as they do for the plain one (64 registers unbounded): a grid a little past 3
+// per SM then still runs in one wave (measured, H100, 14336 x 4096, 90%, N = 1: 448 blocks at 70 registers
+// took 32.0 us against the plain layout's 26.2).
+__host__ __device__ constexpr int launch_bound(int nt, bool banded) { return banded && nt == 1 ? 4 : blocks_per_sm(nt, banded); }
+// The widest token tile per warp: the banded kernel's two accumulator sets stop at NT = 4.
+__host__ __device__ constexpr int max_nt(bool banded) { return banded ? 4 : 8; }
 
+// TileParams::strips counts bands (ceil(strips / 2)) for the banded layout.
 struct Params : bitmap::TileParams {
-  const int* offsets;       // (strips * chunks + 1)
+  const int* offsets;       // (slot_groups(strips, chunks, banded) + 1)
   const uint32_t* entries;  // (nnz,): value bits << 16 | slot; 16-byte aligned
   int nnz;
 };
 
-template <typename T, int NT>
-__global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(const Params p) {
+template <typename T, int NT, bool BANDED>
+__global__ void __launch_bounds__(kThreads, launch_bound(NT, BANDED)) slot_linear_kernel(const Params p) {
+  static_assert(NT <= max_nt(BANDED), "the banded kernel's token tiles stop at NT = 4");
+  constexpr int kSets = sets(BANDED);
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // run.strip is the warp's band in the banded layout.
   const bitmap::WarpRun run = bitmap::warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
-  const int strip = run.strip, n0 = run.n0, c_begin = run.c_begin, count = run.count;
-  uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * warp_smem(NT));  // stream walk only
-  uint4* tile4 = reinterpret_cast<uint4*>(smem + warp * warp_smem(NT) + (walks_groups(NT) ? 0 : kRingBytes));
+  const int n0 = run.n0, c_begin = run.c_begin, chunks_here = run.count;
+  const int count = kSets * chunks_here;  // the warp's groups, one contiguous run of entries
+  uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * warp_smem(NT, BANDED));  // stream walk only
+  uint4* tile4 =
+      reinterpret_cast<uint4*>(smem + warp * warp_smem(NT, BANDED) + (walks_groups(NT, BANDED) ? 0 : kRingBytes));
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
 #pragma unroll
   for (int r = 0; r < 4; ++r) tile4[lane + 32 * r] = make_uint4(0u, 0u, 0u, 0u);
   __syncwarp();
 
-  const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
+  const int64_t group0 = (static_cast<int64_t>(run.strip) * p.chunks + c_begin) * kSets;
   const int nnz = p.nnz;
 
-  float acc[NT][4];
+  float acc[kSets * NT][4];  // acc[NT * set + j]: token tile j of the band's strip `set`
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int j = 0; j < kSets * NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const bitmap::XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
-  // NT <= 2: the x fragments of one group in registers, fetched a group ahead.
-  constexpr int kHeld = NT <= 2 ? NT : 1;
+  // NT <= 2 and banded: the x fragments of one chunk in registers, fetched a chunk ahead (NT = 4 plain
+  // loads them as it multiplies).
+  constexpr bool kHoldsX = NT <= 2 || BANDED;
+  constexpr int kHeld = kHoldsX ? NT : 1;
   uint4 xq[kHeld][2];
-  int xq_group = -1;
-  auto fetch_x = [&](int gi) {
-    if (NT <= 2) {
-      const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
+  int xq_chunk = -1;
+  auto fetch_x = [&](int ci) {  // ci: the chunk's index in the warp's run
+    if (kHoldsX) {
+      const int col = (c_begin + ci) * static_cast<int>(kBitmapGroupCols);
 #pragma unroll
       for (int jt = 0; jt < kHeld; ++jt) {
         xq[jt][0] = xf.load(jt, col, 0);
         xq[jt][1] = xf.load(jt, col, 1);
       }
-      xq_group = gi;
+      xq_chunk = ci;
     }
   };
-  // Multiplies the tile (group gi, complete) into acc and zeroes it again.
+  // Multiplies the tile (group gi, complete) into its accumulator set and zeroes it again.
   auto multiply = [&](int gi) {
     __syncwarp();  // every lane's values are in the tile
     uint32_t a[4][4];
+    if constexpr (BANDED) {
+      // Lane-consecutive slots: the lane's register r of step s is word 128 s + 32 r + lane, read and
+      // zeroed by one exchange (32 lanes, 32 banks).
+      uint32_t* tile32 = reinterpret_cast<uint32_t*>(tile4);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint4 v = tile4[32 * s + lane];  // a lane reads and zeroes only its own fragments
-      a[s][0] = v.x, a[s][1] = v.y, a[s][2] = v.z, a[s][3] = v.w;
-      tile4[32 * s + lane] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    __syncwarp();  // zeroed before any lane writes the next group's values
-    if (NT <= 2 && xq_group != gi) fetch_x(gi);
-    const int col = (c_begin + gi) * static_cast<int>(kBitmapGroupCols);
+      for (int s = 0; s < 4; ++s) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint4 xv[NT];
+        for (int r = 0; r < 4; ++r) a[s][r] = atomicExch(tile32 + 128 * s + 32 * r + lane, 0u);
+      }
+    } else {
 #pragma unroll
-      for (int jt = 0; jt < NT; ++jt) xv[jt] = NT <= 2 ? xq[NT <= 2 ? jt : 0][h] : xf.load(jt, col, h);
-#pragma unroll
-      for (int s2 = 0; s2 < 2; ++s2) {
-#pragma unroll
-        for (int jt = 0; jt < NT; ++jt) {
-          Mma<T>::run(acc[jt], a[2 * h + s2], s2 ? xv[jt].z : xv[jt].x, s2 ? xv[jt].w : xv[jt].y);
-        }
+      for (int s = 0; s < 4; ++s) {
+        const uint4 v = tile4[32 * s + lane];  // a lane reads and zeroes only its own fragments
+        a[s][0] = v.x, a[s][1] = v.y, a[s][2] = v.z, a[s][3] = v.w;
+        tile4[32 * s + lane] = make_uint4(0u, 0u, 0u, 0u);
       }
     }
-    if (gi + 1 < count) fetch_x(gi + 1);
+    __syncwarp();  // zeroed before any lane writes the next group's values
+    const int ci = gi / kSets, set = gi % kSets;
+    if (kHoldsX && xq_chunk != ci) fetch_x(ci);
+    const int col = (c_begin + ci) * static_cast<int>(kBitmapGroupCols);
+    auto mma_into = [&](auto set_c) {  // the accumulator set as a constant: registers, not local memory
+      constexpr int kAcc = NT * decltype(set_c)::value;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint4 xv[NT];
+#pragma unroll
+        for (int jt = 0; jt < NT; ++jt) xv[jt] = kHoldsX ? xq[kHoldsX ? jt : 0][h] : xf.load(jt, col, h);
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2) {
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt) {
+            Mma<T>::run(acc[kAcc + jt], a[2 * h + s2], s2 ? xv[jt].z : xv[jt].x, s2 ? xv[jt].w : xv[jt].y);
+          }
+        }
+      }
+    };
+    if (kSets == 1 || set == 0) {
+      mma_into(std::integral_constant<int, 0>{});
+    } else {
+      mma_into(std::integral_constant<int, kSets - 1>{});
+    }
+    if (set == kSets - 1 && ci + 1 < chunks_here) fetch_x(ci + 1);
   };
 
-  if constexpr (walks_groups(NT)) {
+  if constexpr (walks_groups(NT, BANDED)) {
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     // Entries pos .. pos + 3 (pos % 4 == 0, 0 <= pos < nnz); those past nnz read as 0.
     auto load_piece = [&](int pos) -> uint4 {
@@ -276,31 +331,33 @@ __global__ void __launch_bounds__(kThreads, NT <= 4 ? 3 : 2) slot_linear_kernel(
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring and tile: they become the reduction buffer
-  bitmap::write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
-                                  p.slope, p.out);
+  bitmap::write_block_sums<T, NT, kSets>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias,
+                                         p.act, p.slope, p.out);
 }
 
-// How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work), for about as
-// many blocks as fit on the GPU at once (registers allow 3 per SM, 2 for NT = 8).
+// How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work over strips, or
+// bands of two strips in the banded layout), for about as many blocks as fit on the GPU at once.
 struct Launch {
   int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
+  int64_t units = 0;  // the kernel's Params::strips: strips, or bands
 };
 
-inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int sms, int64_t smem_per_sm, int64_t smem_reserved,
-                            int64_t smem_per_block) {
+inline Launch choose_launch(int64_t m, int64_t n, int64_t k, bool banded, int sms, int64_t smem_per_sm,
+                            int64_t smem_reserved, int64_t smem_per_block) {
   Launch l;
-  l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
+  l.nt = std::min(n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8, max_nt(banded));
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
-  l.smem = block_smem(l.nt);
+  l.smem = block_smem(l.nt, banded);
   if (l.smem > smem_per_block) {
     l.smem = 0;
     return l;
   }
-  const int64_t by_registers = l.nt <= 4 ? 3 : 2;
-  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_registers, smem_per_sm / (l.smem + smem_reserved)));
-  bitmap::split_work(bitmap_strips(m), bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks,
-                     l.splits, l.chunks_per_split);
+  const int64_t per_sm =
+      std::max<int64_t>(1, std::min<int64_t>(blocks_per_sm(l.nt, banded), smem_per_sm / (l.smem + smem_reserved)));
+  l.units = banded ? (bitmap_strips(m) + 1) / 2 : bitmap_strips(m);
+  bitmap::split_work(l.units, bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits,
+                     l.chunks_per_split);
   return l;
 }
 

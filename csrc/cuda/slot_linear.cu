@@ -1,5 +1,5 @@
-// slot_linear on CUDA: bf16 and fp16 through the tensor-core kernel of cuda/slot_kernel.cuh (the kernel,
-// its design and the launch heuristic are described there). This file prepares the operands: x as a
+// slot_linear on CUDA: bf16 and fp16, plain or banded layout, through the tensor-core kernel of
+// cuda/slot_kernel.cuh (the kernel, its design and the launch heuristic are described there). This file prepares the operands: x as a
 // (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned (copied, zero-padded, only when
 // it is not already), the entries 16-byte aligned, and, when the chunks are split among thread blocks,
 // the fp32 workspace that the split-k kernel sums in split order.
@@ -23,8 +23,8 @@ using slot::Params;
 
 at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                             int64_t out_features, const std::optional<at::Tensor>& bias, c10::string_view activation,
-                            double negative_slope) {
-  const SlotProblem p = check_slot_linear_args(x, offsets, entries, out_features, bias);
+                            double negative_slope, bool banded) {
+  const SlotProblem p = check_slot_linear_args(x, offsets, entries, out_features, bias, banded);
   const Activation act = parse_activation(std::string(activation));
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({p.n, p.m}, x.options());
@@ -38,10 +38,10 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
 
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
-  const Launch l = slot::choose_launch(p.m, p.n, p.k, prop->multiProcessorCount,
+  const Launch l = slot::choose_launch(p.m, p.n, p.k, banded, prop->multiProcessorCount,
                                        static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
                                        static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
-  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "slot_linear: needs mma.sync (sm_80+) and ", slot::block_smem(l.nt),
+  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "slot_linear: needs mma.sync (sm_80+) and ", slot::block_smem(l.nt, banded),
               " bytes of shared memory per block (this GPU: ", smem_per_block, ")");
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536 && l.column_tiles < (int64_t{1} << 31),
                     "slot_linear: at most ", int64_t{65535} * 16 * slot::kWarps, " out_features, got ", p.m);
@@ -53,11 +53,23 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.entries = reinterpret_cast<const uint32_t*>(ent.data_ptr<int32_t>());
   prm.nnz = static_cast<int>(ent.size(0));
   set_tile_params(prm, p, x2, l, out, work, bias_c, act, negative_slope);
+  prm.strips = static_cast<int>(l.units);  // bands in the banded layout
+  auto launch = [&](auto NT, auto banded_c) {
+    constexpr int kNT = decltype(NT)::value;
+    constexpr bool kBanded = decltype(banded_c)::value;
+    if constexpr (kNT <= slot::max_nt(kBanded)) {
+      if (x.scalar_type() == at::kBFloat16) {
+        launch_tiles(slot::slot_linear_kernel<__nv_bfloat16, kNT, kBanded>, l, stream, prm);
+      } else {
+        launch_tiles(slot::slot_linear_kernel<__half, kNT, kBanded>, l, stream, prm);
+      }
+    }
+  };
   with_tokens_per_warp(l.nt, [&](auto NT) {
-    if (x.scalar_type() == at::kBFloat16) {
-      launch_tiles(slot::slot_linear_kernel<__nv_bfloat16, decltype(NT)::value>, l, stream, prm);
+    if (banded) {
+      launch(NT, std::true_type{});
     } else {
-      launch_tiles(slot::slot_linear_kernel<__half, decltype(NT)::value>, l, stream, prm);
+      launch(NT, std::false_type{});
     }
   });
   if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);

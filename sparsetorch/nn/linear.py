@@ -365,7 +365,7 @@ class _Forms:
                 op, args = ops.bitmap_linear.default, (w.bitmaps, w.offsets, w.values, w.shape[0], bias, act, slope)
             elif route == "slots":
                 w = self.slots
-                op, args = ops.slot_linear.default, (w.offsets, w.entries, w.shape[0], bias, act, slope)
+                op, args = ops.slot_linear.default, (w.offsets, w.entries, w.shape[0], bias, act, slope, w.banded)
             else:
                 op, args = ops.csr16_linear.default, (self.csr16.crow, self.csr16.entries, bias, act, slope)
             call = lambda a: F._without_autograd(op, a, *args)  # noqa: E731
