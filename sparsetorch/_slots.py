@@ -30,9 +30,12 @@ from sparsetorch.csr import CSR
 GROUP_ROWS, GROUP_COLS, SLOTS = 16, 64, 1024
 MAX_ENTRIES = 2**31 - 1024  # the kernel's stream positions (up to 128 past the end) stay in int32
 DTYPES = (torch.bfloat16, torch.float16)
-# The banded layout when the weight has at least this many strips per multiprocessor (measured, H100, 90%,
-# N = 1-16: 11008 x 4096 and 14336 x 4096 (5.2 and 6.8 strips per SM) faster banded, 4096 x 11008 and
-# 4096 x 4096 (1.9) slower: benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded).
+# The banded layout when the weight has at least this many strips of 16 rows per multiprocessor: then the
+# bands alone (one per block, 3 blocks per SM planned) fill the GPU without splitting chunks among blocks,
+# whose second pass costs more than x's sharing saves. Measured (H100, 90%, banded / plain time,
+# benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded): 14336 x 4096 (6.8 strips per SM) N = 16: 0.90,
+# 11008 x 4096 (5.2) 0.84, 8192 x 4096 (3.9) 0.83; 6144 x 4096 (2.9) 1.14, 4096 x 4096 and 4096 x 11008
+# (1.9) 1.10-1.28.
 BANDED_MIN_STRIPS_PER_SM = 3
 
 

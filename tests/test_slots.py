@@ -135,6 +135,18 @@ def test_two_streams_and_a_cuda_graph(rng, banded):
         assert torch.equal(static_out, e)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA launch")
+@pytest.mark.parametrize("n", [1, 8])
+def test_banded_grid_past_three_blocks_per_sm(rng, n):
+    """A banded weight whose grid at N <= 8 is between 3 and 4 blocks per SM (one band of 32 rows per
+    block, 2048 columns): the launch takes the banded kernel held to 4 blocks per SM (slot_kernel.cuh)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m = 32 * (3 * sms + 20)
+    a, w = weight(rng, m, 2048, 0.02, torch.bfloat16, "cuda", True)
+    x = randn(rng, n, 2048, dtype=torch.bfloat16, device="cuda")
+    assert_matches(slot_linear(x, w), reference(a, x), torch.bfloat16)
+
+
 @BANDED
 @pytest.mark.parametrize("n", [1, 16, 64])
 def test_llm_shape(device, rng, n, banded):

@@ -31,9 +31,10 @@
 // tiles): each chunk's x fragments are loaded once into registers for both groups, into two accumulator
 // sets, and the tile is read back and zeroed by atomic exchanges of its lane-consecutive words. At N <= 16
 // on a weight of many strips x's per-group fragments are a quarter and the tile reset a tenth of the
-// plain kernel's time, bound by L1 wavefronts (measured, H100, 11008 x 4096, 90%, N = 16: 27.8 -> 22.4 us,
-// benchmarks/results/nvidia-h100-80gb-hbm3/slots_l1_diagnosis); with half as many work units it is
-// slower where strips are few, so the layout is chosen per weight (sparsetorch/_slots.py).
+// plain kernel's time, bound by L1 wavefronts (slots_l1_diagnosis in the results). Measured, H100, 90%
+// (benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded): 11008 x 4096 N = 16 29.3 -> 24.7 us, N = 32 on
+// 8192 x 4096 34.8 -> 23.2; with half as many work units it is slower where strips are few (4096 x 11008
+// N = 16 26.9 -> 29.6), so the layout is chosen per weight (sparsetorch/_slots.py).
 //
 // Bounds: offsets are clamped to [0, nnz] and made non-decreasing as read (the group walk also caps a group
 // at 1024 entries), the slots masked to 0 .. 1023: whatever the layout holds, every access stays in bounds
@@ -79,11 +80,12 @@ __host__ __device__ constexpr int block_smem(int nt, bool banded) {
 // Blocks per SM the launch plans its work split for: 3 while a thread's registers fit in 85, 2 where the
 // accumulators and held x fragments need more (NT = 8; NT = 4 banded).
 __host__ __device__ constexpr int blocks_per_sm(int nt, bool banded) { return nt <= 2 || (nt == 4 && !banded) ? 3 : 2; }
-// The kernel's launch bound: the planned blocks, but the banded NT = 1 kernel is held to 64 registers, so
-// that 4 blocks fit on an SM as they do for the plain one (64 registers unbounded): a grid a little past 3
-// per SM then still runs in one wave (measured, H100, 14336 x 4096, 90%, N = 1: 448 blocks at 70 registers
-// took 32.0 us against the plain layout's 26.2).
-__host__ __device__ constexpr int launch_bound(int nt, bool banded) { return banded && nt == 1 ? 4 : blocks_per_sm(nt, banded); }
+// The kernel's launch bound (MIN_BLOCKS) is the planned blocks per SM, except one case: the banded NT = 1
+// kernel (70 registers: 3 blocks per SM) held to 64 registers fits 4 per SM, as the plain one does
+// unbounded, so a grid of more than 3 and at most 4 blocks per SM runs in one wave. Only then: the bound
+// costs 4-9% where the grid fits anyway (measured, H100, 90%, N = 1: 14336 x 4096, 448 blocks, 32.0 us
+// unbounded, 26.7 held, plain 26.3; 11008 x 4096, 344 blocks, 21.1 unbounded, 23.0 held, plain 25.2).
+constexpr int kHeldBlocks = 4;
 // The widest token tile per warp: the banded kernel's two accumulator sets stop at NT = 4.
 __host__ __device__ constexpr int max_nt(bool banded) { return banded ? 4 : 8; }
 
@@ -94,8 +96,8 @@ struct Params : bitmap::TileParams {
   int nnz;
 };
 
-template <typename T, int NT, bool BANDED>
-__global__ void __launch_bounds__(kThreads, launch_bound(NT, BANDED)) slot_linear_kernel(const Params p) {
+template <typename T, int NT, bool BANDED, int MIN_BLOCKS = blocks_per_sm(NT, BANDED)>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) slot_linear_kernel(const Params p) {
   static_assert(NT <= max_nt(BANDED), "the banded kernel's token tiles stop at NT = 4");
   constexpr int kSets = sets(BANDED);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -340,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, launch_bound(NT, BANDED)) slot_linea
 struct Launch {
   int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
-  int64_t units = 0;  // the kernel's Params::strips: strips, or bands
+  int64_t units = 0;      // the kernel's Params::strips: strips, or bands
+  bool held = false;      // run the banded NT = 1 kernel held to kHeldBlocks per SM (above)
 };
 
 inline Launch choose_launch(int64_t m, int64_t n, int64_t k, bool banded, int sms, int64_t smem_per_sm,
@@ -358,6 +361,9 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, bool banded, int sm
   l.units = banded ? (bitmap_strips(m) + 1) / 2 : bitmap_strips(m);
   bitmap::split_work(l.units, bitmap_chunks(k), l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits,
                      l.chunks_per_split);
+  const int64_t blocks = l.column_tiles * l.row_blocks * l.splits;
+  l.held = banded && l.nt == 1 && blocks > per_sm * sms && blocks <= kHeldBlocks * sms &&
+           kHeldBlocks * (l.smem + smem_reserved) <= smem_per_sm;
   return l;
 }
 

@@ -54,22 +54,31 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.nnz = static_cast<int>(ent.size(0));
   set_tile_params(prm, p, x2, l, out, work, bias_c, act, negative_slope);
   prm.strips = static_cast<int>(l.units);  // bands in the banded layout
-  auto launch = [&](auto NT, auto banded_c) {
-    constexpr int kNT = decltype(NT)::value;
+  // The kernel for tile width NT, layout variant and launch bound (slot_kernel.cuh's kHeldBlocks).
+  auto launch = [&](auto NT, auto banded_c, auto min_blocks_c) {
+    constexpr int kNT = decltype(NT)::value, kMinBlocks = decltype(min_blocks_c)::value;
     constexpr bool kBanded = decltype(banded_c)::value;
     if constexpr (kNT <= slot::max_nt(kBanded)) {
       if (x.scalar_type() == at::kBFloat16) {
-        launch_tiles(slot::slot_linear_kernel<__nv_bfloat16, kNT, kBanded>, l, stream, prm);
+        launch_tiles(slot::slot_linear_kernel<__nv_bfloat16, kNT, kBanded, kMinBlocks>, l, stream, prm);
       } else {
-        launch_tiles(slot::slot_linear_kernel<__half, kNT, kBanded>, l, stream, prm);
+        launch_tiles(slot::slot_linear_kernel<__half, kNT, kBanded, kMinBlocks>, l, stream, prm);
       }
     }
   };
   with_tokens_per_warp(l.nt, [&](auto NT) {
-    if (banded) {
-      launch(NT, std::true_type{});
+    constexpr int kNT = decltype(NT)::value;
+    using Planned = std::integral_constant<int, slot::blocks_per_sm(kNT, true)>;
+    if (!banded) {
+      launch(NT, std::false_type{}, std::integral_constant<int, slot::blocks_per_sm(kNT, false)>{});
+    } else if constexpr (kNT == 1) {
+      if (l.held) {
+        launch(NT, std::true_type{}, std::integral_constant<int, slot::kHeldBlocks>{});
+      } else {
+        launch(NT, std::true_type{}, Planned{});
+      }
     } else {
-      launch(NT, std::false_type{});
+      launch(NT, std::true_type{}, Planned{});
     }
   });
   if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);
