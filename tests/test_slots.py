@@ -148,6 +148,26 @@ def test_banded_grid_past_three_blocks_per_sm(rng, n):
 
 
 @BANDED
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA launch grid")
+def test_too_many_rows_for_the_grid_raises(banded):
+    """More strips (bands) than 65535 blocks of 8 hold: a ValueError naming out_features, not a failed launch;
+    the banded layout holds twice as many rows."""
+    rows_ok = (32 if banded else 16) * 8 * 65535  # 65535 row blocks of 8 strips (bands)
+
+    def groups(m):
+        strips = -(-m // 16)
+        return 2 * -(-strips // 2) if banded else strips
+
+    offsets = torch.zeros(groups(rows_ok + 16) + 1, dtype=torch.int32, device="cuda")
+    entries = torch.zeros(0, dtype=torch.int32, device="cuda")
+    x = torch.ones(1, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="out_features = .* row blocks"):
+        ops.slot_linear(x, offsets, entries, rows_ok + 16, banded=banded)
+    out = ops.slot_linear(x, offsets[:groups(rows_ok) + 1], entries, rows_ok, banded=banded)
+    assert out.shape == (1, rows_ok) and not out.any()
+
+
+@BANDED
 @pytest.mark.parametrize("n", [1, 16, 64])
 def test_llm_shape(device, rng, n, banded):
     """A pruned 11008 x 4096 layer at 90% sparsity (the shape the kernel is tuned on) and its transpose's

@@ -1,8 +1,8 @@
 // slot_linear on CUDA: bf16 and fp16, plain or banded layout, through the tensor-core kernel of
-// cuda/slot_kernel.cuh (the kernel, its design and the launch heuristic are described there). This file prepares the operands: x as a
-// (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned (copied, zero-padded, only when
-// it is not already), the entries 16-byte aligned, and, when the chunks are split among thread blocks,
-// the fp32 workspace that the split-k kernel sums in split order.
+// cuda/slot_kernel.cuh (the kernel, its design and the launch heuristic are described there). This file
+// prepares the operands: x as a (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned
+// (copied, zero-padded, only when it is not already), the entries 16-byte aligned, and, when the chunks are
+// split among thread blocks, the fp32 workspace that the split-k kernel sums in split order.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -44,7 +44,8 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   TORCH_CHECK(prop->major >= 8 && l.smem > 0, "slot_linear: needs mma.sync (sm_80+) and ", slot::block_smem(l.nt, banded),
               " bytes of shared memory per block (this GPU: ", smem_per_block, ")");
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536 && l.column_tiles < (int64_t{1} << 31),
-                    "slot_linear: at most ", int64_t{65535} * 16 * slot::kWarps, " out_features, got ", p.m);
+                    "slot_linear: out_features = ", p.m, " (in_features = ", p.k, ") needs ", l.row_blocks,
+                    " row blocks in the launch grid, at most 65535 are possible");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const at::Tensor work = l.splits > 1 ? at::empty({l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
 
