@@ -22,10 +22,10 @@ struct SlotProblem {
 };
 
 // O(1) checks, ValueError / TypeError naming the argument: x bfloat16 or float16, offsets int32 of
-// slot_groups(ceil(out_features / 16), ceil(in_features / 64), banded) + 1 entries, entries int32 1-D, both on x's device, bias
-// (out_features,) of x's dtype. The contents are not read here: the CPU kernel checks them as it reads
-// (IndexError), the CUDA kernel clamps what it reads (a bad layout gives a wrong product there, never a
-// fault); sparsetorch.SlotWeight builds layouts from validated CSR matrices only.
+// slot_groups(ceil(out_features / 16), ceil(in_features / 64), banded) + 1 entries, entries int32 1-D, both
+// on x's device, bias (out_features,) of x's dtype. The contents are not read here: the CPU kernel checks
+// them as it reads (IndexError), the CUDA kernel clamps what it reads (a bad layout gives a wrong product
+// there, never a fault); sparsetorch.SlotWeight builds layouts from validated CSR matrices only.
 SlotProblem check_slot_linear_args(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                                    int64_t out_features, const std::optional<at::Tensor>& bias, bool banded);
 
