@@ -25,6 +25,16 @@ def write_results(out_dir, name: str, meta: dict, results: list, results_key: st
         json.dump({"meta": meta, results_key: results, **extra}, f, indent=1)
 
 
+def write_table(out_dir, name: str, lines: list) -> None:
+    """The markdown table `lines` printed, and written as out_dir/name when out_dir is set."""
+    table = "\n".join(lines)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(table + "\n")
+    print(table)
+
+
 def measure_ceilings(bench, dtypes) -> tuple:
     """(copy bandwidth in bytes/s, {dtype: dense GEMM flop/s}) with the script's timer `bench` (seconds
     per call): a 256 MB clone and an 8192^3 matmul per dtype, TF32 as the caller set it."""

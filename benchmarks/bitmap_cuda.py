@@ -22,7 +22,7 @@ import triton.testing
 
 import sparsetorch as st
 from sparsetorch.bench.timing import call_seconds
-from _results import ceiling_meta, measure_ceilings, write_results
+from _results import ceiling_meta, measure_ceilings, write_results, write_table
 
 
 def bench_dirty(fn):
@@ -126,11 +126,7 @@ def main():
                      f"{r['dense_us']:.1f} | {r['speedup']:.2f}x | {r['bitmap_clean_us']:.1f} | {r['dense_clean_us']:.1f} | "
                      f"{r['speedup_clean']:.2f}x | {r['floor_us']:.1f} | {r['floor_fraction']:.0%} | {paths} | "
                      f"{r['rel_err']:.1e} |")
-    table = "\n".join(lines)
-    if args.out:
-        with open(os.path.join(args.out, "bitmap_cuda.md"), "w") as f:
-            f.write(table + "\n")
-    print(table)
+    write_table(args.out, "bitmap_cuda.md", lines)
 
 
 if __name__ == "__main__":

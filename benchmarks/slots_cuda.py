@@ -10,14 +10,13 @@ measured in this run; bytes = the form's weight as stored + x + y.
     python benchmarks/slots_cuda.py --out benchmarks/results/nvidia-h100-80gb-hbm3/slots
 """
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
 import sparsetorch as st
-from _results import ceiling_meta, measure_ceilings, write_results
+from _results import ceiling_meta, measure_ceilings, write_results, write_table
 
 
 def bench(fn):
@@ -90,11 +89,7 @@ def main():
         lines.append(f"| {r['shape']} | {r['sparsity']:.0%} | {r['n']} | {d:.1f} | {r['slots_us']:.1f} | "
                      f"**{d / r['slots_us']:.2f}x** | {r['slots_floor_us']:.1f} | {r['bitmap_us']:.1f} | "
                      f"{d / r['bitmap_us']:.2f}x | {c16} |")
-    table = "\n".join(lines)
-    if args.out:
-        with open(os.path.join(args.out, "slots_cuda.md"), "w") as f:
-            f.write(table + "\n")
-    print(table)
+    write_table(args.out, "slots_cuda.md", lines)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ in this run; bytes = offsets + entries + x + y.
     python benchmarks/slots_layouts_cuda.py --out benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded
 """
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from _results import ceiling_meta, measure_ceilings, write_results
+from _results import ceiling_meta, measure_ceilings, write_results, write_table
 from slots_cuda import bench, pruned
 
 SHAPES = [(14336, 4096), (11008, 4096), (8192, 4096), (6144, 4096), (4096, 4096), (4096, 11008), (4096, 14336)]
@@ -76,11 +75,7 @@ def main():
                      f"{r['plain_us']:.1f} | {d / r['plain_us']:.2f}x | {r['banded_us']:.1f} | "
                      f"{d / r['banded_us']:.2f}x | {r['banded_floor_us']:.1f} | {r['banded_us'] / r['plain_us']:.3f} | "
                      f"{r['default']} |")
-    table = "\n".join(lines)
-    if args.out:
-        with open(os.path.join(args.out, "slots_layouts_cuda.md"), "w") as f:
-            f.write(table + "\n")
-    print(table)
+    write_table(args.out, "slots_layouts_cuda.md", lines)
 
 
 if __name__ == "__main__":
