@@ -7,7 +7,8 @@ import torch
 
 import sparsetorch as st
 from sparsetorch._ops import ops
-from sparsetorch._slots import BANDED_MIN_STRIPS_PER_SM, SlotWeight, applies, prefers_banded, slot_linear, slot_of
+from sparsetorch._slots import (BANDED_MIN_STRIPS_PER_SM, SlotWeight, applies, num_groups, prefers_banded, slot_linear,
+                                slot_of)
 from _helpers import assert_matches, linear_reference, packed_weight, random_csr, randn
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
@@ -153,11 +154,7 @@ def test_too_many_rows_for_the_grid_raises(banded):
     """More strips (bands) than 65535 blocks of 8 hold: a ValueError naming out_features, not a failed launch;
     the banded layout holds twice as many rows."""
     rows_ok = (32 if banded else 16) * 8 * 65535  # 65535 row blocks of 8 strips (bands)
-
-    def groups(m):
-        strips = -(-m // 16)
-        return 2 * -(-strips // 2) if banded else strips
-
+    groups = lambda m: num_groups((m, 64), banded)  # noqa: E731
     offsets = torch.zeros(groups(rows_ok + 16) + 1, dtype=torch.int32, device="cuda")
     entries = torch.zeros(0, dtype=torch.int32, device="cuda")
     x = torch.ones(1, 64, dtype=torch.bfloat16, device="cuda")
