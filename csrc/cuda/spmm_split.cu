@@ -12,11 +12,14 @@
 // (deterministic, no atomics: the same bits on every run), writes the empty rows, and applies the
 // epilogue to both. Every other row is finished and written by its unit, epilogue fused.
 //
-// No preprocessing: a unit finds the row of its first entry by a GROUP-ary search over crow
-// (log_{GROUP+1}(m) rounds of one load per lane; the first rounds probe the same places for every
-// unit and hit L1), and of its last from a window of GROUP row pointers held one per lane, which
-// it then walks row by row: a row change is a shuffle, a new window one coalesced load per
-// GROUP - 1 rows. Within a row a group keeps kInFlight B rows in flight (GatheredRows).
+// Three launches. A plan kernel finds where each unit starts (one 33-ary search over crow per unit,
+// by a warp) and the row holding that entry. The main kernel's group loads a window of GROUP row
+// pointers there, one per lane, and streams the unit's entries across its rows: kPerLane entries
+// per lane per chunk (one aligned load each for columns and values), the next chunk loaded while
+// this one's B rows are gathered kInFlight at a time; a row change is a flush and a shuffle, a new
+// window one coalesced load per GROUP - 1 rows. The fix-up kernel then finishes cut and empty rows.
+// A version that searched inside the main kernel and walked row by row, loading a row's (column,
+// value) pairs after the previous row's gathers, was 1.2-1.6x slower at n <= 64 on the H100.
 //
 // Lanes and vectors as in the row-group kernel: a group of GROUP lanes covers GROUP * VEC columns
 // (16-byte loads when aligned), the fewest lanes covering B's width; wider B is cut into column
@@ -47,6 +50,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kInFlight = 4;      // B rows loaded before their FMAs, per group
+constexpr int kPerLane = 4;       // entries each lane loads per chunk (a chunk is GROUP * kPerLane entries)
 constexpr int kFixupLanes = 32;   // the fix-up kernel's group size (any works: slots are per column)
 constexpr int kSmallPieces = 16;  // cut rows of up to this many pieces are summed by one group, longer by a block
 
@@ -56,6 +60,50 @@ struct SplitArgs {
   int64_t units;  // units per batch: ceil(L / E)
   int64_t tiles;  // column tiles of GROUP * VEC columns
   acc_t* partial; // (batch, units, 2, n): sums of the pieces of cut rows
+  const int64_t* plan;  // (batch, units + 1, 2): each unit's first entry and its row
+  bool quads_aligned;  // every batch's col and values start on a kPerLane-entry boundary
+};
+
+// kPerLane consecutive entries (columns and values) of one lane, loaded as one aligned access each
+// where they are all readable and the arrays allow it, else one by one (column -1 where unreadable).
+template <typename scalar_t, typename index_t>
+struct LaneEntries {
+  using acc_t = at::opmath_type<scalar_t>;
+  struct alignas(kPerLane * sizeof(index_t)) Columns {
+    index_t v[kPerLane];
+  };
+  struct alignas(kPerLane * sizeof(scalar_t)) Values {
+    scalar_t v[kPerLane];
+  };
+  Columns col;
+  Values val;
+  // Entries e .. e + kPerLane - 1 of col and val, of which the first `avail` may be read.
+  __device__ __forceinline__ void load(const index_t* cols, const scalar_t* vals, int e, int avail, bool aligned) {
+    if (aligned && e + kPerLane <= avail) {
+      col = *reinterpret_cast<const Columns*>(cols + e);
+      val = *reinterpret_cast<const Values*>(vals + e);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const bool in = e + i < avail;
+        col.v[i] = in ? cols[e + i] : index_t(-1);
+        val.v[i] = in ? vals[e + i] : scalar_t(0);
+      }
+    }
+  }
+  // Entry i (0 .. kPerLane-1; a runtime index, so selects rather than an indexed local array).
+  __device__ __forceinline__ index_t column(int i) const {
+    index_t c = col.v[0];
+#pragma unroll
+    for (int j = 1; j < kPerLane; ++j) c = i == j ? col.v[j] : c;
+    return c;
+  }
+  __device__ __forceinline__ acc_t value(int i) const {
+    scalar_t x = val.v[0];
+#pragma unroll
+    for (int j = 1; j < kPerLane; ++j) x = i == j ? val.v[j] : x;
+    return static_cast<acc_t>(x);
+  }
 };
 
 __device__ __forceinline__ int64_t clamp_entry(int64_t v, int64_t lo, int64_t hi) { return min(max(v, lo), hi); }
@@ -94,13 +142,47 @@ struct RowWindow {
   __device__ __forceinline__ int64_t at(int i, unsigned mask) const { return __shfl_sync(mask, v, i, GROUP); }
 };
 
-// At least 3 blocks of 256 per SM (<= 85 registers): bf16 took 94-110 registers, 2 blocks.
-template <typename scalar_t, typename index_t, int VEC, int GROUP>
-__global__ void __launch_bounds__(kThreads, 3)
+// The plan: where each unit starts, once per call before the main kernel (one 33-ary search per
+// unit by a warp, so the main kernel's groups begin gathering at once). For unit u of batch b
+// (u = units: the end), plan[2 * (b * (units + 1) + u)] is its first entry (the nominal e_lo + u * E,
+// moved back to the start of its row when that row is short) and [+ 1] the row holding it. Units
+// past the batch's entries start at its end. Every value lies in [0, L] and [0, m).
+template <typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    spmm_split_plan_kernel(const index_t* crow, int64_t crow_bstride, int64_t m, int64_t L, int64_t batch,
+                           int64_t unit, int64_t units, int64_t* plan) {
+  constexpr int GROUP = 32;
+  const int lane = threadIdx.x % GROUP;
+  const int64_t items = batch * (units + 1);
+  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / GROUP; item < items;
+       item += static_cast<int64_t>(gridDim.x) * (kThreads / GROUP)) {
+    const int64_t b = item / (units + 1), u = item - b * (units + 1);
+    const index_t* crow_b = crow + b * crow_bstride;
+    const int64_t e_lo = clamp_entry(static_cast<int64_t>(crow_b[0]), 0, L);
+    const int64_t e_hi = clamp_entry(static_cast<int64_t>(crow_b[m]), e_lo, L);
+    const int64_t nominal = e_lo + u * unit;
+    int64_t start = e_hi, row = m - 1;
+    if (nominal < e_hi) {
+      row = row_containing<GROUP>(crow_b, 0, m, nominal, lane, 0xffffffffu);
+      const auto [rs, re] = clamped_row_span(crow_b, row, L);
+      start = re - rs <= unit ? rs : nominal;
+    }
+    if (lane == 0) {
+      plan[2 * item] = start;
+      plan[2 * item + 1] = row;
+    }
+  }
+}
+
+// PLAIN: out = A @ B (no scale, accumulate, bias or activation): the small store lets 4 blocks of 256
+// fit per SM (64 registers); the general epilogue takes 80 (3 blocks).
+template <typename scalar_t, typename index_t, int VEC, int GROUP, bool PLAIN>
+__global__ void __launch_bounds__(kThreads, PLAIN ? 4 : 3)
     spmm_split_kernel(const NativeArgs<scalar_t, index_t> a, const SplitArgs<at::opmath_type<scalar_t>> s) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kGroups = kThreads / GROUP;
   constexpr int kWidth = GROUP * VEC;
+  constexpr int kChunk = GROUP * kPerLane;
   const int lane = threadIdx.x % GROUP;
   const unsigned mask = group_lane_mask<GROUP>();
   const int64_t per_batch = s.tiles * s.units;
@@ -112,77 +194,126 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int64_t b = item / per_batch, rest = item - b * per_batch;
     const int64_t tile = rest / s.units, u = rest - tile * s.units;
     const index_t* crow_b = a.crow + b * a.crow_bstride;
-    const int64_t e_lo = clamp_entry(static_cast<int64_t>(crow_b[0]), 0, a.L);
-    const int64_t e_hi = clamp_entry(static_cast<int64_t>(crow_b[a.m]), e_lo, a.L);
-    const int64_t nom0 = e_lo + u * s.unit, nom1 = nom0 + s.unit;
-    if (nom0 >= e_hi) continue;  // past this batch's entries
-
-    // [start, stop): the unit's entries, boundaries moved back to the start of short rows.
+    // [start, stop): the unit's entries, from the plan (spmm_split_plan_kernel); row holds start.
+    const int64_t* bounds = s.plan + 2 * (b * (s.units + 1) + u);
+    const int64_t start = bounds[0], row = bounds[1], stop = bounds[2];
+    if (start >= stop) continue;  // past the batch's entries, or a malformed crow
     RowWindow<GROUP, index_t> win;
-    win.load(crow_b, row_containing<GROUP>(crow_b, 0, a.m, nom0, lane, mask), a.m, a.L, lane);
-    int64_t row = win.base, row_start = win.at(0, mask), row_end = win.at(1, mask);
-    const int64_t start = row_end - row_start <= s.unit ? row_start : nom0;
-    int64_t stop = e_hi;
-    if (nom1 < e_hi) {
-      int64_t rs, re;  // the row holding entry nom1
-      if (win.at(GROUP - 1, mask) > nom1) {
-        const int c = min(max(__popc(__ballot_sync(mask, win.v <= nom1) & mask), 1), GROUP - 1);
-        rs = win.at(c - 1, mask);
-        re = win.at(c, mask);
-      } else {
-        const int64_t r = row_containing<GROUP>(crow_b, min(win.base + GROUP - 1, a.m - 1), a.m, nom1, lane, mask);
-        rs = clamp_entry(static_cast<int64_t>(crow_b[r]), 0, a.L);
-        re = clamp_entry(static_cast<int64_t>(crow_b[r + 1]), rs, a.L);
-      }
-      stop = re - rs <= s.unit ? rs : nom1;
-    }
-    if (start >= stop) continue;  // only on a malformed crow
+    win.load(crow_b, row, a.m, a.L, lane);
+    const int64_t row_start = win.at(0, mask), row_end = win.at(1, mask);
 
     const index_t* col_b = a.col + b * a.col_bstride;
     const scalar_t* val_b = a.values + b * a.val_bstride;
     const scalar_t* dense_b = a.dense + b * a.dense_bstride;
     const int64_t c0 = tile * kWidth + lane * VEC;
     const bool active = c0 < a.n;
-    // Row by row: the row's entries in [start, stop) as in the row-group kernel (GROUP entries per
-    // chunk, kInFlight B rows in flight), then its one store. A first version walked the unit's
-    // entries as one stream with the store (epilogue) inside the kInFlight-unrolled loop, at <= 2
-    // blocks per SM in bf16: on the H100 bf16 was 2.0-2.5x slower than now on the power-law
-    // graphs, fp32 at n = 32 up to 1.27x faster (power-law 1M); how much of that is the loop
-    // structure and how much the occupancy was not separated
-    // (benchmarks/results/h100/spmm_skew_cuda_v1.txt and spmm_skew_cuda.txt).
-    while (true) {
-      acc_t acc[VEC];
+    // The walk works in 32-bit offsets from first_chunk (a unit spans fewer than 2E + kPerLane
+    // entries). Row pointers become offsets clamped to [-1, p_stop + 1]: whether a row began before
+    // the unit (< p_start) or ends after it (> p_stop) is all the walk needs to know of them.
+    const int64_t first_chunk = start & ~int64_t(kPerLane - 1);
+    const index_t* col_u = col_b + first_chunk;
+    const scalar_t* val_u = val_b + first_chunk;
+    const int p_start = static_cast<int>(start - first_chunk), p_stop = static_cast<int>(stop - first_chunk);
+    const int p_avail = static_cast<int>(min(a.L - first_chunk, static_cast<int64_t>(p_stop) + kChunk));
+    auto offset = [&](int64_t ptr) {
+      return static_cast<int>(min(max(ptr - first_chunk, int64_t(-1)), static_cast<int64_t>(p_stop) + 1));
+    };
+    int64_t wbase = win.base;  // the window holds the offsets of row pointers wbase .. wbase + GROUP - 1
+    int wv = offset(win.v), r = 0;  // the current row is wbase + r
+    int rs = offset(row_start), re = offset(row_end);
+
+    acc_t acc[VEC];
 #pragma unroll
-      for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
-      const int64_t seg_stop = min(row_end, stop);
-      for (int64_t chunk = max(row_start, start); chunk < seg_stop; chunk += GROUP) {
-        const EntryChunk<GROUP, scalar_t, index_t> entries(col_b, val_b, chunk, seg_stop, lane);
-        for (int t = 0; t < entries.count; t += kInFlight) {
-          GatheredRows<scalar_t, VEC, kInFlight> g;
-          g.template load<GROUP>(a, dense_b, mask, entries.col, entries.val, t, entries.count, c0, active);
+    for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
+    // A whole row goes out through the epilogue, a piece of a cut row to its slot; empty rows are
+    // the fix-up kernel's.
+    auto flush = [&] {
+      if (active && rs < re) {
+        if (rs >= p_start && re <= p_stop) {
+          const int64_t at = (b * a.m + wbase + r) * a.n + c0;
+          if constexpr (PLAIN) {
+            Packed<scalar_t, VEC> res;
 #pragma unroll
-          for (int j = 0; j < kInFlight; ++j) g.fma(j, acc);  // entries past count add zero
-        }
-      }
-      // A whole row goes out through the epilogue, a piece of a cut row to its slot; empty rows are
-      // the fix-up kernel's.
-      if (active && row_start < row_end) {
-        if (row_start >= start && row_end <= stop) {
-          store_outputs<scalar_t, index_t, VEC>(a, (b * a.m + row) * a.n + c0, c0, acc);
+            for (int q = 0; q < VEC; ++q) res.set(q, acc[q]);
+            res.store(a.out + at);
+          } else {
+            store_outputs<scalar_t, index_t, VEC>(a, at, c0, acc);
+          }
         } else {
-          const int slot = row_start < start ? 0 : 1;
+          const int slot = rs < p_start ? 0 : 1;
           Vec<acc_t, VEC> piece;
 #pragma unroll
           for (int q = 0; q < VEC; ++q) piece.v[q] = acc[q];
           *reinterpret_cast<Vec<acc_t, VEC>*>(s.partial + ((b * s.units + u) * 2 + slot) * a.n + c0) = piece;
         }
       }
-      if (row_end >= stop || row + 1 >= a.m) break;
-      ++row;
-      if (row + 1 - win.base >= GROUP) win.load(crow_b, row, a.m, a.L, lane);
-      row_start = row_end;
-      row_end = win.at(static_cast<int>(row + 1 - win.base), mask);
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
+    };
+    // The unit's entries as one stream across its rows, in chunks of kChunk (kPerLane per lane, one
+    // aligned load each for columns and values), the next chunk loaded while this one's B rows are
+    // gathered, kInFlight at a time. A row change inside the stream is a flush and a shuffle of the
+    // row window. On the H100 this was 1.6-3x faster than walking row by row with a (column, value)
+    // load per row after the row's gathers (benchmarks/NOTES.md, "Entry-split SpMM, streamed").
+    LaneEntries<scalar_t, index_t> next;
+    next.load(col_u, val_u, kPerLane * lane, p_avail, s.quads_aligned);
+    bool walking = true;  // false once a malformed crow leaves entries after the last row
+    for (int p0 = 0; p0 < p_stop && walking; p0 += kChunk) {
+      const LaneEntries<scalar_t, index_t> cur = next;
+      if (p0 + kChunk < p_stop) next.load(col_u, val_u, p0 + kChunk + kPerLane * lane, p_avail, s.quads_aligned);
+      const int lo_chunk = max(p_start - p0, 0), hi_chunk = min(kChunk, p_stop - p0);
+#pragma unroll 1
+      for (int j0 = lo_chunk & ~(kInFlight - 1); j0 < hi_chunk && walking; j0 += kInFlight) {
+        Packed<scalar_t, VEC> rows[kInFlight];  // half types stay packed in pairs until their FMAs
+        acc_t v[kInFlight];
+#pragma unroll
+        for (int j = 0; j < kInFlight; ++j) {
+          const int e = j0 + j;
+          const int64_t c = __shfl_sync(mask, cur.column(e % kPerLane), e / kPerLane, GROUP);
+          if (e >= lo_chunk && e < hi_chunk && active && c >= 0 && c < a.k) {
+            rows[j].load(dense_b + c * a.ldb + c0);
+          } else {
+            rows[j] = Packed<scalar_t, VEC>{};
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kInFlight; ++j) {
+          const int e = j0 + j;
+          v[j] = __shfl_sync(mask, cur.value(e % kPerLane), e / kPerLane, GROUP);
+        }
+        // The batch's entries [lo, hi) in runs of one row each; a row change between runs is the one
+        // flush in the loop (inlined once: the epilogue is large).
+        int lo = max(j0, lo_chunk) - j0;
+        const int hi = min(j0 + kInFlight, hi_chunk) - j0;
+        while (lo < hi) {
+          while (p0 + j0 + lo >= re) {
+            flush();
+            if (wbase + r + 1 >= a.m) {
+              walking = false;
+              break;
+            }
+            if (++r + 1 >= GROUP) {
+              wbase += r;
+              r = 0;
+              wv = offset(clamp_entry(static_cast<int64_t>(crow_b[min(wbase + lane, a.m)]), 0, a.L));
+            }
+            rs = re;
+            re = __shfl_sync(mask, wv, r + 1, GROUP);
+          }
+          if (!walking) break;
+          const int run_end = min(hi, re - p0 - j0);
+#pragma unroll
+          for (int j = 0; j < kInFlight; ++j) {
+            if (j >= lo && j < run_end) {
+#pragma unroll
+              for (int q = 0; q < VEC; ++q) acc[q] += v[j] * rows[j].get(q);
+            }
+          }
+          lo = run_end;
+        }
+      }
     }
+    if (walking) flush();
   }
 }
 
@@ -346,13 +477,28 @@ void launch(const NativeArgs<scalar_t, index_t>& args, const at::Tensor& out) {
   const int64_t units = ceil_div(args.L, unit);
   const at::Tensor partial =
       at::empty({batch * units * 2 * args.n}, out.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
-  const SplitArgs<acc_t> s{unit, units, ceil_div(args.n, GROUP * VEC), partial.data_ptr<acc_t>()};
+  const bool quads_aligned = is_aligned(args.col, kPerLane * sizeof(index_t)) &&
+                             is_aligned(args.values, kPerLane * sizeof(scalar_t)) &&
+                             args.col_bstride % kPerLane == 0 && args.val_bstride % kPerLane == 0;
+  const at::Tensor plan = at::empty({batch * (units + 1) * 2}, out.options().dtype(at::kLong));
+  const SplitArgs<acc_t> s{unit, units, ceil_div(args.n, GROUP * VEC), partial.data_ptr<acc_t>(),
+                           plan.data_ptr<int64_t>(), quads_aligned};
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t plan_blocks = std::min(ceil_div(batch * (units + 1), kThreads / 32), sms * 64);
+  spmm_split_plan_kernel<index_t><<<static_cast<unsigned>(plan_blocks), kThreads, 0, stream>>>(
+      args.crow, args.crow_bstride, args.m, args.L, batch, unit, units, plan.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int64_t items = batch * s.tiles * units;
   if (items > 0) {
     const int64_t blocks = std::min(ceil_div(items, kThreads / GROUP), sms * 64);
-    spmm_split_kernel<scalar_t, index_t, VEC, GROUP><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, s);
+    const bool plain = args.alpha == 1.0 && (args.beta == 0.0 || !args.accumulate) && !args.bias &&
+                       args.act == Activation::None;
+    if (plain) {
+      spmm_split_kernel<scalar_t, index_t, VEC, GROUP, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, s);
+    } else {
+      spmm_split_kernel<scalar_t, index_t, VEC, GROUP, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, s);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int64_t fix_blocks = std::min(ceil_div(args.rows, kThreads), sms * 32);

@@ -1,0 +1,86 @@
+"""The entry-split route (backend="split", csrc/cuda/spmm_split.cu) on power-law graphs (3 exponents,
+100k and 1M nodes, mean degree 20) and a uniform 100k graph, n = 32..256, float32 and bfloat16, int32
+indices: its default unit size and forced ones (SPARSETORCH_SPLIT_UNIT = 128, 256), the default
+st.spmm (backend="auto", steady state: autotuned on its second call), torch.sparse.mm, our cuSPARSE route,
+and the stand-alone prototype of benchmarks/split_stream_proto (a precomputed unit plan, no epilogue,
+int32 only) where cupy and its cubin are there. Ratios are against the faster of torch.sparse.mm and
+the cuSPARSE route; every output is checked against a float64 product (ERR marks a relative error >= 3e-3).
+do_bench medians, L2 flushed before every call.
+
+    (cd benchmarks/split_stream_proto && nvcc -arch=sm_90 -cubin -O3 -std=c++17 proto.cu -o /tmp/proto.cubin)
+    python benchmarks/spmm_split_stream_cuda.py          # GRAPHS=..., CASES=f32,f64,b32 pick a subset
+"""
+import json, math, os, sys, time
+import numpy as np
+import torch
+from triton.testing import do_bench
+
+sys.path.insert(0, os.getcwd())
+import sparsetorch as st
+from sparsetorch.bench.suites import power_law_graph, random_graph
+
+try:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "split_stream_proto"))
+    import run as proto
+except Exception as exc:  # no cupy / cubin
+    proto = None
+    print("no prototype:", exc)
+
+
+def knobs(unit=None):
+    for k, v in (("SPARSETORCH_SPLIT_UNIT", unit),):
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+
+
+def main():
+    dev = torch.device("cuda")
+    specs = [s for s in [("pl100k a=1.2", "power", 100_000, 1.2, 2), ("pl100k a=1.5", "power", 100_000, 1.5, 2),
+             ("pl100k a=2.0", "power", 100_000, 2.0, 2), ("rand100k", "random", 100_000, 0, 1),
+             ("pl1M a=1.5", "power", 1_000_000, 1.5, 4), ("pl1M a=1.2", "power", 1_000_000, 1.2, 4),
+             ("pl1M a=2.0", "power", 1_000_000, 2.0, 4)] if s[0] in os.environ.get("GRAPHS", s[0])]
+    cases = [(torch.float32 if c.startswith("f") else torch.bfloat16, int(c[1:]))
+             for c in os.environ.get("CASES", "f32,f128,f256,b32,b128").split(",")]
+    out = []
+    for name, kind, nodes, a, seed in specs:
+        t0 = time.time()
+        g = power_law_graph(nodes, 20, seed, a) if kind == "power" else random_graph(nodes, 20, seed)
+        g.sort_indices()
+        crow = torch.from_numpy(g.indptr.astype(np.int32)).to(dev)
+        col = torch.from_numpy(g.indices.astype(np.int32)).to(dev)
+        vals = torch.from_numpy(g.data.astype(np.float32)).to(dev)
+        print(f"== {name}: nnz {g.nnz}, gen {time.time() - t0:.1f}s", flush=True)
+        A64 = torch.sparse_csr_tensor(crow.long(), col.long(), vals.double(), size=g.shape)
+        for dtype, n in cases:
+            A = torch.sparse_csr_tensor(crow, col, vals.to(dtype), size=g.shape)
+            B = torch.randn(g.shape[1], n, device=dev, dtype=dtype)
+            ref = torch.sparse.mm(A64, B.double())
+            fns = {"torch": (None, lambda: torch.sparse.mm(A, B)), "cusparse": (None, lambda: st.spmm(A, B, backend="cusparse"))}
+            for label, kn in (("split", {}), ("split U128", {"unit": 128}), ("split U256", {"unit": 256}),
+                              ("auto", {})):
+                fns[label] = (kn, lambda label=label: st.spmm(A, B, backend="auto" if label == "auto" else "split"))
+            tn = "f32" if dtype == torch.float32 else "bf16"
+            vec = 4 if dtype == torch.float32 else 8
+            if proto is not None and n // vec in (4, 8, 16, 32):
+                run, _, _ = proto.make_proto(A, B, 128, n // vec, tn, "4" if (tn, n // vec) in (("f32", 8), ("bf16", 4)) else "")
+                fns["proto U128"] = (None, run)
+            res = {}
+            for label, (kn, fn) in fns.items():
+                knobs(**(kn or {}))
+                y = fn()
+                torch.cuda.synchronize()
+                err = float((y.double() - ref).norm() / ref.norm())
+                t = do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+                res[label] = (t, err)
+                knobs()
+            base = min(res["torch"][0], res["cusparse"][0])
+            line = " | ".join(f"{k} {t:7.1f} {base / t:4.2f}x{'' if e < 3e-3 else ' ERR%.0e' % e}" for k, (t, e) in res.items())
+            print(f"{name} {tn} n={n}: {line}", flush=True)
+            out.append(dict(graph=name, dtype=tn, n=n, res=res))
+    json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "bench_lib.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
