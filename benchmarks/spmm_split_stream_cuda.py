@@ -3,12 +3,13 @@
 indices: its default unit size and forced ones (SPARSETORCH_SPLIT_UNIT = 128, 256), the default
 st.spmm (backend="auto", steady state: autotuned on its second call), torch.sparse.mm, our cuSPARSE route,
 and the stand-alone prototype of benchmarks/split_stream_proto (a precomputed unit plan, no epilogue,
-int32 only) where cupy and its cubin are there. Ratios are against the faster of torch.sparse.mm and
+int32 only) where cupy and its cubin are there; and split / st.spmm with the fused bias + relu a GCN
+layer asks for (the general kernel, not the plain one). Ratios are against the faster of torch.sparse.mm and
 the cuSPARSE route; every output is checked against a float64 product (ERR marks a relative error >= 3e-3).
 do_bench medians, L2 flushed before every call.
 
     (cd benchmarks/split_stream_proto && nvcc -arch=sm_90 -cubin -O3 -std=c++17 proto.cu -o /tmp/proto.cubin)
-    python benchmarks/spmm_split_stream_cuda.py          # GRAPHS=..., CASES=f32,f64,b32 pick a subset
+    python benchmarks/spmm_split_stream_cuda.py          # GRAPHS=..., CASES=f32,f64,b32, UNITS=128 pick a subset
 """
 import json, math, os, sys, time
 import numpy as np
@@ -37,6 +38,12 @@ def knobs(unit=None):
 
 def main():
     dev = torch.device("cuda")
+    # Measured HBM bandwidth (a 1 GiB copy reads and writes 2 GiB) for the floors on every line.
+    src = torch.empty(1 << 28, device=dev)
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() * 4 / (do_bench(lambda: dst.copy_(src), warmup=5, rep=30, return_mode="median") * 1e-3)
+    del src, dst
+    print(f"HBM copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     specs = [s for s in [("pl100k a=1.2", "power", 100_000, 1.2, 2), ("pl100k a=1.5", "power", 100_000, 1.5, 2),
              ("pl100k a=2.0", "power", 100_000, 2.0, 2), ("rand100k", "random", 100_000, 0, 1),
              ("pl1M a=1.5", "power", 1_000_000, 1.5, 4), ("pl1M a=1.2", "power", 1_000_000, 1.2, 4),
@@ -58,9 +65,14 @@ def main():
             B = torch.randn(g.shape[1], n, device=dev, dtype=dtype)
             ref = torch.sparse.mm(A64, B.double())
             fns = {"torch": (None, lambda: torch.sparse.mm(A, B)), "cusparse": (None, lambda: st.spmm(A, B, backend="cusparse"))}
-            for label, kn in (("split", {}), ("split U128", {"unit": 128}), ("split U256", {"unit": 256}),
-                              ("auto", {})):
+            forced = [("split U%s" % u, {"unit": int(u)}) for u in os.environ.get("UNITS", "128,256").split(",") if u]
+            for label, kn in [("split", {})] + forced + [("auto", {})]:
                 fns[label] = (kn, lambda label=label: st.spmm(A, B, backend="auto" if label == "auto" else "split"))
+            # The fused epilogue a GCN layer asks for (out = relu(A @ B + bias)): the general kernel.
+            bias = torch.randn(n, device=dev, dtype=dtype)
+            epi_ref = torch.relu(ref + bias.double())
+            for label, route in (("split+bias,relu", "split"), ("auto+bias,relu", "auto")):
+                fns[label] = (None, lambda route=route: st.spmm(A, B, bias=bias, activation="relu", backend=route))
             tn = "f32" if dtype == torch.float32 else "bf16"
             vec = 4 if dtype == torch.float32 else 8
             if proto is not None and n // vec in (4, 8, 16, 32):
@@ -71,14 +83,21 @@ def main():
                 knobs(**(kn or {}))
                 y = fn()
                 torch.cuda.synchronize()
-                err = float((y.double() - ref).norm() / ref.norm())
+                want = epi_ref if "+bias" in label else ref
+                err = float((y.double() - want).norm() / want.norm())
                 t = do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
                 res[label] = (t, err)
                 knobs()
             base = min(res["torch"][0], res["cusparse"][0])
+            # Floors: every entry's B row read from HBM (the gather floor; hub rows that hit L2 beat
+            # it), and A, B and out each moved once (the compulsory floor).
+            esize = B.element_size()
+            gather = g.nnz * n * esize / bw * 1e6
+            compulsory = (g.nnz * (4 + esize) + (g.shape[0] + 1) * 4 + (g.shape[0] + g.shape[1]) * n * esize) / bw * 1e6
             line = " | ".join(f"{k} {t:7.1f} {base / t:4.2f}x{'' if e < 3e-3 else ' ERR%.0e' % e}" for k, (t, e) in res.items())
-            print(f"{name} {tn} n={n}: {line}", flush=True)
-            out.append(dict(graph=name, dtype=tn, n=n, res=res))
+            print(f"{name} {tn} n={n}: {line} | floors: gather {gather:.1f}, compulsory {compulsory:.1f}", flush=True)
+            out.append(dict(graph=name, dtype=tn, n=n, res=res, gather_floor_us=gather, compulsory_floor_us=compulsory,
+                            hbm_tb_s=bw / 1e12))
     json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "bench_lib.json"), "w"), indent=1)
 
 

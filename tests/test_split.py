@@ -44,9 +44,11 @@ def to_cuda(a, dtype, index_dtype=torch.int64):
 
 @pytest.fixture
 def knobs(monkeypatch):
-    """set(unit=, lanes=): force the unit size / lanes per group of the split route."""
-    def set_(unit=None, lanes=None):
-        for name, v in (("SPARSETORCH_SPLIT_UNIT", unit), ("SPARSETORCH_SPLIT_LANES", lanes)):
+    """set(unit=, lanes=, offsets=): force the unit size / lanes per group / offset width (64: the
+    64-bit offsets only a problem of more than 2^31 elements takes otherwise) of the split route."""
+    def set_(unit=None, lanes=None, offsets=None):
+        for name, v in (("SPARSETORCH_SPLIT_UNIT", unit), ("SPARSETORCH_SPLIT_LANES", lanes),
+                        ("SPARSETORCH_SPLIT_OFFSETS", offsets)):
             if v is None:
                 monkeypatch.delenv(name, raising=False)
             else:
@@ -57,13 +59,14 @@ def knobs(monkeypatch):
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("unit,lanes", [(None, None), (1, 4), (1, 8), (3, 16), (7, 32), (64, 8)])
-def test_split_skewed_rows_every_dtype(rng, knobs, dtype, index_dtype, unit, lanes):
+@pytest.mark.parametrize("unit,lanes,offsets", [(None, None, None), (1, 4, None), (1, 8, None), (3, 16, None),
+                                                (7, 32, None), (64, 8, None), (None, None, 64), (2, 4, 64)])
+def test_split_skewed_rows_every_dtype(rng, knobs, dtype, index_dtype, unit, lanes, offsets):
     """Rows cut into many pieces (one of 1,500 entries: more than 16 pieces at every unit size, so
     the whole-block sum runs), rows of 50-300, short rows never cut, empty rows; widths that give
     one or several column tiles and the one-element path (n = 70 is no multiple of 16 bytes / 8 B);
-    the fused epilogue on whole, cut and empty rows; inputs unchanged."""
-    knobs(unit=unit, lanes=lanes)
+    the fused epilogue on whole, cut and empty rows; 32- and 64-bit offsets; inputs unchanged."""
+    knobs(unit=unit, lanes=lanes, offsets=offsets)
     m, k = 400, 300
     a = rounded(skewed(rng, m, k, 1500, empty_run=30), dtype)
     A = to_cuda(a, dtype, index_dtype)
@@ -223,6 +226,61 @@ def test_split_survives_malformed_indices(knobs, unit):
     assert out[0].tolist() == [1.0] * 4  # row 0: the one valid entry
     good = st.spmm(st.from_scipy(sp.eye(3, format="csr"), device="cuda", dtype=torch.float32), b, backend="split")
     assert good.cpu().tolist() == [[1.0] * 4] * 3
+
+
+@pytest.mark.parametrize("unit", [None, 3])
+def test_split_unit_plan_follows_the_pattern(rng, knobs, unit):
+    """The unit plan is kept with the matrix's analysis: rewriting the indices in place (a new
+    pattern, same sizes) must drop it; unit sizes and streams get plans of their own; a matrix used
+    without an analysis (validate=False, never checked) and one used under inference mode (no
+    version counter, never cached) get a plan per call."""
+    knobs(unit=unit)
+    m, k, n = 500, 400, 32
+    first, second = skewed(rng, m, k, 2000), skewed(rng, m, k, 300)
+    second = sp.csr_matrix((np.resize(second.data, first.nnz), np.resize(second.indices, first.nnz),
+                            np.minimum(second.indptr * first.nnz // max(second.nnz, 1), first.nnz)), shape=(m, k))
+    assert second.nnz == first.nnz and not np.array_equal(second.indptr, first.indptr)
+    A = to_cuda(first, torch.float32, torch.int32)
+    b = randn(rng, k, n, device="cuda")
+    assert_matches(st.spmm(A, b, backend="split"), first @ b.double().cpu().numpy(), torch.float32)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = st.spmm(A, b, backend="split")
+    torch.cuda.current_stream().wait_stream(side)
+    assert_matches(on_side, first @ b.double().cpu().numpy(), torch.float32)
+    B = to_cuda(second, torch.float32, torch.int32)
+    A.crow_indices.copy_(B.crow_indices)
+    A.col_indices.copy_(B.col_indices)
+    A.values.copy_(B.values)
+    assert_matches(st.spmm(A, b, backend="split"), second @ b.double().cpu().numpy(), torch.float32)
+    fresh = to_cuda(first, torch.float32, torch.int32)
+    assert_matches(st.spmm(fresh, b, backend="split", validate=False), first @ b.double().cpu().numpy(),
+                   torch.float32)
+    with torch.inference_mode():
+        frozen = to_cuda(first, torch.float32, torch.int32)
+        for _ in range(2):
+            assert_matches(st.spmm(frozen, b, backend="split"), first @ b.double().cpu().numpy(), torch.float32)
+
+
+def test_split_under_cuda_graph_capture(rng):
+    """Captured before the matrix's plan exists (made inside the capture, from its pool) and replayed
+    with new B values; then the same matrix outside the capture."""
+    a = skewed(rng, 300, 200, 1200)
+    A = to_cuda(a, torch.float32, torch.int32)
+    st.spmm(A, randn(rng, 200, 16, device="cuda"), backend="native")  # analysed: a capture cannot sync
+    b = randn(rng, 200, 16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = st.spmm(A, b, backend="split")
+    torch.cuda.current_stream().wait_stream(stream)
+    b.copy_(randn(rng, 200, 16, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches(out, a @ b.double().cpu().numpy(), torch.float32)
+    assert_matches(st.spmm(A, b, backend="split"), a @ b.double().cpu().numpy(), torch.float32)
 
 
 def test_split_plan_and_autograd(rng):

@@ -80,6 +80,14 @@ struct CsrAnalysis {
     std::map<std::vector<int64_t>, int> routes;
   };
   std::shared_ptr<Measured> measured = std::make_shared<Measured>();
+
+  // Device buffers a route makes from the pattern alone (the split route's unit plan, spmm_split.cu),
+  // keyed by the route's parameters; dropped with the analysis like the measured routes.
+  struct Derived {
+    std::mutex mutex;
+    std::map<std::vector<int64_t>, at::Tensor> buffers;
+  };
+  std::shared_ptr<Derived> derived = std::make_shared<Derived>();
 };
 
 enum class AnalysisMode {

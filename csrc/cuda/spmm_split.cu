@@ -9,17 +9,19 @@
 // entries. A long row is cut at the nominal boundaries e_lo + u*E; each piece's sum goes to a
 // scratch slot (partial[unit][0]: the unit's first row, begun in an earlier unit; [1]: its last
 // row, continued in a later one), and a second kernel adds a cut row's pieces in unit order
-// (deterministic, no atomics: the same bits on every run), writes the empty rows, and applies the
-// epilogue to both. Every other row is finished and written by its unit, epilogue fused.
+// (deterministic, no atomics: the same bits on every run) and writes the empty rows. Every other
+// row is finished and written by its unit. Scale, accumulate, bias and activation are a pass after
+// the product (spmm_split).
 //
-// Three launches. A plan kernel finds where each unit starts (one 33-ary search over crow per unit,
-// by a warp) and the row holding that entry. The main kernel's group loads a window of GROUP row
-// pointers there, one per lane, and streams the unit's entries across its rows: kPerLane entries
-// per lane per chunk (one aligned load each for columns and values), the next chunk loaded while
-// this one's B rows are gathered kInFlight at a time; a row change is a flush and a shuffle, a new
-// window one coalesced load per GROUP - 1 rows. The fix-up kernel then finishes cut and empty rows.
-// A version that searched inside the main kernel and walked row by row, loading a row's (column,
-// value) pairs after the previous row's gathers, was 1.2-1.6x slower at n <= 64 on the H100.
+// Two launches per call, and a plan. The plan (where each unit starts, and the row holding that
+// entry) depends on crow and E alone: one pass over the rows, kept with the matrix's analysis and
+// reused by later calls (unit_plan). The main kernel's group loads a window of GROUP row pointers
+// at its unit's start, one per lane, and streams the unit's entries across its rows: kPerLane
+// entries per lane per chunk (one aligned load each for columns and values), the next chunk loaded
+// while this one's B rows are gathered kInFlight at a time; a row change is a flush and a shuffle, a
+// new window one coalesced load per GROUP - 1 rows. The fix-up kernel then finishes cut and empty
+// rows. A version that searched inside the main kernel and walked row by row, loading a row's
+// (column, value) pairs after the previous row's gathers, was 1.2-1.6x slower at n <= 64 on the H100.
 //
 // Lanes and vectors as in the row-group kernel: a group of GROUP lanes covers GROUP * VEC columns
 // (16-byte loads when aligned), the fewest lanes covering B's width; wider B is cut into column
@@ -33,13 +35,18 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
+#include "common/csr_analysis.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 #include "cuda/spmm_kernel_args.cuh"
@@ -50,8 +57,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kInFlight = 4;      // B rows loaded before their FMAs, per group
-constexpr int kPerLane = 4;       // entries each lane loads per chunk (a chunk is GROUP * kPerLane entries)
-constexpr int kFixupLanes = 32;   // the fix-up kernel's group size (any works: slots are per column)
+// Entries each lane loads per chunk (a chunk is GROUP * kPerLane entries). 2 rather than 4: the
+// prefetched chunk then fits in registers beside the gathers (4 spilled it at 64 registers); on the
+// H100 fp32 was 3-7% faster, bf16 within 1.5% (benchmarks/NOTES.md, "Entry-split SpMM, streamed").
+constexpr int kPerLane = 2;
 constexpr int kSmallPieces = 16;  // cut rows of up to this many pieces are summed by one group, longer by a block
 
 template <typename acc_t>
@@ -61,123 +70,96 @@ struct SplitArgs {
   int64_t tiles;  // column tiles of GROUP * VEC columns
   acc_t* partial; // (batch, units, 2, n): sums of the pieces of cut rows
   const int64_t* plan;  // (batch, units + 1, 2): each unit's first entry and its row
-  bool quads_aligned;  // every batch's col and values start on a kPerLane-entry boundary
+  bool entries_aligned;  // every batch's col and values start on a kPerLane-entry boundary
 };
 
 // kPerLane consecutive entries (columns and values) of one lane, loaded as one aligned access each
 // where they are all readable and the arrays allow it, else one by one (column -1 where unreadable).
+// Half-type values stay packed in pairs (Packed): unpacked, each took a register of its own and the
+// prefetched chunk spilled.
 template <typename scalar_t, typename index_t>
 struct LaneEntries {
   using acc_t = at::opmath_type<scalar_t>;
-  struct alignas(kPerLane * sizeof(index_t)) Columns {
-    index_t v[kPerLane];
-  };
-  struct alignas(kPerLane * sizeof(scalar_t)) Values {
-    scalar_t v[kPerLane];
-  };
-  Columns col;
-  Values val;
+  Vec<index_t, kPerLane> col;
+  Packed<scalar_t, kPerLane> val;
   // Entries e .. e + kPerLane - 1 of col and val, of which the first `avail` may be read.
   __device__ __forceinline__ void load(const index_t* cols, const scalar_t* vals, int e, int avail, bool aligned) {
     if (aligned && e + kPerLane <= avail) {
-      col = *reinterpret_cast<const Columns*>(cols + e);
-      val = *reinterpret_cast<const Values*>(vals + e);
+      col = *reinterpret_cast<const Vec<index_t, kPerLane>*>(cols + e);
+      val.load(vals + e);
     } else {
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const bool in = e + i < avail;
         col.v[i] = in ? cols[e + i] : index_t(-1);
-        val.v[i] = in ? vals[e + i] : scalar_t(0);
+        val.set(i, in ? static_cast<acc_t>(vals[e + i]) : acc_t(0));
       }
     }
   }
-  // Entry i (0 .. kPerLane-1; a runtime index, so selects rather than an indexed local array).
-  __device__ __forceinline__ index_t column(int i) const {
-    index_t c = col.v[0];
-#pragma unroll
-    for (int j = 1; j < kPerLane; ++j) c = i == j ? col.v[j] : c;
-    return c;
-  }
-  __device__ __forceinline__ acc_t value(int i) const {
-    scalar_t x = val.v[0];
-#pragma unroll
-    for (int j = 1; j < kPerLane; ++j) x = i == j ? val.v[j] : x;
-    return static_cast<acc_t>(x);
-  }
+  // Entry i: a compile-time index (an unrolled loop's), so no local-memory array.
+  __device__ __forceinline__ index_t column(int i) const { return col.v[i]; }
+  __device__ __forceinline__ acc_t value(int i) const { return val.get(i); }
 };
+
+// out[0 .. VEC) = acc, one 16-byte store when VEC > 1.
+template <typename scalar_t, int VEC>
+__device__ __forceinline__ void store_packed(scalar_t* out, const at::opmath_type<scalar_t>* acc) {
+  Packed<scalar_t, VEC> res;
+#pragma unroll
+  for (int q = 0; q < VEC; ++q) res.set(q, acc[q]);
+  res.store(out);
+}
 
 __device__ __forceinline__ int64_t clamp_entry(int64_t v, int64_t lo, int64_t hi) { return min(max(v, lo), hi); }
 
-// The last row r in [lo, hi) with crow[r] <= p, given crow[lo] <= p (for a valid crow: the row that
-// holds entry p, empty rows skipped). The group's lanes probe GROUP points at once and keep the
-// interval between the last probe <= p and the next. On a malformed crow it still ends, in [lo, hi).
-template <int GROUP, typename index_t>
-__device__ __forceinline__ int64_t row_containing(const index_t* crow, int64_t lo, int64_t hi, int64_t p, int lane,
-                                                  unsigned mask) {
-  while (hi - lo > 1) {
-    const int64_t span = hi - lo - 1;  // candidates lo+1 .. hi-1
-    auto probe = [&](int l) { return lo + 1 + span * l / GROUP; };
-    const bool le = static_cast<int64_t>(crow[probe(lane)]) <= p;
-    const int c = __popc(__ballot_sync(mask, le) & mask);
-    if (c == 0) {
-      hi = lo + 1;
-    } else {
-      const int64_t next_hi = c < GROUP ? probe(c) : hi;
-      lo = probe(c - 1);
-      hi = next_hi;
-    }
-  }
-  return lo;
-}
-
-// GROUP row pointers, one per lane: lane l holds crow[base + l] clamped to [0, L] (crow[m] past the
-// last row). Row r (base <= r < base + GROUP - 1) spans [at(r - base), at(r - base + 1)).
-template <int GROUP, typename index_t>
-struct RowWindow {
-  int64_t base = 0, v = 0;
-  __device__ __forceinline__ void load(const index_t* crow, int64_t first_row, int64_t m, int64_t L, int lane) {
-    base = first_row;
-    v = clamp_entry(static_cast<int64_t>(crow[min(first_row + lane, m)]), 0, L);
-  }
-  __device__ __forceinline__ int64_t at(int i, unsigned mask) const { return __shfl_sync(mask, v, i, GROUP); }
-};
-
-// The plan: where each unit starts, once per call before the main kernel (one 33-ary search per
-// unit by a warp, so the main kernel's groups begin gathering at once). For unit u of batch b
-// (u = units: the end), plan[2 * (b * (units + 1) + u)] is its first entry (the nominal e_lo + u * E,
-// moved back to the start of its row when that row is short) and [+ 1] the row holding it. Units
-// past the batch's entries start at its end. Every value lies in [0, L] and [0, m).
+// The plan: where each unit starts. For unit u of batch b (u = units: the end),
+// plan[2 * (b * (units + 1) + u)] is its first entry -- the nominal e_lo + u * E, moved back to the
+// start of its row when that row is short -- and [+ 1] the row holding it; units past the batch's
+// entries start at its end (e_hi, row m - 1). One pass over the rows: a thread per row writes the
+// units whose nominal start falls in it (a long row several: the longest of the 1M-node test graphs
+// about 1,400), then a thread per unit those past the entries. (A 33-ary search per unit by a warp
+// took 66-128 us on 1M-node graphs on the H100, 10-20% of the SpMM.) The buffer starts zeroed: for a
+// malformed crow a unit no row claims starts at (0, 0) and one claimed twice takes either; every
+// value stays in [0, L] and [0, m), all the main kernel needs to stay in bounds.
 template <typename index_t>
 __global__ void __launch_bounds__(kThreads)
     spmm_split_plan_kernel(const index_t* crow, int64_t crow_bstride, int64_t m, int64_t L, int64_t batch,
                            int64_t unit, int64_t units, int64_t* plan) {
-  constexpr int GROUP = 32;
-  const int lane = threadIdx.x % GROUP;
-  const int64_t items = batch * (units + 1);
-  for (int64_t item = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / GROUP; item < items;
-       item += static_cast<int64_t>(gridDim.x) * (kThreads / GROUP)) {
-    const int64_t b = item / (units + 1), u = item - b * (units + 1);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  auto batch_span = [&](int64_t b) {
     const index_t* crow_b = crow + b * crow_bstride;
-    const int64_t e_lo = clamp_entry(static_cast<int64_t>(crow_b[0]), 0, L);
-    const int64_t e_hi = clamp_entry(static_cast<int64_t>(crow_b[m]), e_lo, L);
-    const int64_t nominal = e_lo + u * unit;
-    int64_t start = e_hi, row = m - 1;
-    if (nominal < e_hi) {
-      row = row_containing<GROUP>(crow_b, 0, m, nominal, lane, 0xffffffffu);
-      const auto [rs, re] = clamped_row_span(crow_b, row, L);
-      start = re - rs <= unit ? rs : nominal;
+    const int64_t e_lo = clamp_entry(crow_b[0], 0, L);
+    return RowSpan{e_lo, clamp_entry(crow_b[m], e_lo, L)};  // the batch's entries
+  };
+  for (int64_t item = first; item < batch * m; item += stride) {
+    const int64_t b = item / m, r = item - b * m;
+    const auto [e_lo, e_hi] = batch_span(b);
+    const auto [rs, re] = clamped_row_span(crow + b * crow_bstride, r, L);
+    const int64_t stop = min(re, e_hi);
+    int64_t* plan_b = plan + 2 * b * (units + 1);
+    for (int64_t u = rs <= e_lo ? 0 : ceil_div(rs - e_lo, unit); u < units && e_lo + u * unit < stop; ++u) {
+      plan_b[2 * u] = re - rs <= unit ? rs : e_lo + u * unit;
+      plan_b[2 * u + 1] = r;
     }
-    if (lane == 0) {
-      plan[2 * item] = start;
-      plan[2 * item + 1] = row;
+  }
+  for (int64_t item = first; item < batch * (units + 1); item += stride) {
+    const int64_t b = item / (units + 1), u = item - b * (units + 1);
+    const auto [e_lo, e_hi] = batch_span(b);
+    if (e_lo + u * unit >= e_hi) {
+      plan[2 * item] = e_hi;
+      plan[2 * item + 1] = m - 1;
     }
   }
 }
 
-// PLAIN: out = A @ B (no scale, accumulate, bias or activation): the small store lets 4 blocks of 256
-// fit per SM (64 registers); the general epilogue takes 80 (3 blocks).
-template <typename scalar_t, typename index_t, int VEC, int GROUP, bool PLAIN>
-__global__ void __launch_bounds__(kThreads, PLAIN ? 4 : 3)
+// out = A @ B alone (spmm_split runs any other epilogue as a second pass): the 16-byte store of a
+// finished row lets 4 blocks of 256 threads fit per SM (64 registers).
+// offset_t: int32_t when every offset of the call fits (offsets_fit_int32; the usual case), else
+// int64_t. 32-bit offsets from the argument pointers instead of 64-bit pointers per unit free the
+// registers the stream's gathers need: at 64 registers the 64-bit version spilled 150-400 bytes.
+template <typename scalar_t, typename index_t, typename offset_t, int VEC, int GROUP>
+__global__ void __launch_bounds__(kThreads, 4)
     spmm_split_kernel(const NativeArgs<scalar_t, index_t> a, const SplitArgs<at::opmath_type<scalar_t>> s) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kGroups = kThreads / GROUP;
@@ -185,66 +167,59 @@ __global__ void __launch_bounds__(kThreads, PLAIN ? 4 : 3)
   constexpr int kChunk = GROUP * kPerLane;
   const int lane = threadIdx.x % GROUP;
   const unsigned mask = group_lane_mask<GROUP>();
-  const int64_t per_batch = s.tiles * s.units;
-  const int64_t items = (a.rows / a.m) * per_batch;
+  const offset_t m = a.m, n = a.n, units = s.units;
+  const offset_t per_batch = s.tiles * units;
+  const offset_t items = (a.rows / a.m) * per_batch;
 
   // Items (batch, tile, unit), unit fastest: the groups in flight share a batch and a tile of B.
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / GROUP; item < items;
-       item += static_cast<int64_t>(gridDim.x) * kGroups) {
-    const int64_t b = item / per_batch, rest = item - b * per_batch;
-    const int64_t tile = rest / s.units, u = rest - tile * s.units;
-    const index_t* crow_b = a.crow + b * a.crow_bstride;
+  for (offset_t item = static_cast<offset_t>(blockIdx.x) * kGroups + threadIdx.x / GROUP; item < items;
+       item += static_cast<offset_t>(gridDim.x) * kGroups) {
+    const offset_t b = item / per_batch, rest = item - b * per_batch;
+    const offset_t tile = rest / units, u = rest - tile * units;
     // [start, stop): the unit's entries, from the plan (spmm_split_plan_kernel); row holds start.
-    const int64_t* bounds = s.plan + 2 * (b * (s.units + 1) + u);
-    const int64_t start = bounds[0], row = bounds[1], stop = bounds[2];
+    const int64_t* bounds = s.plan + 2 * (static_cast<int64_t>(b) * (units + 1) + u);
+    const offset_t start = bounds[0], row = bounds[1], stop = bounds[2];
     if (start >= stop) continue;  // past the batch's entries, or a malformed crow
-    RowWindow<GROUP, index_t> win;
-    win.load(crow_b, row, a.m, a.L, lane);
-    const int64_t row_start = win.at(0, mask), row_end = win.at(1, mask);
-
-    const index_t* col_b = a.col + b * a.col_bstride;
-    const scalar_t* val_b = a.values + b * a.val_bstride;
-    const scalar_t* dense_b = a.dense + b * a.dense_bstride;
-    const int64_t c0 = tile * kWidth + lane * VEC;
-    const bool active = c0 < a.n;
-    // The walk works in 32-bit offsets from first_chunk (a unit spans fewer than 2E + kPerLane
-    // entries). Row pointers become offsets clamped to [-1, p_stop + 1]: whether a row began before
-    // the unit (< p_start) or ends after it (> p_stop) is all the walk needs to know of them.
-    const int64_t first_chunk = start & ~int64_t(kPerLane - 1);
-    const index_t* col_u = col_b + first_chunk;
-    const scalar_t* val_u = val_b + first_chunk;
+    const offset_t c0 = tile * kWidth + lane * VEC;
+    const bool active = c0 < n;
+    // The walk works in 32-bit offsets from first_chunk (a unit of a valid crow spans fewer than
+    // 2E + kPerLane entries; a malformed plan can only make the int wrap and the walk shorter, every
+    // read stays below p_avail). Row pointers become offsets clamped to [-1, p_stop + 1]: whether a
+    // row began before the unit (< p_start) or ends after it (> p_stop) is all the walk needs.
+    const offset_t first_chunk = start & ~offset_t(kPerLane - 1);
     const int p_start = static_cast<int>(start - first_chunk), p_stop = static_cast<int>(stop - first_chunk);
     const int p_avail = static_cast<int>(min(a.L - first_chunk, static_cast<int64_t>(p_stop) + kChunk));
-    auto offset = [&](int64_t ptr) {
-      return static_cast<int>(min(max(ptr - first_chunk, int64_t(-1)), static_cast<int64_t>(p_stop) + 1));
+    auto offset = [&](index_t ptr) {
+      return static_cast<int>(min(max(static_cast<int64_t>(ptr) - first_chunk, int64_t(-1)),
+                                  static_cast<int64_t>(p_stop) + 1));
     };
-    int64_t wbase = win.base;  // the window holds the offsets of row pointers wbase .. wbase + GROUP - 1
-    int wv = offset(win.v), r = 0;  // the current row is wbase + r
-    int rs = offset(row_start), re = offset(row_end);
+    // Element offsets from the argument pointers: the unit's entries, B's rows at column c0 (row c at
+    // dense_at + c * ldb), the current row's outputs (one row on at each row change), its two slots
+    // (slot 1 at + n), the batch's row pointers.
+    const offset_t col_at = b * a.col_bstride + first_chunk, val_at = b * a.val_bstride + first_chunk;
+    const offset_t dense_at = b * a.dense_bstride + c0, ldb = a.ldb;
+    offset_t out_at = (b * m + row) * n + c0;
+    const offset_t slots_at = (b * units + u) * 2 * n + c0;
+    const offset_t crow_at = b * a.crow_bstride;
+    // The window: lane l holds the offset of row pointer wbase + l; the current row is wbase + r,
+    // spanning [rs, re).
+    offset_t wbase = row;
+    int wv = offset(a.crow[crow_at + min(wbase + lane, m)]), r = 0;
+    int rs = __shfl_sync(mask, wv, 0, GROUP), re = __shfl_sync(mask, wv, 1, GROUP);
 
     acc_t acc[VEC];
 #pragma unroll
     for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
-    // A whole row goes out through the epilogue, a piece of a cut row to its slot; empty rows are
-    // the fix-up kernel's.
+    // A whole row goes to out, a piece of a cut row to its slot; empty rows are the fix-up kernel's.
     auto flush = [&] {
       if (active && rs < re) {
         if (rs >= p_start && re <= p_stop) {
-          const int64_t at = (b * a.m + wbase + r) * a.n + c0;
-          if constexpr (PLAIN) {
-            Packed<scalar_t, VEC> res;
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) res.set(q, acc[q]);
-            res.store(a.out + at);
-          } else {
-            store_outputs<scalar_t, index_t, VEC>(a, at, c0, acc);
-          }
+          store_packed<scalar_t, VEC>(a.out + out_at, acc);
         } else {
-          const int slot = rs < p_start ? 0 : 1;
           Vec<acc_t, VEC> piece;
 #pragma unroll
           for (int q = 0; q < VEC; ++q) piece.v[q] = acc[q];
-          *reinterpret_cast<Vec<acc_t, VEC>*>(s.partial + ((b * s.units + u) * 2 + slot) * a.n + c0) = piece;
+          *reinterpret_cast<Vec<acc_t, VEC>*>(s.partial + slots_at + (rs < p_start ? 0 : n)) = piece;
         }
       }
 #pragma unroll
@@ -256,77 +231,67 @@ __global__ void __launch_bounds__(kThreads, PLAIN ? 4 : 3)
     // row window. On the H100 this was 1.6-3x faster than walking row by row with a (column, value)
     // load per row after the row's gathers (benchmarks/NOTES.md, "Entry-split SpMM, streamed").
     LaneEntries<scalar_t, index_t> next;
-    next.load(col_u, val_u, kPerLane * lane, p_avail, s.quads_aligned);
-    bool walking = true;  // false once a malformed crow leaves entries after the last row
-    for (int p0 = 0; p0 < p_stop && walking; p0 += kChunk) {
+    next.load(a.col + col_at, a.values + val_at, kPerLane * lane, p_avail, s.entries_aligned);
+    for (int p0 = 0; p0 < p_stop; p0 += kChunk) {
       const LaneEntries<scalar_t, index_t> cur = next;
-      if (p0 + kChunk < p_stop) next.load(col_u, val_u, p0 + kChunk + kPerLane * lane, p_avail, s.quads_aligned);
-      const int lo_chunk = max(p_start - p0, 0), hi_chunk = min(kChunk, p_stop - p0);
+      if (p0 + kChunk < p_stop) {
+        next.load(a.col + col_at, a.values + val_at, p0 + kChunk + kPerLane * lane, p_avail, s.entries_aligned);
+      }
 #pragma unroll 1
-      for (int j0 = lo_chunk & ~(kInFlight - 1); j0 < hi_chunk && walking; j0 += kInFlight) {
+      for (int jb = 0; jb < kChunk && p0 + jb < p_stop; jb += kInFlight) {
         Packed<scalar_t, VEC> rows[kInFlight];  // half types stay packed in pairs until their FMAs
-        acc_t v[kInFlight];
 #pragma unroll
         for (int j = 0; j < kInFlight; ++j) {
-          const int e = j0 + j;
-          const int64_t c = __shfl_sync(mask, cur.column(e % kPerLane), e / kPerLane, GROUP);
-          if (e >= lo_chunk && e < hi_chunk && active && c >= 0 && c < a.k) {
-            rows[j].load(dense_b + c * a.ldb + c0);
+          const int e = p0 + jb + j;
+          const index_t c = __shfl_sync(mask, cur.column(j % kPerLane), (jb + j) / kPerLane, GROUP);
+          if (e >= p_start && e < p_stop && active && c >= 0 && c < a.k) {
+            rows[j].load(a.dense + (dense_at + static_cast<offset_t>(c) * ldb));
           } else {
             rows[j] = Packed<scalar_t, VEC>{};
           }
         }
+        // Entry by entry; a row change is a flush and a step of the window. The last row takes
+        // entries past it (a malformed crow).
 #pragma unroll
         for (int j = 0; j < kInFlight; ++j) {
-          const int e = j0 + j;
-          v[j] = __shfl_sync(mask, cur.value(e % kPerLane), e / kPerLane, GROUP);
-        }
-        // The batch's entries [lo, hi) in runs of one row each; a row change between runs is the one
-        // flush in the loop (inlined once: the epilogue is large).
-        int lo = max(j0, lo_chunk) - j0;
-        const int hi = min(j0 + kInFlight, hi_chunk) - j0;
-        while (lo < hi) {
-          while (p0 + j0 + lo >= re) {
+          const int e = p0 + jb + j;
+          const acc_t v = __shfl_sync(mask, cur.value(j % kPerLane), (jb + j) / kPerLane, GROUP);
+          if (e < p_start || e >= p_stop) continue;
+          while (e >= re) {
             flush();
-            if (wbase + r + 1 >= a.m) {
-              walking = false;
+            if (wbase + r + 1 >= m) {
+              re = p_stop + 1;
               break;
             }
+            out_at += n;
             if (++r + 1 >= GROUP) {
               wbase += r;
               r = 0;
-              wv = offset(clamp_entry(static_cast<int64_t>(crow_b[min(wbase + lane, a.m)]), 0, a.L));
+              wv = offset(a.crow[crow_at + min(wbase + lane, m)]);
             }
             rs = re;
             re = __shfl_sync(mask, wv, r + 1, GROUP);
           }
-          if (!walking) break;
-          const int run_end = min(hi, re - p0 - j0);
 #pragma unroll
-          for (int j = 0; j < kInFlight; ++j) {
-            if (j >= lo && j < run_end) {
-#pragma unroll
-              for (int q = 0; q < VEC; ++q) acc[q] += v[j] * rows[j].get(q);
-            }
-          }
-          lo = run_end;
+          for (int q = 0; q < VEC; ++q) acc[q] += v * rows[j].get(q);
         }
       }
     }
-    if (walking) flush();
+    flush();
   }
 }
 
-// Rows the split kernel left: empty rows (the epilogue of zero) and rows cut into pieces (their
+// Rows the split kernel left: empty rows (zeros) and rows cut into pieces (their
 // slots added in unit order). A block checks 256 rows, one per thread, lists those with work in
 // row order (warp ballots), then its groups take the empty rows and rows of few pieces; rows of
 // more than kSmallPieces pieces are summed by the whole block (each group a contiguous range of
 // pieces, the groups' sums then added in group order), so the longest row is not one serial chain.
-template <typename scalar_t, typename index_t, int VEC>
+// Groups of the main kernel's GROUP lanes: the fewest covering n (with 32, a bf16 fix-up at n = 32
+// left 28 of 32 lanes idle and took 57 us of an 830 us SpMM on a 1M-node graph on the H100).
+template <typename scalar_t, typename index_t, int VEC, int GROUP>
 __global__ void __launch_bounds__(kThreads)
     spmm_split_fixup_kernel(const NativeArgs<scalar_t, index_t> a, const SplitArgs<at::opmath_type<scalar_t>> s) {
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int GROUP = kFixupLanes;
   constexpr int kGroups = kThreads / GROUP;
   constexpr int kWidth = GROUP * VEC;
   constexpr int kWarps = kThreads / 32;
@@ -404,7 +369,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int q = 0; q < VEC; ++q) acc[q] = acc_t(0);
         add_pieces(b, s_first[i], 0, s_pieces[i], c0, acc);
-        store_outputs<scalar_t, index_t, VEC>(a, grow_i * a.n + c0, c0, acc);
+        store_packed<scalar_t, VEC>(a.out + grow_i * a.n + c0, acc);
       }
     }
     for (int i = 0; i < total; ++i) {  // rows of many pieces: the whole block (uniform branch)
@@ -430,7 +395,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int q = 0; q < VEC; ++q) acc[q] += s_part[g][lane * VEC + q];
           }
-          store_outputs<scalar_t, index_t, VEC>(a, grow_i * a.n + c0, c0, acc);
+          store_packed<scalar_t, VEC>(a.out + grow_i * a.n + c0, acc);
         }
         __syncthreads();
       }
@@ -440,7 +405,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // Benchmark knobs (benchmarks/spmm_skew_cuda.py sweeps them; 0 or unset: the rules below):
 // SPARSETORCH_SPLIT_LANES forces the lanes per group (8, 16 or 32, i.e. the column tile),
-// SPARSETORCH_SPLIT_UNIT the entries per unit.
+// SPARSETORCH_SPLIT_UNIT the entries per unit; SPARSETORCH_SPLIT_OFFSETS=64 the 64-bit offsets (the tests'
+// way to run the path of problems over 2^31 elements).
 int64_t env_knob(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::max<int64_t>(0, std::atoll(v)) : 0;
@@ -458,69 +424,115 @@ int lanes_per_group(int64_t n_vectors) {
 }
 
 // Entries per unit: about 4 units per group the GPU holds at once (load balance), at least 64 (the
-// search and window per unit) and twice the mean row length (a short-row unit then holds a few
-// rows, and the scratch stays within C's size), at most 4096.
-int64_t unit_entries(int64_t entries, int64_t rows, int lanes) {
+// window per unit), twice the mean row length (a short-row unit then holds a few rows) and n / 2
+// (the scratch, 2 n per unit, then holds at most 4 accumulators per entry of A: at E = 64 a GCN
+// layer of width 256 on a 170k-node graph took 67 MB of it, and its training step peaked above
+// torch_geometric's; U = 128 was also 1-4% faster at n = 256 on the 100k-node graphs), at most 4096.
+int64_t unit_entries(int64_t entries, int64_t rows, int64_t n, int lanes) {
   const int64_t forced = env_knob("SPARSETORCH_SPLIT_UNIT");
   if (forced > 0) return forced;
   const int64_t resident = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
                            (2048 / lanes);
   const int64_t mean_row = rows > 0 ? entries / rows : 0;
-  return std::clamp<int64_t>(std::max(ceil_div(entries, 4 * resident), 2 * mean_row), 64, 4096);
+  return std::clamp<int64_t>(std::max({ceil_div(entries, 4 * resident), 2 * mean_row, n / 2}), 64, 4096);
+}
+
+// Whether every element offset the main kernel forms (work items and the grid-stride step past the
+// last, entries, row pointers, B, out, slots; column tiles may overhang n by a tile) fits in int32.
+template <typename scalar_t, typename index_t, typename acc_t>
+bool offsets_fit_int32(const NativeArgs<scalar_t, index_t>& a, const SplitArgs<acc_t>& s, int64_t batch,
+                       int64_t grid_groups, int64_t width) {
+  const int64_t slack = width + a.n;
+  const int64_t largest[] = {
+      batch * s.tiles * s.units + grid_groups,
+      (batch - 1) * std::max(a.col_bstride, a.val_bstride) + a.L + kPerLane,
+      (batch - 1) * a.crow_bstride + a.m + 1,
+      (batch - 1) * a.dense_bstride + a.k * a.ldb + slack,
+      a.rows * a.n + slack,
+      batch * s.units * 2 * a.n + slack,
+  };
+  return std::all_of(std::begin(largest), std::end(largest),
+                     [](int64_t v) { return v < std::numeric_limits<int32_t>::max(); });
+}
+
+// The unit plan (spmm_split_plan_kernel) for this call. It depends on crow and E alone, so it is kept
+// with the matrix's analysis (common/csr_analysis.h) and made once per unit size, batch count and
+// stream (a plan is only read on the stream that wrote it); without an analysis (validate=False on
+// a matrix never checked, inference tensors) or under CUDA graph capture (whose memory pool is not
+// the cache's) it is made for this call.
+template <typename index_t>
+at::Tensor unit_plan(const CsrAnalysis* analysis, const index_t* crow, int64_t crow_bstride, int64_t m, int64_t L,
+                     int64_t batch, int64_t unit, int64_t units, const at::TensorOptions& options) {
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  auto make = [&] {
+    const at::Tensor plan = at::zeros({batch * (units + 1) * 2}, options.dtype(at::kLong));
+    const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t blocks = std::clamp<int64_t>(ceil_div(std::max(batch * m, batch * (units + 1)), kThreads), 1, sms * 16);
+    spmm_split_plan_kernel<index_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        crow, crow_bstride, m, L, batch, unit, units, plan.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return plan;
+  };
+  if (!analysis || at::cuda::currentStreamCaptureStatus() != at::cuda::CaptureStatus::None) return make();
+  constexpr int64_t kSplitPlan = 1;  // the key's first element: which route's buffer
+  const std::vector<int64_t> key{kSplitPlan, unit, batch, static_cast<int64_t>(stream.id())};
+  CsrAnalysis::Derived& derived = *analysis->derived;
+  const std::lock_guard<std::mutex> lock(derived.mutex);
+  at::Tensor& plan = derived.buffers[key];
+  if (!plan.defined()) plan = make();
+  return plan;
 }
 
 template <typename scalar_t, typename index_t, int VEC, int GROUP>
-void launch(const NativeArgs<scalar_t, index_t>& args, const at::Tensor& out) {
+void launch(const NativeArgs<scalar_t, index_t>& args, const at::Tensor& out, const CsrAnalysis* analysis) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t batch = args.rows / args.m;
-  const int64_t unit = unit_entries(batch * args.L, args.rows, GROUP);
+  const int64_t unit = unit_entries(batch * args.L, args.rows, args.n, GROUP);
   const int64_t units = ceil_div(args.L, unit);
   const at::Tensor partial =
       at::empty({batch * units * 2 * args.n}, out.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
-  const bool quads_aligned = is_aligned(args.col, kPerLane * sizeof(index_t)) &&
+  const bool entries_aligned = is_aligned(args.col, kPerLane * sizeof(index_t)) &&
                              is_aligned(args.values, kPerLane * sizeof(scalar_t)) &&
                              args.col_bstride % kPerLane == 0 && args.val_bstride % kPerLane == 0;
-  const at::Tensor plan = at::empty({batch * (units + 1) * 2}, out.options().dtype(at::kLong));
+  const at::Tensor plan =
+      unit_plan(analysis, args.crow, args.crow_bstride, args.m, args.L, batch, unit, units, out.options());
   const SplitArgs<acc_t> s{unit, units, ceil_div(args.n, GROUP * VEC), partial.data_ptr<acc_t>(),
-                           plan.data_ptr<int64_t>(), quads_aligned};
+                           plan.data_ptr<int64_t>(), entries_aligned};
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t plan_blocks = std::min(ceil_div(batch * (units + 1), kThreads / 32), sms * 64);
-  spmm_split_plan_kernel<index_t><<<static_cast<unsigned>(plan_blocks), kThreads, 0, stream>>>(
-      args.crow, args.crow_bstride, args.m, args.L, batch, unit, units, plan.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int64_t items = batch * s.tiles * units;
   if (items > 0) {
     const int64_t blocks = std::min(ceil_div(items, kThreads / GROUP), sms * 64);
-    const bool plain = args.alpha == 1.0 && (args.beta == 0.0 || !args.accumulate) && !args.bias &&
-                       args.act == Activation::None;
-    if (plain) {
-      spmm_split_kernel<scalar_t, index_t, VEC, GROUP, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, s);
-    } else {
-      spmm_split_kernel<scalar_t, index_t, VEC, GROUP, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, s);
-    }
+    const auto run = [&](auto offset) {
+      spmm_split_kernel<scalar_t, index_t, decltype(offset), VEC, GROUP>
+          <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args, s);
+    };
+    const bool narrow = env_knob("SPARSETORCH_SPLIT_OFFSETS") != 64 &&
+                        offsets_fit_int32(args, s, batch, blocks * (kThreads / GROUP), GROUP * VEC);
+    narrow ? run(int32_t{}) : run(int64_t{});
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int64_t fix_blocks = std::min(ceil_div(args.rows, kThreads), sms * 32);
-  spmm_split_fixup_kernel<scalar_t, index_t, VEC><<<static_cast<unsigned>(fix_blocks), kThreads, 0, stream>>>(args, s);
+  spmm_split_fixup_kernel<scalar_t, index_t, VEC, GROUP><<<static_cast<unsigned>(fix_blocks), kThreads, 0, stream>>>(args, s);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The widest 16-byte path when B and out allow it (lanes per group from lanes_per_group), else
 // one element per lane in groups of 32.
 template <typename scalar_t, typename index_t>
-void dispatch(const NativeArgs<scalar_t, index_t>& args, bool aligned, const at::Tensor& out) {
+void dispatch(const NativeArgs<scalar_t, index_t>& args, bool aligned, const at::Tensor& out,
+              const CsrAnalysis* analysis) {
   constexpr int kVec = 16 / sizeof(scalar_t);
-  if (!aligned) return launch<scalar_t, index_t, 1, 32>(args, out);
+  if (!aligned) return launch<scalar_t, index_t, 1, 32>(args, out, analysis);
   switch (lanes_per_group(ceil_div(args.n, kVec))) {
     case 4:
-      return launch<scalar_t, index_t, kVec, 4>(args, out);
+      return launch<scalar_t, index_t, kVec, 4>(args, out, analysis);
     case 8:
-      return launch<scalar_t, index_t, kVec, 8>(args, out);
+      return launch<scalar_t, index_t, kVec, 8>(args, out, analysis);
     case 16:
-      return launch<scalar_t, index_t, kVec, 16>(args, out);
+      return launch<scalar_t, index_t, kVec, 16>(args, out, analysis);
     default:
-      return launch<scalar_t, index_t, kVec, 32>(args, out);
+      return launch<scalar_t, index_t, kVec, 32>(args, out, analysis);
   }
 }
 
@@ -528,8 +540,28 @@ void dispatch(const NativeArgs<scalar_t, index_t>& args, bool aligned, const at:
 
 void spmm_split(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                 const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi) {
-  run_native_kernel(p, crow, col, values, dense, out, epi,
-                    [&](const auto& args, bool aligned) { dispatch(args, aligned, out); });
+  const auto analysis = analyze_csr(crow, col, p.k, AnalysisMode::kLookup);
+  auto product_into = [&](const at::Tensor& target) {
+    run_native_kernel(p, crow, col, values, dense, target, SpmmEpilogue{},
+                      [&](const auto& args, bool aligned) { dispatch(args, aligned, target, analysis.get()); });
+  };
+  if (epi.is_identity()) return product_into(out);
+  // Any other epilogue is a second pass over out, as on the cuSPARSE route. Fused into the stream,
+  // where a row can end at any entry, its code made the kernel 1.7x (fp32) to 4.4x (bf16) slower than
+  // the product alone on the H100 (benchmarks/NOTES.md, "Entry-split SpMM, streamed"), many times
+  // the pass's cost. With an accumulate (which may be out itself) the product goes to a scratch.
+  const bool accumulates = epi.accumulate.defined();
+  const at::Tensor product = accumulates ? at::empty_like(out) : out;
+  product_into(product);
+  if (accumulates) {
+    at::Tensor target = out;
+    at::add_out(target, epi.accumulate.mul(epi.beta), product, epi.alpha);
+  } else if (epi.alpha != 1.0) {
+    out.mul_(epi.alpha);
+  }
+  if (epi.bias.defined() || epi.act != Activation::None) {
+    bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
+  }
 }
 
 }  // namespace cuda
