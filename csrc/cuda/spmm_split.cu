@@ -425,9 +425,9 @@ int lanes_per_group(int64_t n_vectors) {
 
 // Entries per unit: about 4 units per group the GPU holds at once (load balance), at least 64 (the
 // window per unit), twice the mean row length (a short-row unit then holds a few rows) and n / 2
-// (the scratch, 2 n per unit, then holds at most 4 accumulators per entry of A: at E = 64 a GCN
-// layer of width 256 on a 170k-node graph took 67 MB of it, and its training step peaked above
-// torch_geometric's; U = 128 was also 1-4% faster at n = 256 on the 100k-node graphs), at most 4096.
+// (the scratch, 2 n per unit, then holds at most 4 accumulators per entry of A: at E = 64 a layer of
+// width 256 on a 170k-node graph took 67 MB of it; on the H100, E = 128 at n = 256 on the 100k-node
+// power-law graphs was 0.3-2.7% faster), at most 4096.
 int64_t unit_entries(int64_t entries, int64_t rows, int64_t n, int lanes) {
   const int64_t forced = env_knob("SPARSETORCH_SPLIT_UNIT");
   if (forced > 0) return forced;
