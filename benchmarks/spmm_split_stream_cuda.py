@@ -11,17 +11,16 @@ do_bench medians, L2 flushed before every call.
     (cd benchmarks/split_stream_proto && nvcc -arch=sm_90 -cubin -O3 -std=c++17 proto.cu -o /tmp/proto.cubin)
     python benchmarks/spmm_split_stream_cuda.py          # GRAPHS=..., CASES=f32,f64,b32, UNITS=128 pick a subset
 """
-import json, math, os, sys, time
-import numpy as np
+import json, os, sys
 import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.getcwd())
 import sparsetorch as st
-from sparsetorch.bench.suites import power_law_graph, random_graph
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "split_stream_proto"))
+import graphs
 
 try:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "split_stream_proto"))
     import run as proto
 except Exception as exc:  # no cupy / cubin
     proto = None
@@ -44,21 +43,13 @@ def main():
     bw = 2 * src.numel() * 4 / (do_bench(lambda: dst.copy_(src), warmup=5, rep=30, return_mode="median") * 1e-3)
     del src, dst
     print(f"HBM copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    specs = [s for s in [("pl100k a=1.2", "power", 100_000, 1.2, 2), ("pl100k a=1.5", "power", 100_000, 1.5, 2),
-             ("pl100k a=2.0", "power", 100_000, 2.0, 2), ("rand100k", "random", 100_000, 0, 1),
-             ("pl1M a=1.5", "power", 1_000_000, 1.5, 4), ("pl1M a=1.2", "power", 1_000_000, 1.2, 4),
-             ("pl1M a=2.0", "power", 1_000_000, 2.0, 4)] if s[0] in os.environ.get("GRAPHS", s[0])]
+    specs = [s for s in graphs.SPECS if s[0] in os.environ.get("GRAPHS", s[0])]
     cases = [(torch.float32 if c.startswith("f") else torch.bfloat16, int(c[1:]))
              for c in os.environ.get("CASES", "f32,f128,f256,b32,b128").split(",")]
     out = []
-    for name, kind, nodes, a, seed in specs:
-        t0 = time.time()
-        g = power_law_graph(nodes, 20, seed, a) if kind == "power" else random_graph(nodes, 20, seed)
-        g.sort_indices()
-        crow = torch.from_numpy(g.indptr.astype(np.int32)).to(dev)
-        col = torch.from_numpy(g.indices.astype(np.int32)).to(dev)
-        vals = torch.from_numpy(g.data.astype(np.float32)).to(dev)
-        print(f"== {name}: nnz {g.nnz}, gen {time.time() - t0:.1f}s", flush=True)
+    for spec in specs:
+        name = spec[0]
+        g, crow, col, vals = graphs.load(spec, dev)
         A64 = torch.sparse_csr_tensor(crow.long(), col.long(), vals.double(), size=g.shape)
         for dtype, n in cases:
             A = torch.sparse_csr_tensor(crow, col, vals.to(dtype), size=g.shape)

@@ -2,15 +2,16 @@
 launched through cupy, timed against the library and torch.sparse.mm (python
 benchmarks/split_stream_proto/run.py). The library kernel follows it; the gap that remains is in
 benchmarks/NOTES.md."""
-import json, math, os, sys, time
+import json, math, os, sys
 import numpy as np
 import torch
 import cupy
 from triton.testing import do_bench
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sparsetorch as st
-from sparsetorch.bench.suites import power_law_graph, random_graph
+import graphs
 
 mod = cupy.RawModule(path=os.environ.get("CUBIN", "/tmp/proto.cubin"))
 dev = torch.device("cuda")
@@ -77,22 +78,14 @@ def rel(x, ref):
 
 def main():
     quick = "--quick" in sys.argv
-    specs = [("pl100k a=1.2", "power", 100_000, 1.2, 2), ("pl100k a=1.5", "power", 100_000, 1.5, 2),
-             ("pl100k a=2.0", "power", 100_000, 2.0, 2), ("rand100k", "random", 100_000, 0, 1)]
-    if not quick:
-        specs += [("pl1M a=1.5", "power", 1_000_000, 1.5, 4), ("pl1M a=1.2", "power", 1_000_000, 1.2, 4)]
+    specs = graphs.SPECS[:4] if quick else graphs.SPECS[:6]
     cases = [(torch.float32, 16), (torch.float32, 32), (torch.float32, 64), (torch.bfloat16, 32), (torch.bfloat16, 64),
              (torch.float32, 128)]
     Us = [int(u) for u in os.environ.get("UNITS", "32,64,128,256").split(",")]
     out = []
-    for name, kind, nodes, a, seed in specs:
-        t0 = time.time()
-        g = power_law_graph(nodes, 20, seed, a) if kind == "power" else random_graph(nodes, 20, seed)
-        g.sort_indices()
-        crow = torch.from_numpy(g.indptr.astype(np.int32)).to(dev)
-        col = torch.from_numpy(g.indices.astype(np.int32)).to(dev)
-        vals = torch.from_numpy(g.data.astype(np.float32)).to(dev)
-        print(f"== {name}: nnz {g.nnz}, gen {time.time() - t0:.1f}s", flush=True)
+    for spec in specs:
+        name = spec[0]
+        g, crow, col, vals = graphs.load(spec, dev)
         for dtype, n in cases:
             tn = "f32" if dtype == torch.float32 else "bf16"
             vec = 4 if dtype == torch.float32 else 8
