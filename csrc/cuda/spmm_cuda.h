@@ -18,7 +18,9 @@ struct SpmmEpilogue {
   Activation act = Activation::None;
   double negative_slope = 0.01;
   // out = A @ B exactly: kernels may take a path without the epilogue's loads and arithmetic.
-  bool is_identity() const { return alpha == 1.0 && !accumulate.defined() && !bias.defined() && act == Activation::None; }
+  bool is_identity() const {
+    return alpha == 1.0 && !accumulate.defined() && !bias.defined() && act == Activation::None;
+  }
 };
 
 // The op arguments as an epilogue: `accumulate` (contiguous, the output's shape; may be `out`) is kept

@@ -467,7 +467,8 @@ at::Tensor unit_plan(const CsrAnalysis* analysis, const index_t* crow, int64_t c
   auto make = [&] {
     const at::Tensor plan = at::zeros({batch * (units + 1) * 2}, options.dtype(at::kLong));
     const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t blocks = std::clamp<int64_t>(ceil_div(std::max(batch * m, batch * (units + 1)), kThreads), 1, sms * 16);
+    const int64_t threads_needed = std::max(batch * m, batch * (units + 1));
+    const int64_t blocks = std::clamp<int64_t>(ceil_div(threads_needed, kThreads), 1, sms * 16);
     spmm_split_plan_kernel<index_t><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         crow, crow_bstride, m, L, batch, unit, units, plan.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -513,7 +514,8 @@ void launch(const NativeArgs<scalar_t, index_t>& args, const at::Tensor& out, co
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int64_t fix_blocks = std::min(ceil_div(args.rows, kThreads), sms * 32);
-  spmm_split_fixup_kernel<scalar_t, index_t, VEC, GROUP><<<static_cast<unsigned>(fix_blocks), kThreads, 0, stream>>>(args, s);
+  spmm_split_fixup_kernel<scalar_t, index_t, VEC, GROUP>
+      <<<static_cast<unsigned>(fix_blocks), kThreads, 0, stream>>>(args, s);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
