@@ -260,9 +260,7 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
   }
   if (n4 != p.n) out = out.narrow(1, 0, p.n).contiguous();
   if (epi.accumulate.defined()) out.add_(epi.accumulate, beta);
-  if (epi.bias.defined() || epi.act != Activation::None) {
-    bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
-  }
+  apply_bias_act(out, epi);
   // A pair multiplies its zero too (0 * inf = NaN where the sparse routes skip the position): the
   // row-group kernel recomputes the output on the device when B holds a NaN or an infinity.
   if (p.m > 0 && p.n > 0 && p.k > 0) {

@@ -30,6 +30,12 @@ SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumula
   return epi;
 }
 
+void apply_bias_act(const at::Tensor& out, const SpmmEpilogue& epi) {
+  if (epi.bias.defined() || epi.act != Activation::None) {
+    bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
+  }
+}
+
 void run_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                     const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend route) {
   switch (route) {

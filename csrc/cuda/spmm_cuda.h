@@ -29,6 +29,11 @@ SpmmEpilogue make_epilogue(double alpha, double beta, const at::Tensor& accumula
                            const std::optional<at::Tensor>& bias, c10::string_view activation,
                            double negative_slope);
 
+// The routes that run the epilogue after the product (cuSPARSE, densify, blocked, split) end here:
+// epi's bias and activation applied to `out` in one pass (bias_act_inplace_cuda), nothing when it
+// has neither. alpha and the accumulate are each route's own (inside a GEMM's beta, or a pass).
+void apply_bias_act(const at::Tensor& out, const SpmmEpilogue& epi);
+
 // Own kernel: a group of 8-32 lanes per output row, 16-byte loads of B rows, fp32 accumulation for
 // half types, the epilogue fused. Takes every batch layout directly (per-batch patterns, shared
 // pattern, broadcasts) without copies. Entries with a column outside [0, k) and row spans outside

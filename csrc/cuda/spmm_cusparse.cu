@@ -201,9 +201,7 @@ void spmm_cusparse(const SpmmProblem& p, const at::Tensor& crow_in, const at::Te
     cusparse_spmm(big_crow, big_col, big_values, rows, cols, total, 1, 0, stacked, p.n, 0, c, epi.alpha, beta);
   }
   if (float_sums) out.copy_(c);
-  if (epi.bias.defined() || epi.act != Activation::None) {
-    bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
-  }
+  apply_bias_act(out, epi);
 }
 
 }  // namespace cuda

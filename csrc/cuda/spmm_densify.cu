@@ -242,9 +242,7 @@ void spmm_densify(const SpmmProblem& p, const at::Tensor& crow_in, const at::Ten
     beta = epi.beta;
   }
   gemm(p, dense_a, dense, out, epi.alpha, beta);
-  if (epi.bias.defined() || epi.act != Activation::None) {
-    bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
-  }
+  apply_bias_act(out, epi);
   const at::Tensor flag = nonfinite_flag(dense, p.dense_batched ? p.batch : 1, p.k, p.n);
   spmm_native_if(p, crow, col, values, dense, out, fallback, flag);
 }

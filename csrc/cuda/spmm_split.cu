@@ -551,19 +551,17 @@ void spmm_split(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& 
   // Any other epilogue is a second pass over out, as on the cuSPARSE route. Fused into the stream,
   // where a row can end at any entry, its code made the kernel 1.7x (fp32) to 4.4x (bf16) slower than
   // the product alone on the H100 (benchmarks/NOTES.md, "Entry-split SpMM, streamed"), many times
-  // the pass's cost. With an accumulate (which may be out itself) the product goes to a scratch.
+  // the pass's cost. With an accumulate (which may be out itself) the product goes to a scratch of
+  // our own, scaled in place, then out = product + beta * accumulate in one pass (no other temporary).
   const bool accumulates = epi.accumulate.defined();
   const at::Tensor product = accumulates ? at::empty_like(out) : out;
   product_into(product);
+  if (epi.alpha != 1.0) product.mul_(epi.alpha);
   if (accumulates) {
     at::Tensor target = out;
-    at::add_out(target, epi.accumulate.mul(epi.beta), product, epi.alpha);
-  } else if (epi.alpha != 1.0) {
-    out.mul_(epi.alpha);
+    at::add_out(target, product, epi.accumulate, epi.beta);
   }
-  if (epi.bias.defined() || epi.act != Activation::None) {
-    bias_act_inplace_cuda(out, epi.bias, epi.act, epi.negative_slope);
-  }
+  apply_bias_act(out, epi);
 }
 
 }  // namespace cuda

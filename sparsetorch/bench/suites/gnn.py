@@ -14,7 +14,8 @@ adj`` (the same PyG layer given a torch sparse CSR ``adj_t``, its fastest varian
 use ``cached=True`` (PyG's SAGEConv has no cache). Outputs are checked against each other before
 timing. ``peak_GiB``: the most memory allocated at once during the timed steps, counting the
 model, optimiser state, features, labels, the graph input the variant is given and whatever it
-caches, and nothing the other variants hold.
+caches (cuBLAS's workspaces too: they are released between variants), and nothing the other
+variants hold.
 
 Floor of a step: the sum over its kernels of max(bytes / copy bandwidth, flops / fp32 GEMM rate),
 for the least work the math needs: each layer's SpMM at the narrower of its two widths (forward;
@@ -26,7 +27,8 @@ on layer 1, 200 epochs; test accuracy at the best validation epoch) with both li
 (3 on CUDA, 10 with ``--full``; on the CPU one seed, with ``--full`` only).
 
 ``python -m sparsetorch.bench.suites.gnn --steps --profile GCNConv,SAGEConv`` times the synthetic
-cases alone and prints where the time of our step goes (torch.profiler, device time per op).
+cases alone and prints where the time of our step goes (torch.profiler, device time per op);
+``--memory GCNConv --profile-impls sparsetorch,pyg-sparse`` lists what is allocated at each one's peak.
 """
 from __future__ import annotations
 
@@ -156,11 +158,15 @@ def _nbytes(t) -> int:
 
 
 def _release(device: torch.device) -> None:
+    """Frees what the previous variant left behind, cuBLAS's workspaces included: torch keeps one per
+    (handle, stream), and the autograd engine's thread has its own handle, so the variant timed first
+    would otherwise pay 32 MiB per workspace (H100) that the later ones find already allocated."""
     gc.collect()
     st.graph.graph_cache_clear()
     st._transpose.transpose_cache_clear()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 
@@ -355,6 +361,79 @@ def profile_step(device: str = "cuda", layer: str = "GCNConv", nodes: int = 169_
     return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
+def memory_at_peak(device: str = "cuda", layer: str = "GCNConv", nodes: int = 169_343, entries: int = 2_100_000,
+                   channels=(128, 256, 40), lib_name: str = "sparsetorch", rows: int = 25) -> str:
+    """What is allocated at the peak of one training step of one implementation (after a first step
+    has built the caches): the blocks live at that moment, largest first, each with the innermost
+    frames of the code that allocated it (torch.cuda.memory's history of allocations)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError("device: the memory history needs CUDA")
+    edge_index = power_law_edge_index(nodes, entries, seed=nodes % 1000, device=str(dev)).to(dev)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(nodes, channels[0], generator=g).to(dev)
+    y = torch.randint(0, channels[2], (nodes,), generator=g).to(dev)
+    pyg_nn, to_csr = _pyg()
+    lib = st.nn if lib_name == "sparsetorch" else pyg_nn
+    _release(dev)
+    graph = to_csr(edge_index.flip(0), size=(nodes, nodes)) if lib_name == "pyg-sparse" else edge_index
+    torch.cuda.synchronize(dev)
+    # C++ frames too: blocks the autograd engine allocates have no Python frames.
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="all")
+    try:
+        torch.manual_seed(0)
+        model = Net(lib, layer, channels).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x, graph), y).backward()
+            opt.step()
+
+        step()
+        torch.cuda.synchronize(dev)
+        mark = len(torch.cuda.memory._snapshot()["device_traces"][dev.index or 0])
+        step()
+        torch.cuda.synchronize(dev)
+        trace = torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    # The allocator's allocated-bytes count falls when a block is freed (free_requested), also when
+    # its reuse waits on another stream's work (free_completed comes later).
+    live, now, peak, at_peak, cause = {}, 0, -1, {}, (0, {})
+    for i, ev in enumerate(trace):
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = (i, ev)
+            now += ev["size"]
+        elif ev["action"] == "free_requested" and ev["addr"] in live:
+            now -= live.pop(ev["addr"])[1]["size"]
+        if i >= mark and now > peak:
+            peak, at_peak, cause = now, dict(live), (i, ev)
+
+    def where(ev):
+        keep = []
+        for f in ev.get("frames", []):
+            name, fname = f.get("name", ""), f.get("filename", "")
+            if fname.endswith(".py"):
+                if "/torch/" not in fname or "torch_geometric" in fname:
+                    keep.append(f"{os.path.basename(fname)}:{f['line']} {name}")
+            elif any(k in name for k in ("at::native::", "sparsetorch::", "torch::autograd::generated::")):
+                keep.append(name.split("(")[0][-70:])
+        return " < ".join(keep[:4])
+
+    own = _nbytes(x) + _nbytes(y) + _nbytes(graph)
+    lines = [f"{lib_name} {layer}: peak of the second step {peak / GIB:.4f} GiB above what was resident "
+             f"before the model; with x, y and the graph input ({own / GIB:.4f} GiB) {(peak + own) / GIB:.4f} GiB "
+             f"(the suite's peak_GiB); reached at event {cause[0] - mark} of the step ({cause[1].get('action')} "
+             f"{where(cause[1])}); live then (MiB, the event that allocated it, negative = before the step):"]
+    blocks = sorted(at_peak.values(), key=lambda ie: -ie[1]["size"])
+    for i, ev in blocks[:rows]:
+        lines.append(f"  {ev['size'] / 2**20:9.2f} MiB  {i - mark:6d}  {where(ev)}")
+    rest = sum(ev["size"] for _, ev in blocks[rows:])
+    lines.append(f"  {rest / 2**20:9.2f} MiB  in {max(len(blocks) - rows, 0)} smaller blocks")
+    return "\n".join(lines)
+
+
 def _main(argv=None):
     """A short look without the whole harness: the synthetic training-step cases (``--steps``)
     and/or profiles of one step (``--profile GCNConv,SAGEConv``)."""
@@ -366,6 +445,8 @@ def _main(argv=None):
     ap.add_argument("--steps", action="store_true", help="time the synthetic cases of this device (quick set)")
     ap.add_argument("--profile", default="", help="comma-separated layers to profile (our step)")
     ap.add_argument("--profile-impls", default="sparsetorch", help="sparsetorch,pyg,pyg-sparse")
+    ap.add_argument("--memory", default="", help="comma-separated layers: the blocks live at the step's peak "
+                    "(for each of --profile-impls)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--nodes", type=int, default=169_343)
     ap.add_argument("--entries", type=int, default=2_100_000)
@@ -391,6 +472,10 @@ def _main(argv=None):
             print(f"\n{impl} {layer}, power-law {args.nodes} nodes / ~{args.entries} entries, {channels}, "
                   f"5 training steps on {device}")
             print(profile_step(str(device), layer, args.nodes, args.entries, channels, impl, rows=18))
+    for layer in [x for x in args.memory.split(",") if x]:
+        for impl in args.profile_impls.split(","):
+            print()
+            print(memory_at_peak(str(device), layer, args.nodes, args.entries, channels, impl))
 
 
 if __name__ == "__main__":
