@@ -325,21 +325,23 @@ def gnn_suite(ctx: Context) -> List[Job]:
 
 # --- where the time goes -------------------------------------------------------------------------
 
-def profile_step(device: str = "cuda", layer: str = "GCNConv", nodes: int = 169_343, entries: int = 2_100_000,
-                 channels=(128, 256, 40), lib_name: str = "sparsetorch", rows: int = 25) -> str:
-    """torch.profiler over 5 training steps of one implementation; the table sorted by device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    dev = torch.device(device)
+def _probe_inputs(dev: torch.device, nodes: int, entries: int, channels, lib_name: str):
+    """(x, y, graph) of the synthetic power-law case for one implementation ("sparsetorch": the
+    edge_index; "pyg": the same; "pyg-sparse": a torch sparse CSR adj_t)."""
     edge_index = power_law_edge_index(nodes, entries, seed=nodes % 1000, device=str(dev)).to(dev)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(nodes, channels[0], generator=g).to(dev)
     y = torch.randint(0, channels[2], (nodes,), generator=g).to(dev)
-    pyg_nn, to_csr = _pyg()
-    lib = st.nn if lib_name == "sparsetorch" else pyg_nn
+    _, to_csr = _pyg()
     graph = to_csr(edge_index.flip(0), size=(nodes, nodes)) if lib_name == "pyg-sparse" else edge_index
+    return x, y, graph
+
+
+def _probe_step(dev: torch.device, layer: str, channels, lib_name: str, x, y, graph):
+    """One training step (forward, backward, Adam) of a fresh model of ``lib_name``'s layers."""
+    pyg_nn, _ = _pyg()
     torch.manual_seed(0)
-    model = Net(lib, layer, channels).to(dev)
+    model = Net(st.nn if lib_name == "sparsetorch" else pyg_nn, layer, channels).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
 
     def step():
@@ -347,6 +349,16 @@ def profile_step(device: str = "cuda", layer: str = "GCNConv", nodes: int = 169_
         F.cross_entropy(model(x, graph), y).backward()
         opt.step()
 
+    return step
+
+def profile_step(device: str = "cuda", layer: str = "GCNConv", nodes: int = 169_343, entries: int = 2_100_000,
+                 channels=(128, 256, 40), lib_name: str = "sparsetorch", rows: int = 25) -> str:
+    """torch.profiler over 5 training steps of one implementation; the table sorted by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device(device)
+    x, y, graph = _probe_inputs(dev, nodes, entries, channels, lib_name)
+    step = _probe_step(dev, layer, channels, lib_name, x, y, graph)
     for _ in range(3):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -369,27 +381,13 @@ def memory_at_peak(device: str = "cuda", layer: str = "GCNConv", nodes: int = 16
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("device: the memory history needs CUDA")
-    edge_index = power_law_edge_index(nodes, entries, seed=nodes % 1000, device=str(dev)).to(dev)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(nodes, channels[0], generator=g).to(dev)
-    y = torch.randint(0, channels[2], (nodes,), generator=g).to(dev)
-    pyg_nn, to_csr = _pyg()
-    lib = st.nn if lib_name == "sparsetorch" else pyg_nn
     _release(dev)
-    graph = to_csr(edge_index.flip(0), size=(nodes, nodes)) if lib_name == "pyg-sparse" else edge_index
+    x, y, graph = _probe_inputs(dev, nodes, entries, channels, lib_name)
     torch.cuda.synchronize(dev)
     # C++ frames too: blocks the autograd engine allocates have no Python frames.
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="all")
     try:
-        torch.manual_seed(0)
-        model = Net(lib, layer, channels).to(dev)
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x, graph), y).backward()
-            opt.step()
-
+        step = _probe_step(dev, layer, channels, lib_name, x, y, graph)
         step()
         torch.cuda.synchronize(dev)
         mark = len(torch.cuda.memory._snapshot()["device_traces"][dev.index or 0])
