@@ -199,24 +199,13 @@ def overhead_job(ctx: Context) -> Job:
     device time of the default call against validate=False on a large one (the steady-state cost of the
     cached check); and the first call on a new matrix (the O(nnz) analysis and its one sync)."""
     def run():
-        import time
-
         rows = []
         small = with_row_lengths(np.full(1000, 10), 1000, 31)
         A = st.to_torch(st.from_scipy(small, device=ctx.device, index_dtype=torch.int32))
         B = torch.randn(1000, 16, device=ctx.device)
 
-        def host_us(fn, reps=2000 if ctx.cuda else 200):
-            fn()
-            if ctx.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            elapsed = time.perf_counter() - t0
-            if ctx.cuda:
-                torch.cuda.synchronize()
-            return elapsed / reps * 1e6
+        def host_us(fn):
+            return back_to_back(fn, 2000 if ctx.cuda else 200, ctx.cuda)[0] * 1e6
 
         for name, fn in (("st.spmm (default)", lambda: st.spmm(A, B)),
                          ("st.spmm validate=False", lambda: st.spmm(A, B, validate=False)),
@@ -257,25 +246,31 @@ def overhead_job(ctx: Context) -> Job:
     return run
 
 
-def loop_ms(fn: Callable[[], object], per_call_ms: float, repeats: int = 2, budget_ms: float = 10.0) -> float:
-    """Milliseconds per call of ``fn`` called back to back (about ``budget_ms`` of calls, 5 to 200) with
-    one synchronisation at the end; the median of ``repeats`` such loops."""
-    calls = max(5, min(200, int(budget_ms / max(per_call_ms, 1e-3))))
+def back_to_back(fn: Callable[[], object], calls: int, cuda: bool) -> Tuple[float, float]:
+    """(host seconds, seconds) per call of ``fn`` called ``calls`` times back to back after one warm
+    call: the time to issue them, and the time until the device has finished them (one sync)."""
     fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
+    if cuda:
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times) * 1e3
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+    return host / calls, (time.perf_counter() - t0) / calls
+
+
+def loop_ms(fn: Callable[[], object], per_call_ms: float, repeats: int = 2, budget_ms: float = 10.0) -> float:
+    """Milliseconds per call of ``fn`` (CUDA) called back to back, about ``budget_ms`` of calls (5 to
+    200) and one synchronisation at the end; the median of ``repeats`` such loops."""
+    calls = max(5, min(200, int(budget_ms / max(per_call_ms, 1e-3))))
+    return statistics.median(back_to_back(fn, calls, True)[1] for _ in range(repeats)) * 1e3
 
 
 def summarize(rows: List[dict]) -> List[str]:
-    """The issue's two numbers: the default call against the best of (torch.sparse.mm, every route)
-    per case, and its geometric mean over torch.sparse.mm."""
+    """The default call against the best of (torch.sparse.mm, every route) per case, and its geometric
+    mean over torch.sparse.mm, by do_bench's time and (CUDA) by the loop time; the overhead rows."""
     lines = []
     for key, how in (("time_ms", ""), ("loop_ms", " in a loop (calls back to back, host time included)")):
         by_case = {}
