@@ -12,6 +12,7 @@
 //            reset by scattering zeros to the same slots again (only the written ones).
 // Work split: a thread-block cluster per 64 rows of W; the cluster's warps split the 64-column chunks,
 // and reduce their partial sums through distributed shared memory in a fixed order (deterministic).
+// Shapes: M and K multiples of 64 (the harness neither pads nor checks).
 // x is read straight from [N, K] row-major: the k order inside a k16 step is permuted so that one 16-byte
 // load per lane and token half gives the B fragments of two k16 steps (the host builds W's slots with
 // the same permutation).
