@@ -32,18 +32,11 @@
 #include <vector>
 
 #include "cuda/slot_kernel.cuh"
+#include "../proto_host.h"
 
 using namespace sparsetorch;
 using namespace sparsetorch::cuda;
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);    \
-      exit(1);                                                                               \
-    }                                                                                        \
-  } while (0)
 
 enum Knob {
   kNoScatter = 1, kNoRead = 2, kNoMma = 4, kNoX = 8, kNoEpi = 16, kNoEntries = 32, kStamp = 64,
@@ -409,32 +402,6 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
 __global__ void empty_kernel() {}
 
 // ------------------------------------------------------------------------------------------------ host
-static std::vector<std::string> env_list(const char* name, const char* dflt) {
-  const char* v = getenv(name);
-  std::string s = v ? v : dflt;
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    size_t b = s.find(',', a);
-    if (b == std::string::npos) b = s.size();
-    if (b > a) out.push_back(s.substr(a, b - a));
-    a = b + 1;
-  }
-  return out;
-}
-static uint16_t f2bf(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-static float bf2f(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 struct Layout {
   std::vector<int32_t> offsets;
   std::vector<uint32_t> entries;
@@ -558,20 +525,10 @@ int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  cublasHandle_t blas;
-  cublasCreate(&blas);
-  void* blas_ws;
-  CK(cudaMalloc(&blas_ws, 32 << 20));
-  cublasSetWorkspace(blas, blas_ws, 32 << 20);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cublasSetStream(blas, stream);
-  const size_t flush_bytes = 256ull << 20;
-  void* flush;
-  CK(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  BenchSetup setup;
+  cudaStream_t stream = setup.stream;
+  const size_t flush_bytes = BenchSetup::kFlushBytes;
+  void* flush = setup.flush;
   std::vector<Variant> vars = {{"lib", true, 0, 4}};
   for (const auto& s : env_list("VARIANTS", "v=0:4,stamp=64:4")) {
     Variant v{s.substr(0, s.find('=')), false, 0, 4};
@@ -675,25 +632,20 @@ int main() {
           }
         }
         std::vector<std::vector<double>> t(vars.size() + 2);
-        const float alpha = 1.f, beta = 0.f;
         for (int rep = 0; rep < reps + 3; ++rep) {
           for (size_t v = 0; v < vars.size() + 2; ++v) {
             if (v < vars.size() && !ok[v]) continue;
             CK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes, stream));
-            cudaEventRecord(e0, stream);
-            if (v == vars.size()) {
-              cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &alpha, d_w, CUDA_R_16BF, K, d_x, CUDA_R_16BF, K,
-                           &beta, d_yd, CUDA_R_16BF, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            } else if (v == vars.size() + 1) {
-              empty_kernel<<<1, 32, 0, stream>>>();
-            } else {
-              launch_one(vars[v], banded, l, p, d_st, stream);
-            }
-            cudaEventRecord(e1, stream);
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            cudaEventElapsedTime(&ms, e0, e1);
-            if (rep >= 3) t[v].push_back(ms * 1000.0);
+            const float us = setup.timed_us([&] {
+              if (v == vars.size()) {
+                setup.dense_bf16(M, N, K, d_w, d_x, d_yd);
+              } else if (v == vars.size() + 1) {
+                empty_kernel<<<1, 32, 0, stream>>>();
+              } else {
+                launch_one(vars[v], banded, l, p, d_st, stream);
+              }
+            });
+            if (rep >= 3) t[v].push_back(us);
           }
         }
         CK(cudaGetLastError());

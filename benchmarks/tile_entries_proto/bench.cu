@@ -29,10 +29,9 @@
 #include <string>
 #include <cstring>
 
-namespace cg = cooperative_groups;
+#include "../proto_host.h"
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  fprintf(stderr, "CUDA %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1); } } while (0)
+namespace cg = cooperative_groups;
 
 constexpr int TILE_WORDS = 2048;      // 64 x 64 bf16
 constexpr int TRASH_WORDS = 32;       // padding entries land here, one word per bank
@@ -312,26 +311,6 @@ __global__ void stream_kernel(const uint4* p, size_t n, unsigned* sink) {
 }
 
 // ---------------------------------------------------------------------------------------------- host
-static std::vector<std::string> env_list(const char* name, const char* dflt) {
-  const char* v = getenv(name);
-  std::string s = v ? v : dflt;
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    size_t b = s.find(',', a);
-    if (b == std::string::npos) b = s.size();
-    if (b > a) out.push_back(s.substr(a, b - a));
-    a = b + 1;
-  }
-  return out;
-}
-static uint16_t f2bf(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 struct Format {
   std::vector<uint32_t> entries, offsets;
   size_t nnz = 0, padded = 0, max_tile = 0;
@@ -458,20 +437,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("device %s, %d SMs, smem/SM %zu KB\n", prop.name, prop.multiProcessorCount, prop.sharedMemPerMultiprocessor / 1024);
-  cublasHandle_t blas;
-  cublasCreate(&blas);
-  void* blas_ws;
-  CK(cudaMalloc(&blas_ws, 32 << 20));
-  cublasSetWorkspace(blas, blas_ws, 32 << 20);
-  cudaStream_t stream;
-  CK(cudaStreamCreate(&stream));
-  cublasSetStream(blas, stream);
-  const size_t flush_bytes = 256ull << 20;
-  void* flush;
-  CK(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  BenchSetup setup;
+  cudaStream_t stream = setup.stream;
+  const size_t flush_bytes = BenchSetup::kFlushBytes;
+  void* flush = setup.flush;
 
   // Copy rate (read + write bytes over time), for the floors.
   double copy_gbs;
@@ -482,13 +451,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&b, sz));
     std::vector<float> ts;
     for (int i = 0; i < 6; ++i) {
-      cudaEventRecord(e0, stream);
-      cudaMemcpyAsync(b, a, sz, cudaMemcpyDeviceToDevice, stream);
-      cudaEventRecord(e1, stream);
-      cudaEventSynchronize(e1);
-      float ms;
-      cudaEventElapsedTime(&ms, e0, e1);
-      ts.push_back(ms);
+      ts.push_back(setup.timed_us([&] { cudaMemcpyAsync(b, a, sz, cudaMemcpyDeviceToDevice, stream); }) * 1e-3f);
     }
     std::sort(ts.begin(), ts.end());
     copy_gbs = 2.0 * sz / (ts[3] * 1e-3) / 1e9;
@@ -510,14 +473,11 @@ int main(int argc, char** argv) {
         for (int rep = 0; rep < reps + 3; ++rep) {
           if (rf) read_flush_kernel<<<4 * prop.multiProcessorCount, 512, 0, stream>>>(static_cast<const uint4*>(flush), flush_bytes / 16, sink);
           else CK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes, stream));
-          cudaEventRecord(e0, stream);
-          if (mb == 0) empty_kernel<<<1, 32, 0, stream>>>();
-          else stream_kernel<<<prop.multiProcessorCount * 8, 512, 0, stream>>>(static_cast<const uint4*>(buf), static_cast<size_t>(mb * 1e6 / 16), sink);
-          cudaEventRecord(e1, stream);
-          CK(cudaEventSynchronize(e1));
-          float ms;
-          cudaEventElapsedTime(&ms, e0, e1);
-          if (rep >= 3) ts.push_back(ms * 1000.f);
+          const float us = setup.timed_us([&] {
+            if (mb == 0) empty_kernel<<<1, 32, 0, stream>>>();
+            else stream_kernel<<<prop.multiProcessorCount * 8, 512, 0, stream>>>(static_cast<const uint4*>(buf), static_cast<size_t>(mb * 1e6 / 16), sink);
+          });
+          if (rep >= 3) ts.push_back(us);
         }
         std::sort(ts.begin(), ts.end());
         printf("floor flush=%s %5.1f MB: %.1f us (%.0f GB/s)\n", rf ? "read" : "memset", mb, ts[ts.size() / 2], mb * 1e3 / ts[ts.size() / 2]);
@@ -649,23 +609,16 @@ int main(int argc, char** argv) {
           errs[v] = std::sqrt(num / std::max(den, 1e-300));
         }
       }
-      const float alpha = 1.f, beta = 0.f;
       for (int rep = 0; rep < reps + 3; ++rep) {
         for (size_t v = 0; v <= vars.size(); ++v) {
           if (v < vars.size() && errs[v] < 0) continue;
           if (read_flush) read_flush_kernel<<<4 * prop.multiProcessorCount, 512, 0, stream>>>(static_cast<const uint4*>(flush), flush_bytes / 16, sink);
           else CK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes, stream));
-          cudaEventRecord(e0, stream);
-          if (v == vars.size())
-            cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &alpha, dW, CUDA_R_16BF, K, dx, CUDA_R_16BF, K, &beta,
-                         dyd, CUDA_R_16BF, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-          else
-            launch_any(nt, vars[v].decode, ps[v], vars[v].cluster, smems[v], stream);
-          cudaEventRecord(e1, stream);
-          CK(cudaEventSynchronize(e1));
-          float ms;
-          cudaEventElapsedTime(&ms, e0, e1);
-          if (rep >= 3) times[v].push_back(ms * 1000.f);
+          const float us = setup.timed_us([&] {
+            if (v == vars.size()) setup.dense_bf16(M, N, K, dW, dx, dyd);
+            else launch_any(nt, vars[v].decode, ps[v], vars[v].cluster, smems[v], stream);
+          });
+          if (rep >= 3) times[v].push_back(us);
         }
       }
       CK(cudaGetLastError());
