@@ -493,8 +493,8 @@ void launch(const NativeArgs<scalar_t, index_t>& args, const at::Tensor& out, co
   const at::Tensor partial =
       at::empty({batch * units * 2 * args.n}, out.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
   const bool entries_aligned = is_aligned(args.col, kPerLane * sizeof(index_t)) &&
-                             is_aligned(args.values, kPerLane * sizeof(scalar_t)) &&
-                             args.col_bstride % kPerLane == 0 && args.val_bstride % kPerLane == 0;
+                               is_aligned(args.values, kPerLane * sizeof(scalar_t)) &&
+                               args.col_bstride % kPerLane == 0 && args.val_bstride % kPerLane == 0;
   const at::Tensor plan =
       unit_plan(analysis, args.crow, args.crow_bstride, args.m, args.L, batch, unit, units, out.options());
   const SplitArgs<acc_t> s{unit, units, ceil_div(args.n, GROUP * VEC), partial.data_ptr<acc_t>(),
