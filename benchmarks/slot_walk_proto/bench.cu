@@ -14,6 +14,11 @@
 //     stages: the ring's depth (library 4 trips of 128 entries, 3 in flight)
 //     512 pair: the chunk walk (pair_kernel below), 1024 with trips of 256 entries
 //     64 stamps: clock64 at the walk's milestones, per warp (printed as medians and spreads).
+//   2048 held: the kernel compiled for 4 blocks per SM (64 registers) whatever NT, to ask whether more
+//        resident warps pay (grids of 4 blocks per SM then run in one wave instead of 1.33).
+//   4096 / 8192: as a chunk's x fragments are loaded, the next (4096) or the one after (8192) chunk's x
+//        lines prefetched into L1 (prefetch.global.L1, one 128-byte line per token): x's latency is
+//        one of the walk's costs (no x loads: -3.4 us) and the registers hold only one chunk ahead.
 // Timing as triton's do_bench: a 256 MB memset before each launch, CUDA events around the launch alone,
 // the median of REPS rounds (cuBLAS in every round).
 //
@@ -40,7 +45,8 @@ using namespace sparsetorch::cuda;
 
 enum Knob {
   kNoScatter = 1, kNoRead = 2, kNoMma = 4, kNoX = 8, kNoEpi = 16, kNoEntries = 32, kStamp = 64,
-  kEarlyX = 128, kPrefetchX = 256, kPair = 512, kTrip256 = 1024
+  kEarlyX = 128, kPrefetchX = 256, kPair = 512, kTrip256 = 1024, kHeld4 = 2048,
+  kL1Next = 4096, kL1Next2 = 8192
 };
 constexpr int kStampWords = 10;  // 8 milestones, the SM, the block
 
@@ -118,6 +124,17 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
       }
     }
     xq_chunk = ci;
+    if (KNOBS & (kL1Next | kL1Next2)) {
+      const int ahead = ci + ((KNOBS & kL1Next2) ? 2 : 1);
+      if (ahead < chunks_here && (lane & 3) == 0) {
+#pragma unroll
+        for (int jt = 0; jt < NT; ++jt) {
+          if (xf.row[jt] != nullptr) {
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(xf.row[jt] + (c_begin + ahead) * 64));
+          }
+        }
+      }
+    }
   };
   auto multiply = [&](int gi) {
     __syncwarp();
@@ -440,7 +457,7 @@ struct Variant {
 
 template <int NT, bool BANDED, int KNOBS, int STAGES>
 static void launch_variant(const slot::Launch& l, const slot::Params& p, unsigned long long* stamps, cudaStream_t s) {
-  constexpr int kMin = (BANDED && NT == 1) ? slot::kHeldBlocks : slot::blocks_per_sm(NT, BANDED);
+  constexpr int kMin = ((BANDED && NT == 1) || (KNOBS & kHeld4)) ? slot::kHeldBlocks : slot::blocks_per_sm(NT, BANDED);
   auto k = variant_kernel<NT, BANDED, KNOBS, STAGES, kMin>;
   const int smem = v_block_smem<NT, STAGES, BANDED>();
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -450,7 +467,7 @@ template <int NT, bool BANDED, int STAGES>
 static bool launch_knobs(int knobs, const slot::Launch& l, const slot::Params& p, unsigned long long* st, cudaStream_t s) {
   switch (knobs) {
 #define K(v) case v: launch_variant<NT, BANDED, v, STAGES>(l, p, st, s); return true;
-    K(0) K(1) K(2) K(4) K(8) K(16) K(32) K(3) K(7) K(15) K(31) K(63) K(47) K(64) K(128) K(256) K(384) K(448) K(192) K(320)
+    K(0) K(1) K(2) K(4) K(8) K(16) K(32) K(3) K(7) K(15) K(31) K(63) K(47) K(64) K(128) K(256) K(384) K(448) K(192) K(320) K(2048) K(2112) K(4096) K(8192)
 #undef K
     default: return false;
   }
