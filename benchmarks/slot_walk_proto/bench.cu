@@ -19,6 +19,7 @@
 //   4096 / 8192: as a chunk's x fragments are loaded, the next (4096) or the one after (8192) chunk's x
 //        lines prefetched into L1 (prefetch.global.L1, one 128-byte line per token): x's latency is
 //        one of the walk's costs (no x loads: -3.4 us) and the registers hold only one chunk ahead.
+//  16384 lane: lane_kernel below, on the lane-major order of the banded layout (banded weights only).
 // Timing as triton's do_bench: a 256 MB memset before each launch, CUDA events around the launch alone,
 // the median of REPS rounds (cuBLAS in every round).
 //
@@ -46,7 +47,7 @@ using namespace sparsetorch::cuda;
 enum Knob {
   kNoScatter = 1, kNoRead = 2, kNoMma = 4, kNoX = 8, kNoEpi = 16, kNoEntries = 32, kStamp = 64,
   kEarlyX = 128, kPrefetchX = 256, kPair = 512, kTrip256 = 1024, kHeld4 = 2048,
-  kL1Next = 4096, kL1Next2 = 8192
+  kL1Next = 4096, kL1Next2 = 8192, kLane = 16384
 };
 constexpr int kStampWords = 10;  // 8 milestones, the SM, the block
 
@@ -416,6 +417,157 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
                                      p.slope, p.out);
 }
 
+// ------------------------------------------------------------------------------------------------ lane-major
+// An experiment (sixth session): the banded layout with each group's entries ordered by the lane that owns
+// their slot (the slot's lane bits), each non-empty group led by a 16-word header of 32 uint16 starts (lane
+// l's entries are the group's [starts[l], starts[l + 1]), lane 31's up to the group's end), streamed with
+// the entries (a first version read the starts from their own array a group ahead: 40.8 us at 90%, N = 16,
+// their load latency on every group). Each lane then writes only its own
+// values, into a private 64-byte region of shared memory (its 16 A registers, 16-byte chunks swizzled by
+// lane so the read-back is conflict-free), and reads its registers back itself: no shared tile, no
+// __syncwarp between the scatter and the read, no atomic exchange. Entries stream through a ring of
+// kLaneStages trips of 128 as in the library; a group is walked once it has fully landed, so groups must
+// fit the ring (the harness checks: at most (kLaneStages - 1) * 128 entries, i.e. sparsity >= ~70%).
+// Same values in the same slots: the product is bit for bit the library's.
+constexpr int kLaneStages = 8;
+constexpr int kLaneRing = kLaneStages * 128;  // entries
+template <int NT>
+__host__ __device__ constexpr int lane_warp_smem() { return kLaneRing * 4 + 2048; }
+template <int NT>
+__host__ __device__ constexpr int lane_block_smem() {
+  return bitmap::kWarps * lane_warp_smem<NT>() > bitmap::kWarps * 8 * NT * 2 * bitmap::kRedStride * 4
+             ? bitmap::kWarps * lane_warp_smem<NT>()
+             : bitmap::kWarps * 8 * NT * 2 * bitmap::kRedStride * 4;
+}
+
+template <int NT, int MIN_BLOCKS>
+__global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
+    lane_kernel(const slot::Params p) {
+  using T = __nv_bfloat16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bitmap::WarpRun run = bitmap::warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
+  const int n0 = run.n0, c_begin = run.c_begin, chunks_here = run.count;
+  const int count = 2 * chunks_here;
+  uint32_t* ring = reinterpret_cast<uint32_t*>(smem + warp * lane_warp_smem<NT>());
+  uint16_t* region = reinterpret_cast<uint16_t*>(smem + warp * lane_warp_smem<NT>() + kLaneRing * 4) + 32 * lane;
+  uint4* region4 = reinterpret_cast<uint4*>(region);
+  const int sw = (lane >> 1) & 3;  // chunk q of the region sits at q ^ sw
+#pragma unroll
+  for (int q = 0; q < 4; ++q) region4[q] = make_uint4(0u, 0u, 0u, 0u);
+  const int64_t group0 = (static_cast<int64_t>(run.strip) * p.chunks + c_begin) * 2;
+  const int nnz = p.nnz;
+
+  float acc[2 * NT][4];
+#pragma unroll
+  for (int j = 0; j < 2 * NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const bitmap::XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
+  uint4 xq[NT][2];
+  auto fetch_x = [&](int ci) {
+    const int col = (c_begin + ci) * static_cast<int>(kBitmapGroupCols);
+#pragma unroll
+    for (int jt = 0; jt < NT; ++jt) {
+      xq[jt][0] = xf.load(jt, col, 0);
+      xq[jt][1] = xf.load(jt, col, 1);
+    }
+  };
+  int start_all = 0, end_all = 0;
+  if (count > 0) {
+    start_all = min(max(__ldg(p.offsets + group0), 0), nnz);
+    end_all = min(max(__ldg(p.offsets + group0 + count), start_all), nnz);
+  }
+  const int s0 = start_all & ~3;
+  const int trips = end_all > start_all ? (end_all - s0 + 127) / 128 : 0;
+  int issued = 0, landed = 0;  // trips issued (each its own commit group); trips known to have landed
+  auto issue = [&](int trip) {
+    uint32_t* dst = ring + (trip % kLaneStages) * 128 + 4 * lane;
+    const int e = s0 + trip * 128 + 4 * lane;
+    if (e <= nnz - 4) {
+      cp_async_16(dst, p.entries + e);
+    } else {
+      for (int j = 0; j < 4; ++j) dst[j] = e + j < nnz ? __ldg(p.entries + e + j) : 0u;
+    }
+  };
+  // Waits until trip `t` has landed: at most issued - 1 - t younger groups may stay in flight.
+  auto wait_for = [&](int t) {
+    switch (min(max(issued - 1 - t, 0), kLaneStages - 1)) {
+      case 0: cp_async_wait<0>(); break;
+      case 1: cp_async_wait<1>(); break;
+      case 2: cp_async_wait<2>(); break;
+      case 3: cp_async_wait<3>(); break;
+      case 4: cp_async_wait<4>(); break;
+      case 5: cp_async_wait<5>(); break;
+      case 6: cp_async_wait<6>(); break;
+      default: cp_async_wait<7>(); break;
+    }
+    __syncwarp();
+  };
+  int end_base = 0;
+  auto load_ends = [&](int base) {
+    end_base = base;
+    return base + lane < count ? __ldg(p.offsets + group0 + base + lane + 1) : end_all;
+  };
+  int ends = count > 0 ? load_ends(0) : 0;
+  if (count > 0) fetch_x(0);
+  int gs = start_all;
+  for (int gi = 0; gi < count; ++gi) {
+    if (gi - end_base == 32) ends = load_ends(gi);
+    const int ge = min(max(__shfl_sync(0xffffffffu, ends, gi - end_base), gs), end_all);
+    if (ge - gs > 16) {
+      const int first = (gs - s0) >> 7, last = (ge - 1 - s0) >> 7;
+      __syncwarp();  // every lane is done with the trips before `first`
+      while (issued < trips && issued < first + kLaneStages) {
+        issue(issued++);
+        cp_async_commit();
+      }
+      if (last >= landed) {  // waits (and the barrier) only when the group reaches a trip not yet seen
+        wait_for(last);
+        landed = last + 1;
+      }
+      // The lane's entries: [b + ls, b + le) after the header, le = the next lane's start (lane 31: the
+      // group's size).
+      const uint32_t hw = ring[(gs + (lane >> 1) - s0) & (kLaneRing - 1)];
+      const int ls = (lane & 1) ? static_cast<int>(hw >> 16) : static_cast<int>(hw & 0xffffu);
+      const int nxt = __shfl_down_sync(0xffffffffu, ls, 1);
+      const int b = gs + 16, size = ge - b;
+      const int a = b + min(ls, size), e = b + (lane == 31 ? size : min(nxt, size));
+      for (int pos = a; pos < e; ++pos) {
+        const uint32_t w = ring[(pos - s0) & (kLaneRing - 1)];
+        const int slot = w & kSlotMask;
+        // idx = step << 3 | register << 1 | half; the chunk (step) swizzled.
+        region[((((slot >> 8) ^ sw) & 3) << 3) | (((slot >> 6) & 3) << 1) | (slot & 1)] = static_cast<uint16_t>(w >> 16);
+      }
+      uint32_t av[4][4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 v = region4[q ^ sw];
+        av[q][0] = v.x, av[q][1] = v.y, av[q][2] = v.z, av[q][3] = v.w;
+        region4[q ^ sw] = make_uint4(0u, 0u, 0u, 0u);
+      }
+      const int set = gi & 1;
+      auto mma_into = [&](auto set_c) {
+        constexpr int kAcc = NT * decltype(set_c)::value;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+            for (int jt = 0; jt < NT; ++jt)
+              bitmap::Mma<T>::run(acc[kAcc + jt], av[2 * h + s2], s2 ? xq[jt][h].z : xq[jt][h].x,
+                                  s2 ? xq[jt][h].w : xq[jt][h].y);
+      };
+      if (set == 0) mma_into(std::integral_constant<int, 0>{});
+      else mma_into(std::integral_constant<int, 1>{});
+    }
+    if ((gi & 1) && (gi >> 1) + 1 < chunks_here) fetch_x((gi >> 1) + 1);
+    gs = ge;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  bitmap::write_block_sums<T, NT, 2>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
+                                     p.slope, p.out);
+}
+
 __global__ void empty_kernel() {}
 
 // ------------------------------------------------------------------------------------------------ host
@@ -448,6 +600,37 @@ static Layout build_layout(const std::vector<uint16_t>& W, int M, int K, bool ba
   }
   return l;
 }
+
+// The lane-major order of a banded layout: each group's entries stably sorted by the lane that owns their
+// slot, and per group the 32 lanes' starts within the group.
+struct LaneLayout {
+  std::vector<int32_t> offsets;   // group g: words [offsets[g], offsets[g + 1]) of the stream
+  std::vector<uint32_t> stream;   // per non-empty group: 16 header words (32 uint16 starts), its entries
+  int max_group = 0;              // words
+};
+static LaneLayout lane_major(const Layout& l) {
+  LaneLayout r;
+  const size_t groups = l.offsets.size() - 1;
+  r.offsets.push_back(0);
+  for (size_t g = 0; g < groups; ++g) {
+    std::vector<uint32_t> e(l.entries.begin() + l.offsets[g], l.entries.begin() + l.offsets[g + 1]);
+    if (!e.empty()) {
+      std::stable_sort(e.begin(), e.end(), [](uint32_t x, uint32_t y) { return ((x >> 1) & 31) < ((y >> 1) & 31); });
+      int cnt[33] = {};
+      for (uint32_t w : e) ++cnt[((w >> 1) & 31) + 1];
+      for (int k = 1; k < 32; ++k) cnt[k] += cnt[k - 1];
+      for (int k = 0; k < 16; ++k) r.stream.push_back(static_cast<uint32_t>(cnt[2 * k]) | static_cast<uint32_t>(cnt[2 * k + 1]) << 16);
+      r.stream.insert(r.stream.end(), e.begin(), e.end());
+      r.max_group = std::max(r.max_group, static_cast<int>(e.size()) + 16);
+    }
+    r.offsets.push_back(static_cast<int32_t>(r.stream.size()));
+  }
+  return r;
+}
+static uint32_t* g_lane_stream = nullptr;
+static int32_t* g_lane_offsets = nullptr;
+static int g_lane_words = 0;
+static bool g_lane_ok = false;
 
 struct Variant {
   std::string name;
@@ -510,6 +693,20 @@ static bool launch_one(const Variant& v, bool banded, const slot::Launch& l, con
     } else if (l.nt == 1) run(slot::slot_linear_kernel<__nv_bfloat16, 1, false>);
     else if (banded) run(slot::slot_linear_kernel<__nv_bfloat16, 2, true>);
     else run(slot::slot_linear_kernel<__nv_bfloat16, 2, false>);
+    return true;
+  }
+  if (v.knobs & kLane) {
+    if (!banded || !g_lane_ok) return false;
+    slot::Params q = p;
+    q.entries = g_lane_stream;
+    q.offsets = g_lane_offsets;
+    q.nnz = g_lane_words;
+    auto run = [&](auto kernel, int smem) {
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      kernel<<<dim3(l.column_tiles, l.row_blocks, l.splits), bitmap::kThreads, smem, s>>>(q);
+    };
+    if (l.nt == 1) run(lane_kernel<1, 3>, lane_block_smem<1>());
+    else run(lane_kernel<2, 3>, lane_block_smem<2>());
     return true;
   }
   if (v.knobs & kPair) {
@@ -586,6 +783,17 @@ int main() {
       CK(cudaMemcpy(d_x, X.data(), X.size() * 2, cudaMemcpyHostToDevice));
       CK(cudaMalloc(&d_y, static_cast<size_t>(NMAX) * M * 2));
       CK(cudaMalloc(&d_yd, static_cast<size_t>(NMAX) * M * 2));
+      if (banded) {
+        const LaneLayout ll = lane_major(lay);
+        g_lane_ok = ll.max_group <= (kLaneStages - 1) * 128;
+        g_lane_words = static_cast<int>(ll.stream.size());
+        CK(cudaMalloc(&g_lane_stream, std::max<size_t>(1, ll.stream.size()) * 4 + 16));
+        CK(cudaMalloc(&g_lane_offsets, ll.offsets.size() * 4));
+        if (!ll.stream.empty()) CK(cudaMemcpy(g_lane_stream, ll.stream.data(), ll.stream.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g_lane_offsets, ll.offsets.data(), ll.offsets.size() * 4, cudaMemcpyHostToDevice));
+        printf("# lane-major order: largest group %d words with its header (%s), stream %.2f MB\n", ll.max_group,
+               g_lane_ok ? "fits the ring" : "too large for the ring: lane variant skipped", ll.stream.size() * 4e-6);
+      }
       printf("# %s sparsity %.4f: nnz %d (%.2f MB of entries), %s layout\n", sh.c_str(), sp, nnz, nnz * 4e-6,
              banded ? "banded" : "plain");
       for (const auto& ns : env_list("NS", "1,16")) {
@@ -735,6 +943,8 @@ int main() {
         fflush(stdout);
         cudaFree(d_st);
       }
+      if (g_lane_stream) cudaFree(g_lane_stream), cudaFree(g_lane_offsets), g_lane_stream = nullptr, g_lane_offsets = nullptr;
+      g_lane_ok = false;
       cudaFree(d_off); cudaFree(d_ent); cudaFree(d_w); cudaFree(d_x); cudaFree(d_y); cudaFree(d_yd);
     }
   }
