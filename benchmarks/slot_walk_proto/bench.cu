@@ -62,13 +62,40 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
+// A block's shared memory for every kernel here: its warps' own bytes, reused at the end as the reduction
+// buffer of write_block_sums (8 NT tokens x SETS accumulator sets per warp).
+__host__ __device__ constexpr int block_smem_for(int warp_bytes, int nt, int sets) {
+  return bitmap::kWarps * warp_bytes > bitmap::kWarps * 8 * nt * sets * bitmap::kRedStride * 4
+             ? bitmap::kWarps * warp_bytes
+             : bitmap::kWarps * 8 * nt * sets * bitmap::kRedStride * 4;
+}
 template <int STAGES, bool BANDED>
 __host__ __device__ constexpr int v_warp_smem() { return STAGES * slot::kTrip * 4 + slot::kTileBytes; }
 template <int NT, int STAGES, bool BANDED>
 __host__ __device__ constexpr int v_block_smem() {
-  return bitmap::kWarps * v_warp_smem<STAGES, BANDED>() > bitmap::kWarps * 8 * NT * slot::sets(BANDED) * bitmap::kRedStride * 4
-             ? bitmap::kWarps * v_warp_smem<STAGES, BANDED>()
-             : bitmap::kWarps * 8 * NT * slot::sets(BANDED) * bitmap::kRedStride * 4;
+  return block_smem_for(v_warp_smem<STAGES, BANDED>(), NT, slot::sets(BANDED));
+}
+
+// The x fragments of one chunk (column col) for NT token tiles, as the library holds them.
+template <int NT>
+__device__ __forceinline__ void load_x_chunk(const bitmap::XFragments<NT>& xf, int col, uint4 (&xq)[NT][2]) {
+#pragma unroll
+  for (int jt = 0; jt < NT; ++jt) {
+    xq[jt][0] = xf.load(jt, col, 0);
+    xq[jt][1] = xf.load(jt, col, 1);
+  }
+}
+// One group's four mma steps (A registers a[step]) into accumulator set SET, as the library does them.
+template <int NT, int SET>
+__device__ __forceinline__ void mma_group(float (&acc)[2 * NT][4], const uint32_t (&a)[4][4], const uint4 (&xq)[NT][2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt)
+        bitmap::Mma<__nv_bfloat16>::run(acc[NT * SET + jt], a[2 * h + s2], s2 ? xq[jt][h].z : xq[jt][h].x,
+                                        s2 ? xq[jt][h].w : xq[jt][h].y);
 }
 
 // The library kernel's stream walk (slot_kernel.cuh), bf16, with the knobs above.
@@ -282,11 +309,7 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
 template <int STAGES, int TRIP>
 __host__ __device__ constexpr int pair_warp_smem() { return STAGES * TRIP * 4 + 2 * slot::kTileBytes; }
 template <int NT, int STAGES, int TRIP>
-__host__ __device__ constexpr int pair_block_smem() {
-  return bitmap::kWarps * pair_warp_smem<STAGES, TRIP>() > bitmap::kWarps * 8 * NT * 2 * bitmap::kRedStride * 4
-             ? bitmap::kWarps * pair_warp_smem<STAGES, TRIP>()
-             : bitmap::kWarps * 8 * NT * 2 * bitmap::kRedStride * 4;
-}
+__host__ __device__ constexpr int pair_block_smem() { return block_smem_for(pair_warp_smem<STAGES, TRIP>(), NT, 2); }
 template <int NT, int STAGES, int TRIP, int MIN_BLOCKS>
 __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
     pair_kernel(const slot::Params p, unsigned long long* stamps) {
@@ -309,14 +332,7 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
   for (int j = 0; j < 2 * NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const bitmap::XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
   uint4 xq[NT][2];
-  auto fetch_x = [&](int ci) {
-    const int col = (c_begin + ci) * static_cast<int>(kBitmapGroupCols);
-#pragma unroll
-    for (int jt = 0; jt < NT; ++jt) {
-      xq[jt][0] = xf.load(jt, col, 0);
-      xq[jt][1] = xf.load(jt, col, 1);
-    }
-  };
+  auto fetch_x = [&](int ci) { load_x_chunk<NT>(xf, (c_begin + ci) * static_cast<int>(kBitmapGroupCols), xq); };
   // Multiplies tile `set` (complete) into its accumulators and zeroes it.
   auto multiply_set = [&](auto set_c) {
     constexpr int kSet = decltype(set_c)::value;
@@ -325,14 +341,7 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
     for (int s = 0; s < 4; ++s)
 #pragma unroll
       for (int r = 0; r < 4; ++r) a[s][r] = atomicExch(tile32 + 512 * kSet + 128 * s + 32 * r + lane, 0u);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int s2 = 0; s2 < 2; ++s2)
-#pragma unroll
-        for (int jt = 0; jt < NT; ++jt)
-          bitmap::Mma<T>::run(acc[NT * kSet + jt], a[2 * h + s2], s2 ? xq[jt][h].z : xq[jt][h].x,
-                              s2 ? xq[jt][h].w : xq[jt][h].y);
+    mma_group<NT, kSet>(acc, a, xq);
   };
   int start_all = 0, end_all = 0;
   if (chunks_here > 0) {
@@ -434,11 +443,7 @@ constexpr int kLaneRing = kLaneStages * 128;  // entries
 template <int NT>
 __host__ __device__ constexpr int lane_warp_smem() { return kLaneRing * 4 + 2048; }
 template <int NT>
-__host__ __device__ constexpr int lane_block_smem() {
-  return bitmap::kWarps * lane_warp_smem<NT>() > bitmap::kWarps * 8 * NT * 2 * bitmap::kRedStride * 4
-             ? bitmap::kWarps * lane_warp_smem<NT>()
-             : bitmap::kWarps * 8 * NT * 2 * bitmap::kRedStride * 4;
-}
+__host__ __device__ constexpr int lane_block_smem() { return block_smem_for(lane_warp_smem<NT>(), NT, 2); }
 
 template <int NT, int MIN_BLOCKS>
 __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
@@ -463,14 +468,7 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
   for (int j = 0; j < 2 * NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const bitmap::XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
   uint4 xq[NT][2];
-  auto fetch_x = [&](int ci) {
-    const int col = (c_begin + ci) * static_cast<int>(kBitmapGroupCols);
-#pragma unroll
-    for (int jt = 0; jt < NT; ++jt) {
-      xq[jt][0] = xf.load(jt, col, 0);
-      xq[jt][1] = xf.load(jt, col, 1);
-    }
-  };
+  auto fetch_x = [&](int ci) { load_x_chunk<NT>(xf, (c_begin + ci) * static_cast<int>(kBitmapGroupCols), xq); };
   int start_all = 0, end_all = 0;
   if (count > 0) {
     start_all = min(max(__ldg(p.offsets + group0), 0), nnz);
@@ -544,20 +542,8 @@ __global__ void __launch_bounds__(bitmap::kThreads, MIN_BLOCKS)
         av[q][0] = v.x, av[q][1] = v.y, av[q][2] = v.z, av[q][3] = v.w;
         region4[q ^ sw] = make_uint4(0u, 0u, 0u, 0u);
       }
-      const int set = gi & 1;
-      auto mma_into = [&](auto set_c) {
-        constexpr int kAcc = NT * decltype(set_c)::value;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int s2 = 0; s2 < 2; ++s2)
-#pragma unroll
-            for (int jt = 0; jt < NT; ++jt)
-              bitmap::Mma<T>::run(acc[kAcc + jt], av[2 * h + s2], s2 ? xq[jt][h].z : xq[jt][h].x,
-                                  s2 ? xq[jt][h].w : xq[jt][h].y);
-      };
-      if (set == 0) mma_into(std::integral_constant<int, 0>{});
-      else mma_into(std::integral_constant<int, 1>{});
+      if (gi & 1) mma_group<NT, 1>(acc, av, xq);
+      else mma_group<NT, 0>(acc, av, xq);
     }
     if ((gi & 1) && (gi >> 1) + 1 < chunks_here) fetch_x((gi >> 1) + 1);
     gs = ge;
