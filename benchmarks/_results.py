@@ -1,14 +1,10 @@
 """What every CUDA benchmark script records: the run's header (device, torch, date and the ceilings it
-measured) and the JSON file next to its text log; and the uniformly random A of the pruned-weight
-scripts (the harness's density suite pattern)."""
+measured) and the JSON file next to its text log."""
 import json
 import os
 import time
 
 import torch
-
-import sparsetorch as st
-
 
 def run_meta(**measured) -> dict:
     """Device, torch version and date, plus whatever the script measured in the same run."""
@@ -53,11 +49,3 @@ def ceiling_meta(copy_bw: float, rates: dict, note: str) -> dict:
     return run_meta(copy_GBps=copy_bw / 1e9,
                     gemm_TFLOPs={str(k).replace("torch.", ""): v / 1e12 for k, v in rates.items()}, note=note)
 
-
-def uniform_csr(m: int, k: int, density: float, seed: int, dtype=torch.float32):
-    """A (m, k) on the GPU, each position an entry with probability `density` (standard normal values),
-    int32 indices; the same matrix for the same arguments."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mask = torch.rand(m, k, device="cuda", generator=g) < density
-    dense = torch.where(mask, torch.randn(m, k, device="cuda", generator=g), 0.0).to(dtype)
-    return st.from_dense(dense).to(index_dtype=torch.int32)

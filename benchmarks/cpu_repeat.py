@@ -2,7 +2,7 @@
 machine: per case, sparsetorch's median time and its speedup over each baseline as min .. max over the
 runs; per run, the geomeans; the load average (os.getloadavg) before each run.
 
-    python benchmarks/cpu_repeat.py [--runs 3] [--full] [--out benchmarks/results/cpu-2core]
+    python benchmarks/cpu_repeat.py [--runs 3] [--full] [--out benchmarks/results/cpu/cpu_repeat]
 
 Writes cpu_repeat.json (every row of every run) and cpu_repeat.md (the tables) to --out.
 """
@@ -41,7 +41,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--full", action="store_true")
-    ap.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu-2core"))
+    ap.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu", "cpu_repeat"))
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):

@@ -7,7 +7,7 @@ bandwidth of a tensor of the same size measured in this run. Linear floor: 2*M*N
 rate of the same dtype measured here. Crossover: the density where the sparse kernel's time equals
 the dense GEMM's (linear interpolation between measured densities).
 
-    python benchmarks/elementwise_dense_cuda.py --out benchmarks/results/<device>
+    python benchmarks/elementwise_dense_cuda.py [--out DIR]
 """
 import argparse
 

@@ -5,7 +5,7 @@ in one run, outputs checked against each other before timing. Also the full SpMM
 Floor: bytes of the pattern (indices) + output values + every referenced row of b once + a once,
 over the copy bandwidth measured here.
 
-    python benchmarks/sddmm_cuda.py --out benchmarks/results/<device>
+    python benchmarks/sddmm_cuda.py [--out DIR]
 """
 import argparse
 import json

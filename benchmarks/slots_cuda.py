@@ -7,7 +7,7 @@ Times: the median of triton's do_bench (L2 flushed before each call by a 256 MB 
 19's table used), in us. Floor next to each: max(bytes / copy bandwidth, 2 M K N / bf16 GEMM rate), both
 measured in this run; bytes = the form's weight as stored + x + y.
 
-    python benchmarks/slots_cuda.py --out benchmarks/results/nvidia-h100-80gb-hbm3/slots
+    python benchmarks/slots_cuda.py [--quick] [--out DIR]
 """
 import argparse
 
