@@ -33,7 +33,7 @@ from typing import Tuple
 import torch
 
 __all__ = ["transpose_pattern", "transpose_values", "row_indices", "transpose_cache_clear", "mark_symmetric",
-           "symmetric_slots"]
+           "symmetric_slots", "remember_transpose"]
 
 _MAX_ENTRIES = 64
 _cache: "OrderedDict[int, tuple]" = OrderedDict()
@@ -96,23 +96,59 @@ def transpose_pattern(crow: torch.Tensor, col: torch.Tensor, k: int):
             _cache.move_to_end(key)
             return result
     result = _compute(crow, col, k)
+    _store(crow, col, k, result)
+    return result
 
-    def drop(_ref, key=key):
-        entry = _cache.get(key)
+
+def _store(crow: torch.Tensor, col: torch.Tensor, k: int, result: tuple) -> None:
+    key = id(crow)
+
+    def drop(_ref, key=key, cache=_cache):  # the dict bound here: callbacks may run at interpreter exit
+        entry = cache.get(key)
         if entry is not None and entry[0] is _ref:
-            del _cache[key]
+            del cache[key]
 
     _cache[key] = (weakref.ref(crow, drop), weakref.ref(col), (crow._version, col._version), k, result)
     _cache.move_to_end(key)
     while len(_cache) > _MAX_ENTRIES:
         _cache.popitem(last=False)
-    return result
+
+
+def remember_transpose(crow: torch.Tensor, col: torch.Tensor, k: int, crow_t: torch.Tensor, col_t: torch.Tensor,
+                       perm: torch.Tensor, values: "torch.Tensor | None" = None,
+                       values_t: "torch.Tensor | None" = None) -> None:
+    """Record A^T's pattern (and, for ``values``, A^T's values ``values_t``) made by a caller that
+    built it anyway (the fresh-graph builder, _graph_build.py: one sort by source beside the sort by
+    target), so that the backward neither sorts nor gathers. The caller guarantees that (crow_t,
+    col_t, perm) is what ``transpose_pattern`` would compute up to the order within a row. Ignored
+    while tracing and for tensors without a version counter."""
+    if not _cacheable(crow, col):
+        return
+    _store(crow, col, k, (crow_t, col_t, perm))
+    if values is not None and values_t is not None and _cacheable(values):
+        key = id(values)
+
+        def drop(_ref, key=key, known=_known_values):
+            entry = known.get(key)
+            if entry is not None and entry[0] is _ref:
+                del known[key]
+
+        _known_values[key] = (weakref.ref(values, drop), values._version, perm, values_t)
+        _known_values.move_to_end(key)
+        while len(_known_values) > _MAX_ENTRIES:
+            _known_values.popitem(last=False)
+
+
+# id(values) -> (weakref(values), version, perm it belongs to, A^T's values): remember_transpose's
+# values, answered by transpose_values without a gather.
+_known_values: "OrderedDict[int, tuple]" = OrderedDict()
 
 
 def transpose_cache_clear() -> None:
     """Forget every cached transpose and every symmetric mark."""
     _cache.clear()
     _symmetric.clear()
+    _known_values.clear()
 
 
 def transpose_values(values: torch.Tensor, perm) -> torch.Tensor:
@@ -122,6 +158,9 @@ def transpose_values(values: torch.Tensor, perm) -> torch.Tensor:
         if known is not None:
             return known
         perm = perm.slots()
+    known = _known_values.get(id(values))
+    if known is not None and known[2] is perm and known[0]() is values and known[1] == values._version:
+        return known[3]
     if perm.dim() == 1:
         return values[..., perm]
     return values.gather(-1, perm)

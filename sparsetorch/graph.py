@@ -64,9 +64,10 @@ class Edges:
 
 
 def _check_edge_index(edge_index: torch.Tensor, edge_weight: Optional[torch.Tensor],
-                      num_nodes: Optional[int]) -> Tuple[int, int]:
+                      num_nodes: Optional[int], check_range: bool = True) -> Tuple[int, int]:
     """Checks shapes and (one device sync, skipped while tracing) the index range; returns the
-    (source, target) node counts."""
+    (source, target) node counts. ``check_range=False``: when both counts are given, the range is
+    left to the caller (the fresh-graph builder checks it on the device, without a sync of its own)."""
     if not is_edge_index(edge_index):
         what = (f"a {edge_index.dtype} tensor of shape {tuple(edge_index.shape)}"
                 if isinstance(edge_index, torch.Tensor) else type(edge_index).__name__)
@@ -91,6 +92,8 @@ def _check_edge_index(edge_index: torch.Tensor, edge_weight: Optional[torch.Tens
         raise ValueError(f"num_nodes: expected a non-negative count, got {num_nodes}")
     if edge_index.shape[1] == 0:
         return tuple(0 if s is None else s for s in sizes)
+    if not check_range and None not in sizes:
+        return sizes
     if torch.compiler.is_compiling():
         if None in sizes:
             raise ValueError("num_nodes: needed while tracing (torch.compile); pass it or the node features")
@@ -109,12 +112,15 @@ def _check_edge_index(edge_index: torch.Tensor, edge_weight: Optional[torch.Tens
     return sizes
 
 
-def edges_of(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: Any = None) -> Edges:
+def edges_of(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: Any = None,
+             check_range: bool = True) -> Edges:
     """The edge list of an ``edge_index`` (+ ``edge_weight``) or a ``Data``, rows = targets.
-    ``num_nodes``: an int, or (sources, targets) for a bipartite graph (PyG's ``size``)."""
+    ``num_nodes``: an int, or (sources, targets) for a bipartite graph (PyG's ``size``).
+    ``check_range=False``: see :func:`_check_edge_index` (for callers that build with
+    :func:`sparsetorch._graph_build.build_graph`, which checks the range itself)."""
     if is_data(graph):
         edge_weight, graph, num_nodes = _data_parts(graph, edge_weight, num_nodes)
-    n_src, n_dst = _check_edge_index(graph, edge_weight, num_nodes)
+    n_src, n_dst = _check_edge_index(graph, edge_weight, num_nodes, check_range)
     return Edges(graph[1], graph[0], edge_weight, (n_dst, n_src))
 
 
@@ -183,10 +189,15 @@ def as_adjacency(adj: Any):
 def sparse_edges(adj: Any) -> Edges:
     """The edge list of a sparse ``adj_t`` (rows = targets)."""
     crow, col, values, shape, _ = sparse_parts(adj)
+    return csr_edges(crow, col, values, shape)
+
+
+def csr_edges(crow: torch.Tensor, col: torch.Tensor, values: Optional[torch.Tensor], shape) -> Edges:
+    """The edge list of a valid unbatched CSR (rows = targets), without a device sync."""
     counts = crow[1:].long() - crow[:-1].long()
-    rows = torch.repeat_interleave(torch.arange(shape[0], device=crow.device), counts)
-    nnz = rows.shape[0]
-    return Edges(rows, col[:nnz].long(), None if values is None else values[:nnz], shape)
+    nnz = col.shape[0]  # a valid unbatched CSR stores exactly crow[-1] == len(col) entries
+    rows = torch.repeat_interleave(torch.arange(shape[0], device=crow.device), counts, output_size=nnz)
+    return Edges(rows, col.long(), values, shape)
 
 
 # --- building a CSR ----------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def samples(rng, device):
     yield ops.linear, (g(3, 8), g(6, 8), g(6)), dict(activation="gelu")
     yield ops.dense_bmm, (g(3, 4, 5), g(5, 2)), {}
     import sparsetorch as st
-    from sparsetorch._blocked import BlockedLayout
+    from sparsetorch.pruned.blocked import BlockedLayout
 
     layout = BlockedLayout(st.CSR(crow, col, values, (9, 7)))
     fvalues = values.clone().requires_grad_()
@@ -96,13 +96,13 @@ def samples(rng, device):
         bias=torch.randn(20, device=device, dtype=bdtype, requires_grad=True), activation="relu",
         **dict(zip(names, W.prepare_backward())))
     # csr16_linear (tests/test_csr16.py has the rest): a bfloat16 weight packed from a CSR, no autograd of its own
-    from sparsetorch._csr16 import Csr16Weight
+    from sparsetorch.pruned.csr16 import Csr16Weight
 
     C = Csr16Weight(crow, col, values.to(torch.bfloat16), (9, 7))
     yield ops.csr16_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), C.crow, C.entries), dict(
         bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="silu")
     # slot_linear (tests/test_slots.py has the rest): the same weight in the slot layout
-    from sparsetorch._slots import SlotWeight
+    from sparsetorch.pruned.slots import SlotWeight
 
     for banded in (False, True):
         S = SlotWeight(crow, col, values.to(torch.bfloat16), (9, 7), banded=banded)
@@ -125,7 +125,13 @@ def test_opcheck_all_ops(device, rng):
     # route name, a list of names, the cache's size, the measuring switch, a measured route) and the name
     # of the CPU kernels' build: they return no tensors and are never traced.
     not_traced = {"sparsetorch::spmm_route", "sparsetorch::spmm_route_candidates", "sparsetorch::csr_analysis_cache",
-                  "sparsetorch::set_autotune", "sparsetorch::spmm_tune", "sparsetorch::_cpu_isa"}
+                  "sparsetorch::set_autotune", "sparsetorch::spmm_tune", "sparsetorch::_cpu_isa",
+                  "sparsetorch::_csr_analysis_store"}
+    # ... and the tuning table's (csrc/common/spmm_tuning.h): a signature, plain lists, counters, test hooks
+    not_traced |= {"sparsetorch::spmm_tuning_signature", "sparsetorch::spmm_tuning_export",
+                   "sparsetorch::spmm_tuning_import", "sparsetorch::spmm_tuning_stats", "sparsetorch::spmm_tuning_clear",
+                   "sparsetorch::spmm_tuning_capacity", "sparsetorch::_spmm_tuning_next",
+                   "sparsetorch::_spmm_tuning_record"}
     defined = {s.name for s in torch._C._jit_get_all_schemas() if s.name.startswith("sparsetorch::")}
     defined -= OPCHECKED_ELSEWHERE
     assert len(defined) >= 8

@@ -265,6 +265,24 @@ std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at:
   return a;
 }
 
+void store_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, const at::Tensor& raw) {
+  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kLong && raw.dim() == 1 &&
+                  raw.numel() == csr_stats::kLength,
+              "store_csr_analysis: raw must be a CPU int64 vector of ", csr_stats::kLength, " values, got ",
+              raw.sizes(), " ", raw.scalar_type(), " on ", raw.device());
+  if (!cacheable(crow, col)) return;
+  const CsrShape s = check_csr_components(crow, col, nullptr);
+  auto a = std::make_shared<CsrAnalysis>();
+  a->batch = s.batch;
+  a->batched = s.batched;
+  a->m = s.m;
+  a->ncols = ncols;
+  a->nnz_stride = s.nnz_stride;
+  const at::Tensor r = raw.contiguous();
+  std::memcpy(a->raw.data(), r.data_ptr<int64_t>(), sizeof(int64_t) * csr_stats::kLength);
+  cache().insert(make_key(crow, col, ncols), crow, col, std::move(a));
+}
+
 void clear_csr_analysis_cache() { cache().clear(); }
 
 int64_t csr_analysis_cache_size() { return cache().size(); }

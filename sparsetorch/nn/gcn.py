@@ -13,8 +13,9 @@ from sparsetorch import functional as F
 from sparsetorch._transpose import row_indices
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch.graph import (Edges, as_adjacency, build_csr, cached_graph, check_coordinates, edges_of, graph_keys,
-                               is_data, is_edge_index, is_sparse_tensor, sparse_edges)
+from sparsetorch._graph_build import build_graph
+from sparsetorch.graph import (Edges, as_adjacency, build_csr, cached_graph, check_coordinates, csr_edges, edges_of,
+                               graph_keys, is_data, is_edge_index, is_sparse_tensor, sparse_edges)
 from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
 
 
@@ -120,13 +121,17 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
     The pattern of an undirected graph is marked symmetric (see ``_transpose.mark_symmetric``)."""
     global _warned_improved
     fill = 2.0 if improved else 1.0
+    # A graph is built in one pass with one device sync (sparsetorch/_graph_build.py); while tracing
+    # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
+    fresh = not torch.compiler.is_compiling()
     if is_edge_index(graph) or is_data(graph):
-        e = edges_of(graph, edge_weight, num_nodes)
+        e = edges_of(graph, edge_weight, num_nodes, check_range=not fresh)
         if improved and add_self_loops and normalize and e.weights is None and not _warned_improved:
             _warned_improved = True
             warnings.warn("GCNConv(improved=True) with an edge_index and no edge_weight: self loops get weight 1, "
                           "as in torch_geometric 2.8's gcn_norm (pass edge_weight=torch.ones(E) for A + 2I)")
         mode = "remaining" if add_self_loops and normalize else None
+        loop_fill = fill if e.weights is not None else 1.0  # torch_geometric 2.8: unweighted loops weigh 1
     else:
         if edge_weight is not None:
             raise ValueError("edge_weight: only with an edge_index (a sparse adjacency carries its weights as its "
@@ -139,13 +144,24 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
             a = a.to(dtype=dtype)
             if not normalize:
                 return a
+            if fresh:
+                m, k = a.shape
+                if m != k:
+                    raise ValueError(f"A: expected a square matrix (n, n), got shape {a.shape}")
+                e = csr_edges(a.crow_indices, a.col_indices, a.values, a.shape)
+                return build_graph(e.cols, e.rows, e.weights, k, m, loops="add" if add_self_loops else None,
+                                   fill=fill, norm="gcn", dtype=dtype, what="adj_t")
             a = gcn_normalize(a, add_self_loops, None, fill)
             return mark_transpose(a)
         e = sparse_edges(graph)
         mode = "fill" if add_self_loops and normalize else None
+        loop_fill = fill
     if e.shape[0] != e.shape[1]:
         raise ValueError(f"edge_index: GCNConv needs a square adjacency (one node set), got {e.shape[1]} sources "
                          f"and {e.shape[0]} targets")
+    if fresh:
+        return build_graph(e.cols, e.rows, e.weights, e.shape[1], e.shape[0], loops=mode, fill=loop_fill,
+                           norm="gcn" if normalize else None, dtype=dtype)
     a = _edges_with_loops(e, mode, fill, dtype)
     if normalize:
         a = _symmetric_scale(a)

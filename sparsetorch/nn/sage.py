@@ -10,8 +10,9 @@ from torch import nn
 from sparsetorch import functional as F
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch.graph import (as_adjacency, build_csr, cached_graph, check_coordinates, edges_of, graph_keys, is_data,
-                               is_edge_index, is_sparse_tensor, sparse_edges)
+from sparsetorch._graph_build import build_graph
+from sparsetorch.graph import (as_adjacency, build_csr, cached_graph, check_coordinates, csr_edges, edges_of,
+                               graph_keys, is_data, is_edge_index, is_sparse_tensor, sparse_edges)
 from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
 
 _AGGREGATIONS = ("mean", "sum", "add")
@@ -24,11 +25,20 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
     ``SparseTensor`` gives ones (SAGEConv takes no edge weights, as in PyG); a torch sparse tensor,
     :class:`CSR` or SciPy matrix keeps its values. ``num_nodes``: (sources, targets) or an int.
     An undirected graph's matrix is marked so its transpose costs nothing in the backward."""
+    # A graph is built in one pass with one device sync (sparsetorch/_graph_build.py); while tracing
+    # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
+    fresh = not torch.compiler.is_compiling()
+    norm = "mean" if aggr == "mean" else None
     if is_edge_index(graph) or is_data(graph):
-        e = edges_of(graph, None, num_nodes)
+        e = edges_of(graph, None, num_nodes, check_range=not fresh)
+        if fresh:
+            return build_graph(e.cols, e.rows, None, e.shape[1], e.shape[0], norm=norm, dtype=dtype)
         a = build_csr(e.rows, e.cols, torch.ones(e.rows.shape[0], dtype=dtype, device=e.device), e.shape)
     elif is_sparse_tensor(graph):
         e = sparse_edges(graph)
+        if fresh:
+            return build_graph(e.cols, e.rows, None, e.shape[1], e.shape[0], norm=norm, dtype=dtype,
+                               what="adj_t")
         a = build_csr(e.rows, e.cols, torch.ones(e.rows.shape[0], dtype=dtype, device=e.device), e.shape)
     else:
         a = as_csr(as_adjacency(check_coordinates(graph)))
@@ -36,6 +46,10 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
         if a.batched:
             raise ValueError(f"edge_index: SAGEConv takes one graph (2-D adjacency), got shape {a.shape}")
         a = a.to(dtype=dtype)
+        if fresh:
+            e = csr_edges(a.crow_indices, a.col_indices, a.values, a.shape)
+            return build_graph(e.cols, e.rows, e.weights, a.shape[1], a.shape[0], norm=norm, dtype=dtype,
+                               what="adj_t")
     if aggr == "mean":
         count = (a.crow_indices[1:] - a.crow_indices[:-1]).to(dtype)
         a = F.scale(a, row=torch.where(count > 0, 1.0 / count, torch.zeros_like(count)))

@@ -10,6 +10,7 @@ from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_mo
 from sparsetorch.bench.suites.density import density_suite
 from sparsetorch.bench.suites.distributed import distributed_suite
 from sparsetorch.bench.suites.elementwise import elementwise_suite
+from sparsetorch.bench.suites.fresh import fresh_suite
 from sparsetorch.bench.suites.gnn import gnn_suite
 from sparsetorch.bench.suites.graphs import graph_suite, power_law_graph, random_graph, real_graphs
 from sparsetorch.bench.suites.pruned import pruned_suite
@@ -24,6 +25,7 @@ SUITES = {
     "distributed": distributed_suite,
     "pruned": pruned_suite,
     "gnn": gnn_suite,
+    "fresh": fresh_suite,
     "cpu": cpu_suite,
 }
 

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 import sparsetorch as st
 from sparsetorch.bench.suites.common import Context, Job, gemm_model, spmm_model
+from sparsetorch.bench.suites.minibatch import minibatch_jobs
 from sparsetorch.bench.timing import check
 
 GIB = 2.0**30
@@ -317,6 +318,7 @@ def gnn_suite(ctx: Context) -> List[Job]:
                 return training_step_rows(ctx, name, layer, edge_index, nodes, channels)
 
             jobs.append(run)
+        jobs += minibatch_jobs(ctx, layer)
         if has_planetoid and (ctx.cuda or not ctx.quick):  # 200 epochs per seed: minutes on a small CPU
             seeds = (3 if ctx.quick else 10) if ctx.cuda else 1
             jobs.append(lambda layer=layer, seeds=seeds: accuracy_rows(ctx, layer, seeds))

@@ -1,0 +1,197 @@
+"""The fresh-graph builder: from an edge list to a layer's propagation matrix, its transpose and the
+analysis of both, with ONE device-to-host copy.
+
+Mini-batch GNN training meets a new graph every step (a sampled subgraph), so what it costs to turn
+an ``edge_index`` into the matrices the products need is paid every step. The builder does it in one
+pass of torch ops on the graph's device:
+
+1. (no sync) the index range check (clamped indices are used from here on, so nothing reads out of
+   bounds whatever the input holds), the self loops to drop, the entries per target and per source,
+   and from those counts the row-length statistics of A and of A^T in the layout of
+   csrc/common/csr_analysis.h;
+2. ONE copy of that small vector to the host: it raises on bad indices before anything uses the
+   result, and it gives the entry count the sizes below need;
+3. (no sync) one stable sort by target (A = adj_t, rows = targets) and one by source (A^T), the
+   values (edge weights, GCN's D^-1/2 (A + I) D^-1/2 or the mean's 1/deg), and the slot map of A^T.
+
+The statistics go to the analysis cache (``sparsetorch::_csr_analysis_store``), so the products on
+the new matrices are neither checked nor analysed again, and A^T goes to the transpose cache
+(``_transpose.remember_transpose``), so the backward neither sorts nor gathers. Both caches key on
+the new tensors and drop the entries with them.
+
+Within a row, entries keep the order of the edge list (the sorts are stable): deterministic, and the
+products accept any column order.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sparsetorch._ops import ops
+from sparsetorch._transpose import remember_transpose
+from sparsetorch.csr import CSR
+
+__all__ = ["build_graph", "LOOP_MODES", "NORMS"]
+
+LOOP_MODES = (None, "remaining", "fill", "add")
+NORMS = (None, "gcn", "mean")
+
+_HIST_BINS = 32  # csr_stats::kHistBins
+_STATS_LENGTH = 8 + 2 * _HIST_BINS  # csr_stats::kLength
+
+
+def _row_stats(lengths: torch.Tensor) -> torch.Tensor:
+    """The csr_stats vector (csrc/common/csr_analysis.h) of a valid pattern with these row lengths
+    (int64, on the device), without leaving the device."""
+    device = lengths.device
+    if lengths.numel() == 0:
+        return torch.zeros(_STATS_LENGTH, dtype=torch.int64, device=device)
+    filled = lengths > 0
+    # bin of a length l >= 1: floor(log2(l)), read off frexp's exponent (l = mantissa * 2^e, mantissa
+    # in [0.5, 1)): exact for every int64 length a double holds exactly (< 2^53).
+    bins = (torch.frexp(lengths.double()).exponent.long() - 1).clamp_(0, _HIST_BINS - 1)
+    bins = torch.where(filled, bins, _HIST_BINS)  # empty rows go to a bin that is cut off
+    hist = torch.zeros(2, _HIST_BINS + 1, dtype=torch.int64, device=device)
+    hist[0].scatter_add_(0, bins, torch.ones_like(lengths))
+    hist[1].scatter_add_(0, bins, lengths)
+    squares = (lengths.double() ** 2).sum().reshape(1).view(torch.int64)
+    head = torch.stack([lengths.sum(), lengths.max(), (~filled).sum()])
+    return torch.cat([torch.zeros(4, dtype=torch.int64, device=device), head, squares,
+                      hist[:, :_HIST_BINS].reshape(-1)])
+
+
+def _index_dtype(n_src: int, n_dst: int, entries: int) -> torch.dtype:
+    return torch.int32 if max(n_src, n_dst, entries) < 2**31 - 1 else torch.int64
+
+
+def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Tensor], n_src: int, n_dst: int, *,
+                loops: Optional[str] = None, fill: float = 1.0, norm: Optional[str] = None,
+                dtype: torch.dtype = torch.float32, what: str = "edge_index") -> CSR:
+    """adj_t (n_dst x n_src, rows = targets) of the edges ``src[e] -> dst[e]`` with weights
+    ``weights[e]`` (ones when None), its transpose and the analysis of both (see the module docstring).
+
+    ``loops`` (square graphs only): ``"remaining"`` drops the existing self loops and gives every node
+    one loop weighing its last existing loop's weight, else ``fill`` (PyG's add_remaining_self_loops);
+    ``"fill"`` drops them and adds loops of weight ``fill``; ``"add"`` keeps them and adds loops of
+    weight ``fill`` (A + fill * I); None leaves the edges as they are.
+    ``norm``: ``"gcn"`` scales every entry by d_target * d_source with d = (row sums of adj_t)^-1/2
+    (0 for an empty row); ``"mean"`` divides every entry by its row's number of entries; None keeps
+    the weights. Differentiable in ``weights``. Out-of-range indices raise IndexError naming ``what``.
+    """
+    if loops not in LOOP_MODES:
+        raise ValueError(f"loops: expected one of {LOOP_MODES}, got {loops!r}")
+    if norm not in NORMS:
+        raise ValueError(f"norm: expected one of {NORMS}, got {norm!r}")
+    if loops is not None and n_src != n_dst:
+        raise ValueError(f"{what}: self loops need a square graph, got {n_src} sources and {n_dst} targets")
+    device = src.device
+    edges = src.shape[0]
+    if edges and (n_src == 0 or n_dst == 0):
+        raise IndexError(f"{what}: {edges} edges given for a graph of {n_src} sources and {n_dst} targets")
+    nodes = n_dst if loops is not None else 0
+    long = torch.int64
+
+    # --- 1. on the device: range check, loops to drop, counts and both analyses ----------------------
+    src_l, dst_l = src.long(), dst.long()
+    if edges:
+        src_lo, src_hi = torch.aminmax(src_l)
+        dst_lo, dst_hi = torch.aminmax(dst_l)
+        bad = (torch.minimum(src_lo, dst_lo) < 0) | (src_hi >= n_src) | (dst_hi >= n_dst)
+        src_c, dst_c = src_l.clamp(0, n_src - 1), dst_l.clamp(0, n_dst - 1)
+    else:
+        bad = torch.zeros((), dtype=torch.bool, device=device)
+        src_c, dst_c = src_l, dst_l
+    drop_loops = loops in ("remaining", "fill")
+    if drop_loops:
+        is_loop = src_c == dst_c
+        kept = (~is_loop).long()
+    else:
+        kept = torch.ones(edges, dtype=long, device=device)
+    per_target = torch.zeros(n_dst, dtype=long, device=device).scatter_add_(0, dst_c, kept)
+    per_source = torch.zeros(n_src, dtype=long, device=device).scatter_add_(0, src_c, kept)
+    if nodes:
+        per_target += 1
+        per_source += 1
+    header = torch.stack([bad.long(), kept.sum()])
+    summary = torch.cat([header, _row_stats(per_target), _row_stats(per_source)]).cpu()  # the one sync
+
+    # --- 2. on the host: raise, or learn the sizes -------------------------------------------------
+    bad_flag, kept_edges = summary[:2].tolist()
+    if bad_flag:
+        _raise_out_of_range(src_l, dst_l, n_src, n_dst, what)
+    entries = kept_edges + nodes
+
+    # --- 3. on the device: sort, values, transpose ---------------------------------------------------
+    index_dtype = _index_dtype(n_src, n_dst, edges + nodes)
+    w = (torch.ones(edges, dtype=dtype, device=device) if weights is None else weights.to(dtype))
+    if nodes:
+        node = torch.arange(nodes, device=device)
+        all_src, all_dst = torch.cat([src_c, node]), torch.cat([dst_c, node])
+        if loops == "remaining" and weights is not None and edges:
+            # the weight of each node's last existing loop (deterministic: the largest edge number)
+            slot = torch.where(is_loop, dst_c, nodes)
+            last = torch.full((nodes + 1,), -1, dtype=long, device=device).scatter_reduce_(
+                0, slot, torch.arange(edges, device=device), "amax")[:nodes]
+            loop_w = torch.where(last >= 0, w[last.clamp(min=0)], torch.full_like(w[:1], fill))
+        else:
+            loop_w = torch.full((nodes,), fill, dtype=dtype, device=device)
+        w_all = torch.cat([w, loop_w])
+    else:
+        all_src, all_dst, w_all = src_c, dst_c, w
+    # Dropped loops sort after every row (key = the row count) and are cut off.
+    if drop_loops:
+        key_t = torch.where(is_loop, n_dst, dst_c)
+        key_s = torch.where(is_loop, n_src, src_c)
+        if nodes:
+            key_t, key_s = torch.cat([key_t, node]), torch.cat([key_s, node])
+    else:
+        key_t, key_s = all_dst, all_src
+    sort_dtype = torch.int32 if max(n_src, n_dst) < 2**31 - 1 else long
+    order = torch.sort(key_t.to(sort_dtype), stable=True).indices[:entries]
+    order_t = torch.sort(key_s.to(sort_dtype), stable=True).indices[:entries]
+
+    if norm == "gcn":
+        w_kept = w_all if not drop_loops else torch.where(torch.cat([is_loop, torch.zeros(nodes, dtype=torch.bool,
+                                                                                            device=device)]),
+                                                          torch.zeros((), dtype=dtype, device=device), w_all)
+        degree = torch.zeros(n_dst, dtype=dtype, device=device).scatter_add(0, all_dst, w_kept)
+        d = degree.pow(-0.5)
+        d = torch.where(torch.isinf(d), torch.zeros((), dtype=dtype, device=device), d)
+        value_all = d[all_dst] * w_all * d[all_src]
+    elif norm == "mean":
+        value_all = w_all / per_target.clamp(min=1).to(dtype)[all_dst]
+    else:
+        value_all = w_all
+
+    crow = torch.zeros(n_dst + 1, dtype=long, device=device)
+    torch.cumsum(per_target, 0, out=crow[1:])
+    crow_t = torch.zeros(n_src + 1, dtype=long, device=device)
+    torch.cumsum(per_source, 0, out=crow_t[1:])
+    crow, crow_t = crow.to(index_dtype), crow_t.to(index_dtype)
+    col = all_src[order].to(index_dtype)
+    col_t = all_dst[order_t].to(index_dtype)
+    values, values_t = value_all[order], value_all[order_t]
+    # A^T's slot t holds the edge order_t[t]; that edge sits in A's slot inverse[order_t[t]].
+    inverse = torch.empty(edges + nodes, dtype=long, device=device)
+    inverse[order] = torch.arange(entries, device=device)
+    perm = inverse[order_t].to(index_dtype)  # 1-D values are indexed with it: int32 serves
+
+    stats = summary[2:]
+    if not torch.compiler.is_compiling():
+        ops._csr_analysis_store(crow, col, n_src, stats[:_STATS_LENGTH])
+        ops._csr_analysis_store(crow_t, col_t, n_dst, stats[_STATS_LENGTH:])
+        remember_transpose(crow, col, n_src, crow_t, col_t, perm, values, values_t)
+    return CSR(crow, col, values, (n_dst, n_src))
+
+
+def _raise_out_of_range(src: torch.Tensor, dst: torch.Tensor, n_src: int, n_dst: int, what: str):
+    """The error for out-of-range indices, naming the first offending side and value (the slow path:
+    a few more syncs, only when raising)."""
+    for side, (t, n) in enumerate(((src, n_src), (dst, n_dst))):
+        low, high = int(t.min()), int(t.max())
+        if low < 0:
+            raise IndexError(f"{what}: node indices must be >= 0, found {low}")
+        if high >= n:
+            raise IndexError(f"{what}: row {side} holds node index {high}, out of range for {n} nodes")
+    raise IndexError(f"{what}: a node index is out of range")  # not reached

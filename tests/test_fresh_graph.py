@@ -1,0 +1,183 @@
+"""The fresh-graph builder (sparsetorch/_graph_build.py): a new graph's propagation matrix, its
+transpose and both analyses in one pass, checked against float64 references, the step-by-step path
+it replaces, and on bad input."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import sparsetorch as st
+from sparsetorch import _transpose
+from sparsetorch._graph_build import build_graph
+from sparsetorch._ops import ops
+
+
+def _edges(rng, n_src, n_dst, e, loops=True, device="cpu", index_dtype=torch.int64):
+    src = rng.integers(0, n_src, e)
+    dst = rng.integers(0, n_dst, e)
+    if loops and n_src == n_dst and e:
+        pick = rng.random(e) < 0.1
+        dst[pick] = src[pick]
+    return torch.from_numpy(np.stack([src, dst])).to(device=device, dtype=index_dtype)
+
+
+def _reference(src, dst, w, n_src, n_dst, loops, fill, norm):
+    """float64 adj_t (n_dst x n_src) by the definitions, with SciPy."""
+    src, dst = src.cpu().long().numpy(), dst.cpu().long().numpy()
+    w = np.ones(len(src)) if w is None else w.detach().cpu().double().numpy()
+    if loops in ("remaining", "fill"):
+        loop = src == dst
+        loop_w = np.full(n_dst, fill)
+        if loops == "remaining":
+            for e in np.flatnonzero(loop):  # the last loop of a node wins
+                loop_w[src[e]] = w[e]
+        src, dst, w = src[~loop], dst[~loop], w[~loop]
+        node = np.arange(n_dst)
+        src, dst, w = np.concatenate([src, node]), np.concatenate([dst, node]), np.concatenate([w, loop_w])
+    elif loops == "add":
+        node = np.arange(n_dst)
+        src, dst, w = np.concatenate([src, node]), np.concatenate([dst, node]), np.concatenate([w, np.full(n_dst, fill)])
+    a = sp.coo_matrix((w, (dst, src)), shape=(n_dst, n_src)).tocsr()  # repeated edges sum
+    if norm == "gcn":
+        deg = np.asarray(a.sum(1)).ravel()
+        d = np.where(deg > 0, deg ** -0.5, 0.0)
+        a = sp.diags(d) @ a @ sp.diags(d)
+    elif norm == "mean":
+        count = np.bincount(dst, minlength=n_dst)
+        a = sp.diags(np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0)) @ a
+    return a.toarray()
+
+
+CASES = [  # (n_src, n_dst, edges, loops, fill, norm, weighted)
+    (40, 40, 300, "remaining", 1.0, "gcn", False),
+    (40, 40, 300, "remaining", 2.0, "gcn", True),
+    (40, 40, 300, "fill", 2.0, "gcn", False),
+    (40, 40, 300, "add", 1.0, "gcn", True),
+    (40, 40, 300, None, 1.0, "gcn", True),
+    (40, 40, 300, None, 1.0, None, True),
+    (50, 20, 300, None, 1.0, "mean", False),
+    (20, 50, 100, None, 1.0, "mean", True),
+    (30, 30, 0, "remaining", 1.0, "gcn", False),
+    (7, 9, 0, None, 1.0, "mean", False),
+    (0, 0, 0, None, 1.0, None, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[3]}-{c[5]}-{c[0]}x{c[1]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_matrix_transpose_and_analysis_match_references(device, rng, case, index_dtype):
+    n_src, n_dst, e, loops, fill, norm, weighted = case
+    ei = _edges(rng, max(n_src, 1), max(n_dst, 1), e, device=device, index_dtype=index_dtype)
+    w = torch.rand(e, dtype=torch.float64, device=device) if weighted else None
+    a = build_graph(ei[0], ei[1], w, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
+    ref = _reference(ei[0], ei[1], w, n_src, n_dst, loops, fill, norm)
+    assert a.shape == (n_dst, n_src)
+    np.testing.assert_allclose(st.to_dense(a).cpu().numpy(), ref, rtol=1e-12, atol=1e-14)
+    # The transpose kept for the backward is A^T, for A's values and for any other values.
+    crow_t, col_t, perm = _transpose.transpose_pattern(a.crow_indices, a.col_indices, n_src)
+    at = st.CSR(crow_t, col_t, _transpose.transpose_values(a.values, perm), (n_src, n_dst))
+    np.testing.assert_allclose(st.to_dense(at).cpu().numpy(), ref.T, rtol=1e-12, atol=1e-14)
+    other = torch.randn_like(a.values)
+    at2 = st.CSR(crow_t, col_t, _transpose.transpose_values(other, perm), (n_src, n_dst))
+    np.testing.assert_allclose(st.to_dense(at2).cpu().numpy(), st.to_dense(a.with_values(other)).cpu().numpy().T)
+    # The stored analyses equal a fresh analysis of both patterns, and both are valid CSRs.
+    for crow, col, k in ((a.crow_indices, a.col_indices, n_src), (crow_t, col_t, n_dst)):
+        stored = ops.csr_analysis(crow, col, k)
+        fresh = ops.csr_analysis(crow, col, k, True)
+        assert torch.equal(stored, fresh)
+        assert fresh[0].item() == 0
+    assert a.index_dtype == torch.int32
+
+
+def test_backward_uses_the_kept_transpose_and_matches_reference(device, rng, monkeypatch):
+    n = 60
+    ei = _edges(rng, n, n, 400, device=device)
+    x = torch.randn(n, 8, dtype=torch.float64, device=device, requires_grad=True)
+
+    def no_sort(*args):
+        raise AssertionError("the backward built a transpose")
+
+    a = st.nn.gcn_norm(ei, num_nodes=n, dtype=torch.float64)
+    monkeypatch.setattr(_transpose, "_compute", no_sort)
+    y = st.spmm(a, x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    dense = torch.from_numpy(_reference(ei[0], ei[1], None, n, n, "remaining", 1.0, "gcn")).to(device)
+    torch.testing.assert_close(x.grad, dense.T @ g, rtol=1e-10, atol=1e-12)
+
+
+def test_edge_weight_gradient(device, rng):
+    n = 12
+    ei = _edges(rng, n, n, 50, device=device)
+    w = torch.rand(50, dtype=torch.float64, device=device, requires_grad=True)
+    x = torch.randn(n, 3, dtype=torch.float64, device=device)
+
+    def f(w):
+        a = build_graph(ei[0], ei[1], w, n, n, loops="remaining", fill=2.0, norm="gcn", dtype=torch.float64)
+        return st.spmm(a, x)
+
+    assert torch.autograd.gradcheck(f, (w,))
+
+
+@pytest.mark.parametrize("bad", ["negative", "source", "target"])
+def test_out_of_range_indices_raise_before_use(device, bad):
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]], device=device)
+    if bad == "negative":
+        ei[0, 1] = -1
+    elif bad == "source":
+        ei[0, 2] = 3
+    else:
+        ei[1, 0] = 7
+    with pytest.raises(IndexError, match="edge_index"):
+        build_graph(ei[0], ei[1], None, 3, 3, loops="remaining", norm="gcn")
+    with pytest.raises(IndexError, match="edge_index"):
+        st.nn.GCNConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei)
+    with pytest.raises(IndexError, match="edge_index"):
+        st.nn.SAGEConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei)
+    assert ei.shape == (2, 3)  # the caller's tensor is left alone
+
+
+def test_arguments_are_checked():
+    ei = torch.tensor([[0], [1]])
+    with pytest.raises(ValueError, match="square"):
+        build_graph(ei[0], ei[1], None, 2, 3, loops="remaining")
+    with pytest.raises(ValueError, match="loops"):
+        build_graph(ei[0], ei[1], None, 2, 2, loops="bogus")
+    with pytest.raises(ValueError, match="norm"):
+        build_graph(ei[0], ei[1], None, 2, 2, norm="max")
+    with pytest.raises(IndexError, match="edge_index"):
+        build_graph(ei[0], ei[1], None, 0, 0)
+
+
+def test_layers_match_the_step_by_step_path(device, rng, monkeypatch):
+    """The builder and the torch-op path kept for torch.compile give the same layer outputs and
+    gradients (edge_index, weighted, bipartite SAGE, sparse adjacency inputs)."""
+    n = 45
+    ei = _edges(rng, n, n, 260, device=device)
+    w = torch.rand(260, device=device)
+    x = torch.randn(n, 6, device=device)
+    adj = torch.sparse_coo_tensor(ei.flip(0), w, (n, n), check_invariants=True).coalesce().to_sparse_csr()
+    gcn, sage = st.nn.GCNConv(6, 4).to(device), st.nn.SAGEConv(6, 4).to(device)
+    runs = [lambda: gcn(x, ei), lambda: gcn(x, ei, w), lambda: gcn(x, adj), lambda: sage(x, ei),
+            lambda: sage(x, adj), lambda: sage((x, x[:20]), ei[:, ei[1] < 20], size=(n, 20))]
+
+    def outputs():
+        st.graph.graph_cache_clear()
+        result = []
+        for run in runs:
+            gcn.zero_grad()
+            sage.zero_grad()
+            y = run()
+            y.square().sum().backward()
+            grads = [p.grad.clone() for p in list(gcn.parameters()) + list(sage.parameters()) if p.grad is not None]
+            result.append((y.detach(), grads))
+        return result
+
+    fresh = outputs()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(st.graph, "_cacheable", lambda keys: False)
+    stepwise = outputs()
+    for (y1, g1), (y2, g2) in zip(fresh, stepwise):
+        torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-6)
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
