@@ -106,14 +106,14 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
     if drop_loops:
         is_loop = src_c == dst_c
         kept = (~is_loop).long()
-    else:
-        kept = torch.ones(edges, dtype=long, device=device)
-    per_target = torch.zeros(n_dst, dtype=long, device=device).scatter_add_(0, dst_c, kept)
-    per_source = torch.zeros(n_src, dtype=long, device=device).scatter_add_(0, src_c, kept)
-    if nodes:
-        per_target += 1
-        per_source += 1
-    header = torch.stack([bad.long(), kept.sum()])
+        kept_edges = kept.sum()
+    else:  # every edge counts: a broadcast one, no tensor of ones written
+        kept = torch.ones((), dtype=long, device=device).expand(edges)
+        kept_edges = torch.full((), edges, dtype=long, device=device)
+    start = 1 if nodes else 0  # the self loop of every node
+    per_target = torch.full((n_dst,), start, dtype=long, device=device).scatter_add_(0, dst_c, kept)
+    per_source = torch.full((n_src,), start, dtype=long, device=device).scatter_add_(0, src_c, kept)
+    header = torch.stack([bad.long(), kept_edges])
     summary = torch.cat([header, _row_stats(per_target), _row_stats(per_source)]).cpu()  # the one sync
 
     # --- 2. on the host: raise, or learn the sizes -------------------------------------------------
@@ -124,6 +124,9 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
 
     # --- 3. on the device: sort, values, transpose ---------------------------------------------------
     index_dtype = _index_dtype(n_src, n_dst, edges + nodes)
+    if norm != "gcn" and weights is None and not nodes:
+        return _unweighted(src_c, dst_c, per_target, per_source, n_src, n_dst, norm, dtype, index_dtype,
+                           summary[2:])
     w = (torch.ones(edges, dtype=dtype, device=device) if weights is None else weights.to(dtype))
     if nodes:
         node = torch.arange(nodes, device=device)
@@ -164,11 +167,7 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
     else:
         value_all = w_all
 
-    crow = torch.zeros(n_dst + 1, dtype=long, device=device)
-    torch.cumsum(per_target, 0, out=crow[1:])
-    crow_t = torch.zeros(n_src + 1, dtype=long, device=device)
-    torch.cumsum(per_source, 0, out=crow_t[1:])
-    crow, crow_t = crow.to(index_dtype), crow_t.to(index_dtype)
+    crow, crow_t = _crows(per_target, per_source, index_dtype)
     col = all_src[order].to(index_dtype)
     col_t = all_dst[order_t].to(index_dtype)
     values, values_t = value_all[order], value_all[order_t]
@@ -177,7 +176,42 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
     inverse[order] = torch.arange(entries, device=device)
     perm = inverse[order_t].to(index_dtype)  # 1-D values are indexed with it: int32 serves
 
-    stats = summary[2:]
+    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, summary[2:])
+
+
+def _crows(per_target: torch.Tensor, per_source: torch.Tensor, index_dtype: torch.dtype):
+    out = []
+    for counts in (per_target, per_source):
+        crow = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=counts.device)
+        torch.cumsum(counts, 0, out=crow[1:])
+        out.append(crow.to(index_dtype))
+    return out
+
+
+def _unweighted(src, dst, per_target, per_source, n_src, n_dst, norm, dtype, index_dtype, stats) -> CSR:
+    """The builder's step 3 for unweighted edges without self loops (SAGE's mean or sum aggregation):
+    every value is 1 or 1/(its row's entries), read off the sorted keys, so no per-edge value is
+    gathered."""
+    sort_dtype = torch.int32 if max(n_src, n_dst) < 2**31 - 1 else torch.int64
+    rows, order = torch.sort(dst.to(sort_dtype), stable=True)
+    sources, order_t = torch.sort(src.to(sort_dtype), stable=True)
+    crow, crow_t = _crows(per_target, per_source, index_dtype)
+    col = src[order].to(index_dtype)
+    col_t = dst[order_t].to(index_dtype)
+    if norm == "mean":
+        inverse_count = 1.0 / per_target.clamp(min=1).to(dtype)
+        values, values_t = inverse_count[rows.long()], inverse_count[col_t.long()]
+    else:
+        values = torch.ones(src.shape[0], dtype=dtype, device=src.device)
+        values_t = values
+    slot = torch.empty_like(order)
+    slot[order] = torch.arange(order.shape[0], device=order.device)
+    perm = slot[order_t].to(index_dtype)
+    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, stats)
+
+
+def _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, stats) -> CSR:
+    """A's and A^T's analyses into the analysis cache, A^T into the transpose cache; A."""
     if not torch.compiler.is_compiling():
         ops._csr_analysis_store(crow, col, n_src, stats[:_STATS_LENGTH])
         ops._csr_analysis_store(crow_t, col_t, n_dst, stats[_STATS_LENGTH:])

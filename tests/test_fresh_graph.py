@@ -55,6 +55,7 @@ CASES = [  # (n_src, n_dst, edges, loops, fill, norm, weighted)
     (40, 40, 300, "add", 1.0, "gcn", True),
     (40, 40, 300, None, 1.0, "gcn", True),
     (40, 40, 300, None, 1.0, None, True),
+    (40, 30, 300, None, 1.0, None, False),
     (50, 20, 300, None, 1.0, "mean", False),
     (20, 50, 100, None, 1.0, "mean", True),
     (30, 30, 0, "remaining", 1.0, "gcn", False),
