@@ -7,7 +7,6 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from sparsetorch import _ops  # noqa: F401  (loads the native ops and their fake kernels)
 from sparsetorch import _autograd  # noqa: F401  (registers the backward of every op)
-from sparsetorch import _sparse24  # noqa: F401  (2:4 ops through cuSPARSELt: fake kernels)
 from sparsetorch._build_info import build_info
 from sparsetorch.csr import (
     CSR,
@@ -22,9 +21,14 @@ from sparsetorch.csr import (
 )
 from sparsetorch.plan import SpmmPlan
 from sparsetorch._validate import MatrixInfo
-from sparsetorch._bitmap import BitmapWeight, bitmap_linear  # pruned bf16/fp16 weights in bitmap tiles
-from sparsetorch._csr16 import Csr16Weight, csr16_linear  # pruned bf16/fp16 weights, few tokens, CUDA cores
-from sparsetorch._slots import SlotWeight, slot_linear  # pruned bf16/fp16 weights, value + fragment slot, tensor cores
+from sparsetorch.pruned import (  # pruned-weight formats (also their ops' fake kernels)
+    BitmapWeight,
+    Csr16Weight,
+    SlotWeight,
+    bitmap_linear,
+    csr16_linear,
+    slot_linear,
+)
 from sparsetorch.graph import from_edge_index, to_edge_index
 from sparsetorch.functional import (
     ACTIVATIONS,

@@ -20,15 +20,15 @@ from typing import Any, Optional
 
 import torch
 
-from sparsetorch._blocked import BlockedLayout, blocked_applies
 from sparsetorch._ops import ops
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import as_csr
 from sparsetorch.functional import _activation_name, _prefers_dense, _records_grad, _spmm_op
+from sparsetorch.pruned.blocked import BlockedLayout, blocked_applies
 
 
 SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "split", "tiled", "densify")
-# Routes only a plan has: "blocked" multiplies a layout of A built once (sparsetorch/_blocked.py).
+# Routes only a plan has: "blocked" multiplies a layout of A built once (sparsetorch/pruned/blocked.py).
 PLAN_BACKENDS = SPMM_BACKENDS + ("blocked",)
 
 

@@ -1,4 +1,4 @@
-"""BitmapWeight and bitmap_linear (sparsetorch/_bitmap.py, csrc/*/bitmap_*): the bitmap-tile layout of
+"""BitmapWeight and bitmap_linear (sparsetorch/pruned/bitmap.py, csrc/*/bitmap_*): the bitmap-tile layout of
 pruned weights and its product, on the CPU (reference kernel, every float dtype) and CUDA (tensor
 cores, bfloat16/float16). Checked against float64 dense products: N = 1 and odd token counts, shapes
 that are not multiples of the 16 x 64 groups, empty rows and tiles, fully dense tiles, an all-zero
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import sparsetorch as st
 from _helpers import activation_refs, random_csr, randn
 from conftest import CUDA_READY
-from sparsetorch._bitmap import _position, _slot
+from sparsetorch.pruned.bitmap import _position, _slot
 
 ops = torch.ops.sparsetorch
 

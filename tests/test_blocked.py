@@ -1,4 +1,4 @@
-"""SpmmPlan's "blocked" route (sparsetorch/_blocked.py, csrc/*/spmm_blocked*): A in 8-row strips of
+"""SpmmPlan's "blocked" route (sparsetorch/pruned/blocked.py, csrc/*/spmm_blocked*): A in 8-row strips of
 row pairs, float32, on the CPU (reference kernel) and CUDA. Checked against float64 SciPy / dense
 products: ragged shapes (rows not a multiple of 8, columns not of 64, widths not of 4, several tiles
 of rows and of columns), sparse and dense strips (every pattern of pairs), empty rows, nnz = 0,
@@ -11,7 +11,7 @@ import torch
 import sparsetorch as st
 from _helpers import activation_refs, assert_matches, randn, random_csr, rounded
 from conftest import CUDA_READY, INDEX_DTYPES
-from sparsetorch._blocked import CHUNK_COLS, PATTERNS, STRIP_PAIRS, STRIP_ROWS, TILE_STRIPS, BlockedLayout
+from sparsetorch.pruned.blocked import CHUNK_COLS, PATTERNS, STRIP_PAIRS, STRIP_ROWS, TILE_STRIPS, BlockedLayout
 from sparsetorch.plan import _autotune_candidates
 
 ops = torch.ops.sparsetorch

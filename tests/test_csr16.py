@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import sparsetorch as st
-from sparsetorch._csr16 import MAX_COLUMNS, Csr16Weight, applies, csr16_linear
+from sparsetorch.pruned.csr16 import MAX_COLUMNS, Csr16Weight, applies, csr16_linear
 from sparsetorch._ops import ops
 from _helpers import assert_matches, linear_reference, packed_weight, random_csr, randn
 

@@ -1,5 +1,5 @@
 """What SparseLinear's two packed few-token forms share, tested once for both: the slot layout
-(sparsetorch/_slots.py, format="slots") and CSR16 (sparsetorch/_csr16.py, format="csr16"). Each form's own
+(sparsetorch/pruned/slots.py, format="slots") and CSR16 (sparsetorch/pruned/csr16.py, format="csr16"). Each form's own
 kernel, layout and bad-input tests are in tests/test_slots.py and tests/test_csr16.py."""
 import numpy as np
 import pytest
@@ -7,9 +7,9 @@ import torch
 
 import sparsetorch as st
 import sparsetorch.nn.linear as lin
-from sparsetorch._csr16 import Csr16Weight, csr16_linear
+from sparsetorch.pruned.csr16 import Csr16Weight, csr16_linear
 from sparsetorch._ops import ops
-from sparsetorch._slots import SlotWeight, slot_linear
+from sparsetorch.pruned.slots import SlotWeight, slot_linear
 from _helpers import assert_matches, linear_reference, random_csr, randn
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]

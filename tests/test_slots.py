@@ -7,7 +7,7 @@ import torch
 
 import sparsetorch as st
 from sparsetorch._ops import ops
-from sparsetorch._slots import (BANDED_MIN_STRIPS_PER_SM, SlotWeight, applies, num_groups, prefers_banded, slot_linear,
+from sparsetorch.pruned.slots import (BANDED_MIN_STRIPS_PER_SM, SlotWeight, applies, num_groups, prefers_banded, slot_linear,
                                 slot_of)
 from _helpers import assert_matches, linear_reference, packed_weight, random_csr, randn
 
@@ -28,7 +28,7 @@ def test_slot_is_the_inverse_of_the_fragment_position():
     """slot_of agrees with the bitmap layout's positions (bit b of quadrant q feeds register q % 4 of step
     q // 4, lane b // 2, half b % 2): every (row, column) of a group gets a distinct slot, the one the
     fragment register holding it reads."""
-    from sparsetorch._bitmap import _position
+    from sparsetorch.pruned.bitmap import _position
 
     q = torch.arange(16).repeat_interleave(64)
     b = torch.arange(64).repeat(16)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sparsetorch as st
-from sparsetorch._sparse24 import Sparse24Split, Sparse24Weight, available, prune_2to4_mask, sparse24_applies
+from sparsetorch.pruned.sparse24 import Sparse24Split, Sparse24Weight, available, prune_2to4_mask, sparse24_applies
 from _helpers import random_csr
 
 ops = torch.ops.sparsetorch

@@ -1,16 +1,16 @@
 """SparseLinear: a pruned linear layer whose weight is stored sparse (CSR) and run in the fastest of its forms.
 
 The CSR components are the layer's state (``values`` is the trainable parameter). From them the layer
-derives, lazily, the forms a product can run on: the CSR itself (sparsetorch's SpMM routes), the dense weight
-(cuBLASLt), a 2:4 part on sparse tensor cores plus a small CSR residual (cuSPARSELt, sparsetorch/_sparse24.py),
-bitmap tiles for tensor cores (sparsetorch/_bitmap.py), the slot layout (the same tiles, each value stored with
-its slot in the tensor-core fragment: sparsetorch/_slots.py) and, for few tokens on CUDA, CSR16 (CSR with each
-entry's value and 16-bit column in one word, multiplied on CUDA cores: sparsetorch/_csr16.py). On the first
-call with a token count in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it times the forms that apply on
-that input and keeps the fastest for the bucket (CUDA: device events with a cold L2, as SpmmPlan's
-autotuner; CPU: wall clock), so the layer is never slower than its dense weight. Forms that win no bucket are
-freed again; the dense copy costs out * in * element bytes (90 MB for an 11008 x 4096 bf16 weight) and is kept
-only when dense wins a bucket.
+derives, lazily, the forms a product can run on (the pruned-weight formats of sparsetorch/pruned/): the CSR
+itself (sparsetorch's SpMM routes), the dense weight (cuBLASLt), a 2:4 part on sparse tensor cores plus a small
+CSR residual (cuSPARSELt, pruned/sparse24.py), bitmap tiles for tensor cores (pruned/bitmap.py), the slot layout
+(the same tiles, each value stored with its slot in the tensor-core fragment: pruned/slots.py) and, for few
+tokens on CUDA, CSR16 (CSR with each entry's value and 16-bit column in one word, multiplied on CUDA cores:
+pruned/csr16.py). On the first call with a token count in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it
+times the forms that apply on that input and keeps the fastest for the bucket (CUDA: device events with a cold
+L2, as SpmmPlan's autotuner; CPU: wall clock), so the layer is never slower than its dense weight. Forms that
+win no bucket are freed again; the dense copy costs out * in * element bytes (90 MB for an 11008 x 4096 bf16
+weight) and is kept only when dense wins a bucket.
 Derived forms are rebuilt when the pattern or the values change (their data pointers and version counters
 are compared), never per call. Inside CUDA graph capture (no timing possible) a bucket never measured takes
 the route of the nearest measured bucket, or the CSR; torch.compile traces the CSR route.
@@ -30,20 +30,16 @@ import torch.nn.functional as F_torch
 from torch import nn
 
 from sparsetorch import functional as F
-from sparsetorch._csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
 from sparsetorch._ops import ops
-from sparsetorch._slots import SlotWeight, applies as slots_applies, slot_linear
-from sparsetorch._sparse24 import (MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, prune_2to4_mask,
-                                   sparse24_applies)
 from sparsetorch._transpose import transpose_pattern, transpose_values
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
 from sparsetorch.plan import SpmmPlan, _autotune_candidates, _device_time
-
-try:  # the bitmap-tile format (another branch): one more candidate where present
-    from sparsetorch._bitmap import BitmapWeight, bitmap_linear
-except ImportError:
-    BitmapWeight = bitmap_linear = None
+from sparsetorch.pruned.bitmap import BitmapWeight, bitmap_linear
+from sparsetorch.pruned.csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
+from sparsetorch.pruned.slots import SlotWeight, applies as slots_applies, slot_linear
+from sparsetorch.pruned.sparse24 import (MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, prune_2to4_mask,
+                                         sparse24_applies)
 
 FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
 # CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again). Under
@@ -99,7 +95,7 @@ def _time_routes(calls: Dict[str, Any], x: torch.Tensor) -> Dict[str, float]:
 
 
 class _BitmapForm:
-    """Adapter to sparsetorch._bitmap (merged from another branch): the one place that knows its API."""
+    """Adapter to sparsetorch.pruned.bitmap: the one place that knows its API."""
 
     def __init__(self, csr: CSR):
         self.weight = BitmapWeight.from_csr(csr)  # the pattern once, with these values
@@ -211,8 +207,6 @@ class _Forms:
                                                  (layer.out_features, layer.in_features))
                 self.sparse24 = Sparse24Weight(self.split24, v)
             elif route == "bitmap":
-                if BitmapWeight is None:
-                    raise ValueError("format 'bitmap': this build has no sparsetorch._bitmap")
                 self.bitmap = _BitmapForm(layer.weight.with_values(v))
             elif route == "csr16":
                 self.csr16 = Csr16Weight(layer.crow_indices, layer.col_indices, v,
@@ -244,7 +238,7 @@ class _Forms:
             else:
                 self.skipped["2:4"] = (f"{self.residual24} entries beyond 2 per group of 4 (more than "
                                        f"{MAX_RESIDUAL_DENSITY:.1%} of the positions)")
-        if BitmapWeight is not None and csr.dtype in (torch.float16, torch.bfloat16):
+        if csr.dtype in (torch.float16, torch.bfloat16):
             routes.append("bitmap")
         if x.shape[0] <= SLOTS_MAX_TOKENS and slots_applies((layer.out_features, layer.in_features), csr.dtype,
                                                              csr.nnz) is None:

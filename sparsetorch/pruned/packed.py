@@ -1,8 +1,8 @@
-"""What the packed pruned-weight forms (CSR16 in _csr16.py, the slot layout in _slots.py) share: building
+"""What the packed pruned-weight forms (CSR16 in csr16.py, the slot layout in slots.py) share: building
 one from any CSR, and the checks of the x their linear op multiplies."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -15,15 +15,20 @@ class PackedWeight:
     dtype: torch.dtype
 
     @classmethod
-    def from_csr(cls, weight, **options):
-        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, ...);
-        options go to the form's constructor (SlotWeight: ``banded``)."""
+    def from_csr(cls, weight, dtype: Optional[torch.dtype] = None, device=None, **options):
+        """From anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, a SciPy
+        matrix, ...): ``dtype`` converts the values (the forms hold bfloat16/float16), ``device`` places a
+        SciPy weight (torch tensors are not moved); options go to the form's constructor (SlotWeight:
+        ``banded``)."""
         from sparsetorch.csr import as_csr
 
-        w = as_csr(weight)
+        w = as_csr(weight, device=device)
         if len(w.shape) != 2:
             raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
-        return cls(w.crow_indices, w.col_indices, w.values.detach(), tuple(w.shape), **options)
+        values = w.values.detach()
+        if dtype is not None:
+            values = values.to(dtype)
+        return cls(w.crow_indices, w.col_indices, values, tuple(w.shape), **options)
 
     def check_input(self, x: torch.Tensor) -> None:
         """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x."""

@@ -107,13 +107,13 @@ class BitmapWeight:
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
-    def from_csr(cls, weight, dtype: Optional[torch.dtype] = None) -> "BitmapWeight":
+    def from_csr(cls, weight, dtype: Optional[torch.dtype] = None, device=None) -> "BitmapWeight":
         """From anything :func:`sparsetorch.as_csr` takes (one unbatched matrix): every stored entry
         is in the pattern (explicit zeros too), repeated positions summed. ``dtype`` converts the
-        values (default: the CSR's)."""
+        values (default: the CSR's); ``device`` places a SciPy weight (torch tensors are not moved)."""
         from sparsetorch._validate import validate_csr
 
-        a = as_csr(weight)
+        a = as_csr(weight, device=device)
         if a.batched or a.values.dim() != 1:
             raise ValueError(f"weight: expected one unbatched (out_features, in_features) matrix, got shape {a.shape}")
         dtype = a.dtype if dtype is None else dtype

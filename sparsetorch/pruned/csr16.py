@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from sparsetorch._ops import ops
-from sparsetorch._packed_weight import PackedWeight
+from sparsetorch.pruned.packed import PackedWeight
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR
 
