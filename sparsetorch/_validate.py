@@ -8,23 +8,27 @@ This module is the Python side: the explicit check and the one the Python-level 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from sparsetorch._ops import ops
-from sparsetorch.csr import CSR
+from sparsetorch.csr import CSR, as_csr
 
 __all__ = ["validate_csr", "ensure_valid", "MatrixInfo", "analyze"]
 
 
-def validate_csr(a: CSR, force: bool = True) -> None:
+def validate_csr(a: Any, force: bool = True) -> None:
     """Raise ValueError naming the first defect if ``a`` is not a well-formed CSR matrix of its shape.
 
-    Checks: ``crow_indices[..., 0] == 0``; ``crow_indices`` non-decreasing; ``crow_indices[-1] ==
+    ``a`` is anything :func:`sparsetorch.as_csr` takes (an st.CSR, a torch sparse CSR tensor, a
+    scipy.sparse matrix, a ``(crow_indices, col_indices, values, shape)`` tuple, a list of 2-D
+    matrices). Checks: ``crow_indices[..., 0] == 0``; ``crow_indices`` non-decreasing; ``crow_indices[-1] ==
     nnz`` (unbatched) or ``<= L`` (batched); every stored column in ``[0, k)``. ``force`` (default)
     re-checks even if the matrix's verdict is cached; ``force=False`` uses the cache.
     """
+    if type(a) is not CSR:
+        a = as_csr(a)
     ops.csr_validate(a.crow_indices, a.col_indices, a.shape[-1], bool(force))
 
 

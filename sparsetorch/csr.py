@@ -174,6 +174,13 @@ def _is_scipy_sparse(obj: Any) -> bool:
     return sp.issparse(obj)
 
 
+def _is_matrix(obj: Any) -> bool:
+    """Whether ``obj`` is one sparse matrix by itself (not a component tensor of one)."""
+    if isinstance(obj, CSR) or _is_scipy_sparse(obj):
+        return True
+    return isinstance(obj, torch.Tensor) and obj.layout == torch.sparse_csr
+
+
 def from_torch(t: torch.Tensor) -> CSR:
     """Wrap a torch sparse CSR tensor, 2-D ``(m, k)`` or 3-D batched ``(b, m, k)``, without copying."""
     if not isinstance(t, torch.Tensor):
@@ -294,10 +301,11 @@ def from_list(matrices: Sequence[Any], shape: Optional[Tuple[int, int]] = None, 
 def as_csr(obj: Any, device=None) -> CSR:
     """Turn what users hold into a :class:`CSR`.
 
-    Accepts a :class:`CSR`; a torch sparse CSR tensor (2-D or 3-D); a ``scipy.sparse`` matrix
-    (copied to ``device``, default CPU); a tuple ``(crow_indices, col_indices, values, shape)``;
-    or a list of 2-D matrices (packed into a batch, see :func:`from_list`). Torch tensors are
-    never moved between devices implicitly.
+    Accepts a :class:`CSR`; a torch sparse CSR tensor (2-D or 3-D); a ``scipy.sparse`` matrix or
+    array of any format (copied to ``device``, default CPU); a tuple ``(crow_indices, col_indices,
+    values, shape)`` of tensors or NumPy arrays (arrays copied to ``device``, default CPU); or a list
+    of 2-D matrices, each any of these (packed into a batch, see :func:`from_list`). Torch tensors
+    are never moved between devices implicitly.
     """
     if isinstance(obj, CSR):
         return obj
@@ -305,8 +313,12 @@ def as_csr(obj: Any, device=None) -> CSR:
         return from_torch(obj)
     if _is_scipy_sparse(obj):
         return from_scipy(obj, device=device)
-    if isinstance(obj, tuple) and len(obj) == 4:
-        crow, col, values, shape = obj
+    if isinstance(obj, tuple) and len(obj) == 4 and not all(_is_matrix(x) for x in obj):
+        crow, col, values, shape = (torch.from_numpy(np.ascontiguousarray(x)).to(device or "cpu")
+                                    if isinstance(x, np.ndarray) else x for x in obj)
+        if not isinstance(shape, (tuple, list, torch.Size)):
+            raise TypeError(f"shape: a (crow_indices, col_indices, values, shape) tuple needs a tuple shape, got "
+                            f"{type(shape).__name__}")
         return CSR(crow, col, values, tuple(shape))
     if isinstance(obj, (list, tuple)):
         return from_list(obj, device=device)

@@ -486,8 +486,9 @@ def scale(A: Any, row: Optional[torch.Tensor] = None, col: Optional[torch.Tensor
     """``diag(row) @ A @ diag(col)``: each stored value times its row's and its column's factor, in one
     pass (GCN's ``D^-1/2 A D^-1/2`` is ``scale(A, d, d)`` with ``d = deg ** -0.5``). ``row`` has
     shape (m,) and ``col`` (k,); with a batched A either may also be (b, m) / (b, k). A is checked as
-    by :func:`spmm` (once per pattern)."""
-    a = as_csr(A)
+    by :func:`spmm` (once per pattern). A SciPy ``A`` is copied to the factors' device."""
+    factor = row if row is not None else col
+    a = as_csr(A, device=factor.device if isinstance(factor, torch.Tensor) else None)
     ensure_valid(a)
     if col is not None and col.shape[-1] != a.shape[-1]:
         raise ValueError(f"col: expected {a.shape[-1]} entries (A's columns, shape {a.shape}), got shape "
