@@ -1,22 +1,39 @@
 """Loaders for the real data the examples and benchmarks use (nothing is downloaded).
 
-``load_planetoid(name, root)`` reads the Planetoid citation graphs (Cora, CiteSeer) in the original
-``ind.<name>.*`` format (Yang et al. 2016), exactly as Kipf & Welling's GCN code prepares them: the
-test nodes' rows reordered, features row-normalised, the adjacency symmetric with duplicate
-edges merged, the standard split (train = the first 140/120 nodes, val = the next 500, test = the
-test index). CiteSeer's isolated test nodes (missing from tx) get zero features and no label.
+Where the data is looked for (the one documented way): the folder given as ``root=`` (``--data DIR`` of the
+examples and of ``python -m sparsetorch.bench``), else ``$SPARSETORCH_DATA``, then ``../shared/data`` beside
+the repository checkout. In each such folder:
+
+* ``matrices/*.mtx``: Matrix Market files (the benchmarks' real matrices);
+* the Planetoid citation graphs (Cora, CiteSeer, PubMed) as the original ``ind.<name>.{x,tx,allx,y,ty,ally,
+  graph,test.index}`` files (Yang et al. 2016), in any of the layouts users have: the folder that
+  torch_geometric's ``Planetoid(root, name)`` download leaves (``<root>/Cora/raw/``, also ``<root>/cora/raw/``),
+  a flat ``<root>/planetoid/`` (this project's data folder), or the files directly in ``<root>``. So a
+  PyG user's cache just works: ``SPARSETORCH_DATA=<the root given to Planetoid>``.
+
+``load_planetoid(name, root)`` reads a graph exactly as Kipf & Welling's GCN code prepares it: the test nodes'
+rows reordered, features row-normalised, the adjacency symmetric with duplicate edges merged, the standard split
+(train = the first 140/120 nodes, val = the next 500, test = the test index). CiteSeer's isolated test nodes
+(missing from tx) get zero features and no label.
 """
 from __future__ import annotations
 
+import glob
 import os
 import pickle
 import warnings
 from dataclasses import dataclass
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["Planetoid", "load_planetoid", "planetoid_adjacency", "default_data_root"]
+__all__ = ["Planetoid", "load_planetoid", "planetoid_adjacency", "planetoid_available", "find_planetoid",
+           "default_data_root", "data_roots", "matrix_files", "how_to_get_planetoid", "PLANETOID_FILES"]
+
+# The Planetoid release's file suffixes; training needs them all, the adjacency alone only "graph".
+PLANETOID_FILES = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
+_PYG_NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 
 
 def default_data_root() -> str:
@@ -24,8 +41,88 @@ def default_data_root() -> str:
     env = os.environ.get("SPARSETORCH_DATA")
     if env:
         return env
+    return _repo_data_root()
+
+
+def _repo_data_root() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     return os.path.normpath(os.path.join(here, "..", "..", "shared", "data"))
+
+
+def data_roots(root: Optional[str] = None) -> List[str]:
+    """The folders searched, in order: ``root`` alone when given; else ``$SPARSETORCH_DATA`` (when set), then
+    ``../shared/data`` beside the checkout."""
+    if root:
+        return [os.fspath(root)]
+    roots = []
+    env = os.environ.get("SPARSETORCH_DATA")
+    if env:
+        roots.append(env)
+    default = _repo_data_root()
+    if default not in roots:
+        roots.append(default)
+    return roots
+
+
+def _planetoid_candidates(root: str, name: str) -> List[str]:
+    pyg = _PYG_NAMES.get(name, name)
+    return [os.path.join(root, pyg, "raw"), os.path.join(root, name, "raw"), os.path.join(root, "planetoid"),
+            os.path.join(root, "planetoid", pyg, "raw"), os.path.join(root, "planetoid", name, "raw"),
+            os.path.join(root, "raw"), root]
+
+
+def _missing(folder: str, name: str, files: Sequence[str]) -> List[str]:
+    return [f"ind.{name}.{ext}" for ext in files if not os.path.isfile(os.path.join(folder, f"ind.{name}.{ext}"))]
+
+
+def how_to_get_planetoid(name: str = "cora") -> str:
+    """The commands that fetch a Planetoid graph and point sparsetorch at it."""
+    pyg = _PYG_NAMES.get(name.lower(), name)
+    return (f"get it with torch_geometric (pip install torch-geometric; it downloads to DIR/{pyg}/raw):\n"
+            f"    python -c \"from torch_geometric.datasets import Planetoid; Planetoid('DIR', '{pyg}')\"\n"
+            f"then set SPARSETORCH_DATA=DIR (or pass --data DIR / root='DIR')")
+
+
+def find_planetoid(name: str = "cora", root: Optional[str] = None, files: Sequence[str] = PLANETOID_FILES) -> str:
+    """The folder holding ``ind.<name>.<ext>`` for every ``ext`` in ``files`` (see the module docstring for
+    where it looks); FileNotFoundError naming what is missing and how to get it otherwise."""
+    name = name.lower()
+    partial = []
+    searched = []
+    for r in data_roots(root):
+        for folder in _planetoid_candidates(r, name):
+            if not os.path.isdir(folder):
+                continue
+            missing = _missing(folder, name, files)
+            if not missing:
+                return folder
+            if len(missing) < len(files):
+                partial.append(f"{folder} lacks {', '.join(missing)}")
+        searched.append(r)
+    where = ", ".join(searched) or "(no folder)"
+    detail = ("; " + "; ".join(partial)) if partial else ""
+    raise FileNotFoundError(
+        f"no Planetoid data for {name!r}: looked for ind.{name}.{{{','.join(files)}}} under {where} (in <root>/"
+        f"{_PYG_NAMES.get(name, name)}/raw, <root>/{name}/raw, <root>/planetoid and <root>){detail}.\n"
+        + how_to_get_planetoid(name))
+
+
+def planetoid_available(name: str = "cora", root: Optional[str] = None, graph_only: bool = False) -> bool:
+    """Whether :func:`load_planetoid` (``graph_only``: :func:`planetoid_adjacency`) finds its files."""
+    try:
+        find_planetoid(name, root, ("graph",) if graph_only else PLANETOID_FILES)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def matrix_files(root: Optional[str] = None) -> List[str]:
+    """The Matrix Market files in ``<root>/matrices`` of the first data folder that has any."""
+    for r in data_roots(root):
+        found = sorted(glob.glob(os.path.join(r, "matrices", "*.mtx")))
+        if found:
+            return found
+    return []
 
 
 @dataclass
@@ -42,13 +139,6 @@ class Planetoid:
         return int(self.labels.max()) + 1
 
 
-def _planetoid_folder(root: str | None) -> str:
-    folder = os.path.join(root or default_data_root(), "planetoid")
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"no Planetoid data at {folder} (set SPARSETORCH_DATA or pass root=)")
-    return folder
-
-
 def _read_planetoid(folder: str, name: str, ext: str):
     with open(os.path.join(folder, f"ind.{name}.{ext}"), "rb") as f, warnings.catch_warnings():
         # The pickles name scipy.sparse.csr.csr_matrix, a module path SciPy deprecates.
@@ -61,7 +151,8 @@ def planetoid_adjacency(name: str = "cora", root: str | None = None, n: int | No
     no symmetrisation; (n, n) with n = the largest node id + 1 unless given."""
     import scipy.sparse as sp
 
-    graph = _read_planetoid(_planetoid_folder(root), name.lower(), "graph")
+    name = name.lower()
+    graph = _read_planetoid(find_planetoid(name, root, ("graph",)), name, "graph")
     rows = np.array([s for s, dsts in graph.items() for _ in dsts], dtype=np.int64)
     cols = np.array([d for dsts in graph.values() for d in dsts], dtype=np.int64)
     if n is None:
@@ -73,10 +164,12 @@ def planetoid_adjacency(name: str = "cora", root: str | None = None, n: int | No
 
 
 def load_planetoid(name: str = "cora", root: str | None = None) -> Planetoid:
+    """The graph, features, labels and standard split (module docstring); FileNotFoundError naming the missing
+    files and how to get them when the data is not found."""
     import scipy.sparse as sp
 
     name = name.lower()
-    folder = _planetoid_folder(root)
+    folder = find_planetoid(name, root)
     x, y, tx, ty, allx, ally = (_read_planetoid(folder, name, e) for e in ("x", "y", "tx", "ty", "allx", "ally"))
     with open(os.path.join(folder, f"ind.{name}.test.index")) as f:
         test_reorder = np.array([int(line) for line in f if line.strip()])
@@ -94,7 +187,7 @@ def load_planetoid(name: str = "cora", root: str | None = None) -> Planetoid:
     labels_onehot[test_reorder, :] = labels_onehot[test_range, :]
 
     n = features.shape[0]
-    adj = planetoid_adjacency(name, root, n)
+    adj = planetoid_adjacency(name, folder, n)
     adj = ((adj + adj.T) > 0).astype(np.float32).tocsr()  # symmetric, duplicates merged
     adj.setdiag(0)
     adj.eliminate_zeros()

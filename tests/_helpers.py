@@ -1,5 +1,4 @@
 """Random inputs and float64 reference checks shared by the tests."""
-import os
 
 import numpy as np
 import scipy.sparse as sp
@@ -7,9 +6,12 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
+from sparsetorch.datasets import data_roots, matrix_files, planetoid_available
 
-DATA_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-DATA_DIR = os.environ.get("SPARSETORCH_DATA", DATA_DIR)
+# The real data, where sparsetorch.datasets finds it: the first of $SPARSETORCH_DATA and ../shared/data that
+# holds any (tests that need it skip, naming the folder, when none does).
+DATA_DIR = next((r for r in data_roots() if matrix_files(r) or planetoid_available("cora", r)), data_roots()[0])
+HAS_PLANETOID = planetoid_available("cora", DATA_DIR)
 
 # Relative Frobenius error allowed against a float64 reference computed from the same (rounded)
 # inputs; half types round every output to 8 or 11 bits.

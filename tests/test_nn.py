@@ -7,7 +7,7 @@ import scipy.sparse as sp
 import torch
 
 import sparsetorch as st
-from _helpers import DATA_DIR, assert_matches, random_csr, randn
+from _helpers import DATA_DIR, HAS_PLANETOID, assert_matches, random_csr, randn
 
 # --- SparseLinear --------------------------------------------------------------------------------
 
@@ -397,8 +397,7 @@ def test_model_compiles_fullgraph_and_matches_eager(device, rng):
 
 # --- a real workload -----------------------------------------------------------------------------
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(DATA_DIR, "planetoid")),
-                    reason=f"Planetoid data not found under {DATA_DIR} (set SPARSETORCH_DATA)")
+@pytest.mark.skipif(not HAS_PLANETOID, reason=f"Planetoid data not found under {DATA_DIR} (set SPARSETORCH_DATA)")
 def test_gcn_on_cora_reaches_published_accuracy(device):
     """The paper's recipe, one seed: test accuracy at the best validation epoch >= 79%."""
     import importlib.util

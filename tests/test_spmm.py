@@ -1,5 +1,4 @@
 """spmm against SciPy / dense float64 references: single, batched, broadcast, epilogue, real matrices."""
-import glob
 import os
 
 import numpy as np
@@ -9,6 +8,7 @@ import scipy.sparse as sp
 import torch
 
 import sparsetorch as st
+from sparsetorch.datasets import matrix_files
 from _helpers import DATA_DIR, activation_refs, assert_matches, randn, random_csr, rounded, to_st
 from conftest import CUDA_READY, FLOAT_DTYPES, INDEX_DTYPES
 
@@ -266,9 +266,9 @@ def test_nan_inf_propagate_like_scipy(device, backend, rng):
     assert_matches(run(backend, a, b), ref, torch.float64)
 
 
-# --- the real matrices in ../shared/data/matrices ------------------------------------------------
+# --- the real matrices in the data folder (../shared/data/matrices or $SPARSETORCH_DATA/matrices) ------------
 
-MATRIX_FILES = sorted(glob.glob(os.path.join(DATA_DIR, "matrices", "*.mtx")))
+MATRIX_FILES = matrix_files(DATA_DIR)
 
 
 @pytest.mark.parametrize("path", MATRIX_FILES or [None], ids=lambda p: os.path.basename(p) if p else "missing")
