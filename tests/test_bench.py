@@ -29,7 +29,67 @@ def test_speedups_and_headlines():
             _row("graphs", "g, n=64", "torch.sparse.mm", 8.0, graph="g")]
     report.add_speedups(rows)
     assert [r["speedup"] for r in rows] == [1.0, 2.0, 1.0, 8.0]
-    assert any("4.00x geomean over torch.sparse.mm" in h for h in report.headlines(rows))
+    assert any("sparsetorch 4.00x faster than torch.sparse.mm (geomean over 2 cases; from 2.00x faster to 8.00x "
+               "faster)" in h for h in report.headlines(rows)), report.headlines(rows)
+
+
+def test_ratios_say_which_side_is_faster():
+    from sparsetorch.bench.ratios import summary, versus
+
+    assert versus(1.21, "torch_geometric") == "1.21x faster than torch_geometric"
+    assert versus(0.5, "torch.sparse.mm") == "2.00x slower than torch.sparse.mm"
+    assert versus(None) == "-"
+    assert summary([0.5, 2.0], "X") == "1.00x faster than X (geomean over 2 cases; from 2.00x slower to 2.00x faster)"
+
+
+def test_density_headline_when_sparse_wins_at_every_density():
+    """A sweep whose highest density still favours sparsetorch has no crossover inside it: the headline says
+    so instead of naming the highest density as the crossover."""
+    rows = []
+    for d in (0.01, 0.1, 0.3):
+        rows += [_row("density", f"d={d}", "sparsetorch", 0.5, density=d),
+                 _row("density", f"d={d}", "dense fp32", 1.0, density=d)]
+    (line,) = report.crossover_lines(rows)
+    assert "at every density swept (up to 30%" in line and "below" not in line
+    rows = [dict(r, time_ms=2.0) if r["impl"] == "sparsetorch" else r for r in rows]
+    (line,) = report.crossover_lines(rows)
+    assert "dense fp32 is faster than sparsetorch (fp32) at every density swept (down to 1%)" in line
+
+
+def test_terminal_table_cuts_nothing_off_and_marks_missing_models(capsys):
+    long_case = "a case name far longer than any column width the table used to have, n=128"
+    rows = [_row("skew", long_case, "st.spmm (default)", 1.0),
+            _row("skew", long_case, "host overhead per call", 0.01, GBps=0.0, GFLOPs=0.0, floor_ms=0.0,
+                 of_floor=0.0)]
+    report.add_speedups(rows)
+    report.print_table(rows)
+    out = capsys.readouterr().out
+    assert long_case in out
+    overhead = next(line for line in out.splitlines() if "host overhead" in line)
+    assert " 0 " not in overhead and "0%" not in overhead and overhead.split().count("-") >= 4
+    assert "(reference)" in out
+
+
+def test_elementwise_copy_row_is_the_ceiling():
+    """One ceiling: the copy row of the elementwise suite is the copy that measured the bandwidth, so it
+    reads 100% of floor, and the fused kernel's headline quotes the same fraction as its row."""
+    import torch
+
+    from sparsetorch.bench.suites.common import Context
+    from sparsetorch.bench.suites.elementwise import elementwise_suite
+    from sparsetorch.bench.timing import make_timer, measure_ceilings
+
+    cpu = torch.device("cpu")
+    timer = make_timer(cpu, True)
+    ctx = Context(cpu, timer, measure_ceilings(cpu, timer, True), True, None)
+    rows = [r for job in elementwise_suite(ctx) for r in job()]
+    copy = next(r for r in rows if r["impl"].startswith("copy"))
+    assert abs(copy["of_floor"] - 1.0) < 1e-9
+    assert abs(copy["GBps"] * 1e9 - ctx.ceilings.bandwidth) / ctx.ceilings.bandwidth < 1e-9
+    report.add_speedups(rows)
+    fused = next(r for r in rows if r["impl"].startswith("st.bias_act"))
+    (line,) = [h for h in report.headlines(rows) if h.startswith("fused bias+gelu")]
+    assert f"{100 * fused['of_floor']:.0f}% of the copy ceiling" in line
 
 
 def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
@@ -43,7 +103,38 @@ def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
     assert {"sparsetorch", "torch.sparse.mm", "dense fp32", "scipy"} <= impls
     assert all(r["time_ms"] > 0 and r["floor_ms"] > 0 and r["rel_err"] < 1e-4 for r in data["rows"])
     assert (out / "README.md").exists() and (out / "results.csv").exists()
-    assert "x ours" in capsys.readouterr().out
+    assert "sparsetorch is" in capsys.readouterr().out
+
+
+def test_run_says_what_it_left_out_without_data(tmp_path, capsys, monkeypatch):
+    """No data folder: the graphs suite runs its synthetic cases and the run says, at its start and its end,
+    that the real matrices and the Planetoid graphs were left out and how to get them; no torch warning about
+    the harness's own sparse tensors reaches the output."""
+    import warnings
+
+    from sparsetorch.bench import suites
+    from sparsetorch.bench.__main__ import main
+
+    monkeypatch.setitem(suites.SUITES, "graphs", _tiny_graph_suite(suites.SUITES["graphs"]))
+    empty = tmp_path / "nodata"
+    empty.mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["--device", "cpu", "--suites", "graphs", "--no-plots", "--out", str(tmp_path / "res"),
+              "--data", str(empty)])
+    out = capsys.readouterr().out
+    assert f"left out: graphs: the real matrices (no Matrix Market files in {empty}/matrices)" in out
+    assert "the Planetoid graphs cora, citeseer, pubmed" in out
+    assert "Left out of this run:" in out and "Planetoid('DIR', 'Cora')" in out
+    assert not [w for w in caught if "Sparse CSR tensor support is in beta state" in str(w.message)]
+    readme = (tmp_path / "res" / "README.md").read_text()
+    assert "## Left out of this run" in readme
+
+
+def _tiny_graph_suite(suite):
+    def tiny(ctx):
+        return suite(ctx)[:1]  # the first synthetic graph only: the test is about what is printed
+    return tiny
 
 
 def test_cpu_time_rounds_extends_fast_cases_and_stops_slow_ones():

@@ -6,7 +6,7 @@ Suites (--suites, comma-separated; default: the first five, and with --full also
                matmul in fp32 (TF32 off), TF32 and bf16, and torch.sparse.mm (fp32; bf16 on CUDA); the
                crossover densities.
   graphs       random and power-law graphs (100k nodes; 1M with --full), the real matrices and Planetoid
-               graphs of ../shared/data, feature widths 32..512: vs torch.sparse.mm, cupy and
+               graphs of the data folder (below), feature widths 32..512: vs torch.sparse.mm, cupy and
                torch_geometric where installed (SciPy on the CPU).
   batched      batches of graphs with different patterns (b = 8 .. 4096, sizes 64 .. 4096): vs a loop of
                torch.sparse.mm, dense torch.bmm (fp32, TF32) and one block-diagonal torch.sparse.mm.
@@ -25,24 +25,37 @@ Suites (--suites, comma-separated; default: the first five, and with --full also
   cpu          the CPU kernels, on the CPU also on a GPU machine: SpMM on graphs and pruned weights
                (n = 1..128) vs torch.sparse.mm (MKL) and SciPy, SDDMM, scaling, and the elementwise
                ops and fused bias + GELU vs eager torch (and torch.compile with --full).
-The quick default takes about a minute on a 2-core CPU; --full runs every size. Every implementation's
-output is checked against a float64 reference before it is timed. Results go to --out (default
-bench-results/<device>): results.json, results.csv, README.md (table + headlines) and PNG plots.
+--full runs every size. Every implementation's output is checked against a float64 reference before it is
+timed. Results go to --out (default bench-results/<device>): results.json, results.csv, README.md (table +
+headlines) and PNG plots.
+
+Real data (graphs, skew, cpu, gnn): --data DIR, else $SPARSETORCH_DATA, else ../shared/data beside the
+checkout: DIR/matrices/*.mtx and the Planetoid graphs (the folder torch_geometric's Planetoid(DIR, name)
+download leaves, or DIR/planetoid/ind.<name>.*). Without it those suites run their synthetic cases only;
+the run says what it left out, and why, at its start and at its end.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import time
+import warnings
+from typing import List, Optional
 
 import torch
 
 import sparsetorch as st
 from sparsetorch.bench import report
 from sparsetorch.bench.suites import SUITES, Context
+from sparsetorch.bench.suites.graphs import PLANETOID
 from sparsetorch.bench.timing import make_timer, measure_ceilings
-from sparsetorch.datasets import default_data_root
+from sparsetorch.datasets import data_roots, how_to_get_planetoid, matrix_files, planetoid_available
+
+# torch's notices about its own sparse CSR support, provoked by the harness building torch CSR baselines:
+# not about anything the user passed, so they stay out of the output.
+HARNESS_WARNINGS = ("Sparse CSR tensor support is in beta state", "Sparse invariant checks are implicitly disabled")
 
 
 def device_slug(device: torch.device) -> str:
@@ -75,6 +88,46 @@ def progress(total: int):
         return Plain()
 
 
+def find_data(root: Optional[str]) -> Optional[str]:
+    """The data folder of the run: ``root`` (--data) if it exists, else the first of $SPARSETORCH_DATA and
+    ../shared/data that holds any matrices or Planetoid graphs."""
+    if root:
+        return root if os.path.isdir(root) else None
+    for r in data_roots():
+        if matrix_files(r) or any(planetoid_available(name, r, graph_only=True) for name in PLANETOID):
+            return r
+    return None
+
+
+def data_left_out(root: Optional[str], asked: Optional[str], wanted: List[str]) -> List[str]:
+    """What the suites in `wanted` leave out for want of data, one line each (empty when all is there)."""
+    where = asked or root or " or ".join(data_roots())
+    lines = []
+    users = [s for s in ("graphs", "skew", "cpu") if s in wanted]
+    if users and not (root and matrix_files(root)):
+        lines.append(f"{', '.join(users)}: the real matrices (no Matrix Market files in {where}/matrices)")
+    users = [s for s in ("graphs", "skew", "cpu", "gnn") if s in wanted]
+    missing = [name for name in PLANETOID if not (root and planetoid_available(name, root, graph_only=True))]
+    if users and missing:
+        lines.append(f"{', '.join(users)}: the Planetoid graphs {', '.join(missing)} (not found under {where})")
+    return lines
+
+
+def packages_left_out(device: torch.device, wanted: List[str]) -> List[str]:
+    """Baselines the suites in `wanted` leave out because their package is not installed."""
+    def missing(module):
+        return importlib.util.find_spec(module) is None
+
+    lines = []
+    if "graphs" in wanted and device.type == "cuda":
+        for module, pip in (("cupy", "cupy-cuda12x"), ("torch_geometric", "torch-geometric")):
+            if missing(module):
+                lines.append(f"graphs: the {module} baseline ({module} not installed: pip install {pip})")
+    if "gnn" in wanted and missing("torch_geometric"):
+        lines.append("gnn: every torch_geometric variant (not installed: pip install torch-geometric)")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m sparsetorch.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,7 +136,8 @@ def main(argv=None):
                     help=f"comma-separated, from {', '.join(SUITES)} (default: density,graphs,batched,"
                          "elementwise,skew; with --full also gnn,pruned)")
     ap.add_argument("--full", action="store_true", help="every size (minutes); default: the quick set")
-    ap.add_argument("--data", default=None, help="folder with matrices/ and planetoid/ (default ../shared/data)")
+    ap.add_argument("--data", default=None, help="folder with the real data: matrices/*.mtx and the Planetoid graphs "
+                    "(default: $SPARSETORCH_DATA, then ../shared/data)")
     ap.add_argument("--out", default=None, help="results folder (default bench-results/<device>)")
     ap.add_argument("--widths", default=None, help="comma-separated B widths, for suites that sweep them (skew)")
     ap.add_argument("--dtypes", default=None, help="comma-separated dtypes, e.g. float32,bfloat16 (skew)")
@@ -99,19 +153,34 @@ def main(argv=None):
     for s in wanted:
         if s not in SUITES:
             ap.error(f"unknown suite {s!r}; choose from {', '.join(SUITES)}")
-    torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device(args.device or ("cuda" if st.build_info()["cuda_available"] else "cpu"))
     quick = not args.full
-    data_root = args.data or default_data_root()
+    with warnings.catch_warnings():
+        for message in HARNESS_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        run(args, argv, wanted, device, quick)
+
+
+def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    data_root = find_data(args.data)
     timer = make_timer(device, quick)
     ceilings = measure_ceilings(device, timer, quick)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"sparsetorch {st.__version__} on {name}: copy {ceilings.bandwidth / 1e9:.0f} GB/s, GEMM "
+    print(f"sparsetorch {st.__version__} on {name}: ceilings measured once for every floor of the run: copy "
+          f"{ceilings.bandwidth / 1e9:.0f} GB/s ({2 * ceilings.copy_numel * 4 / 2**20:.0f} MiB moved), GEMM "
           + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in ceilings.gemm.items())
           + f"; {'full' if args.full else 'quick'} run of {', '.join(wanted)}")
+    left_out = data_left_out(data_root, args.data, wanted) + packages_left_out(device, wanted)
+    needs_data = any(s in wanted for s in ("graphs", "skew", "cpu", "gnn"))
+    if needs_data:
+        print(f"data: {data_root}" if data_root else
+              f"data: none found ({args.data or ' or '.join(data_roots())}): the real matrices and graphs are left out")
+    for line in left_out:
+        print(f"left out: {line}")
     widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else None
     dtypes = tuple(getattr(torch, d.strip()) for d in args.dtypes.split(",")) if args.dtypes else None
-    ctx = Context(device, timer, ceilings, quick, data_root if os.path.isdir(data_root) else None, widths, dtypes)
+    ctx = Context(device, timer, ceilings, quick, data_root, widths, dtypes)
     # The cpu suite runs on the CPU whatever the device; its rows are marked so that the GPU
     # headlines leave them out.
     jobs = [(s, j, s == "cpu" and device.type != "cpu") for s in wanted for j in SUITES[s](ctx)]
@@ -133,11 +202,19 @@ def main(argv=None):
     print()
     for line in report.headlines(rows):
         print("*", line)
+    left_out += ctx.left_out
+    if left_out:
+        print("\nLeft out of this run:")
+        for line in left_out:
+            print(f"  - {line}")
+        if any("Planetoid" in line or "real matrices" in line for line in left_out):
+            print("  To add the real data: put Matrix Market files in DIR/matrices and the Planetoid graphs in DIR; "
+                  "Planetoid: " + how_to_get_planetoid("cora").replace("\n", "\n  "))
     out = args.out or os.path.join("bench-results", device_slug(device))
     meta = {"device": name, "device_slug": device_slug(device), "torch": torch.__version__,
             "sparsetorch": st.__version__, "date": time.strftime("%Y-%m-%d"), "mode": "full" if args.full else "quick",
             "suites": wanted, "copy_GBps": ceilings.bandwidth / 1e9, "gemm_flops": ceilings.gemm,
-            "seconds": time.time() - start,
+            "seconds": time.time() - start, "data": data_root, "left_out": left_out,
             "command": "python -m sparsetorch.bench " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}
     written = report.write(out, meta, rows, plots=not args.no_plots)
     print(f"\nwrote {', '.join(written)} ({time.time() - start:.0f} s)")

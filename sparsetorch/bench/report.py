@@ -8,11 +8,19 @@ import os
 from collections import OrderedDict, defaultdict
 from typing import Dict, List, Optional
 
+from sparsetorch.bench.ratios import geomean, summary, versus
+from sparsetorch.bench.suites.cpu import headlines as cpu_headlines
+from sparsetorch.bench.suites.skew import summarize as skew_summary
+
 NOTES = [
-    "`x vs ours` is that implementation's time divided by sparsetorch's (fp32, `SpmmPlan` with "
-    "backend \"auto\") in the same case: above 1, sparsetorch is faster. Elementwise rows compare within a dtype.",
+    "`sparsetorch is` compares that implementation's time with sparsetorch's (fp32, `SpmmPlan` with backend "
+    "\"auto\") in the same case, in words: \"1.21x faster\" means sparsetorch took 1/1.21 of its time. "
+    "Elementwise rows compare within a dtype. The JSON/CSV keep the number as `speedup` (their time / ours).",
     "`floor` is max(bytes / copy bandwidth, flops / GEMM rate) with the byte and flop models of "
-    "sparsetorch/bench/suites/common.py and both ceilings measured in the same run; `of floor` is floor / time.",
+    "sparsetorch/bench/suites/common.py and both ceilings measured once at the start of the run (the copy row of "
+    "the elementwise suite is that measurement); `of floor` is floor / time. `-` where a row has no byte or "
+    "flop model (host overhead, accuracy). The copy moves far more than the last-level cache holds, so a small "
+    "case whose operands stay in cache between calls can read above 100%: its floor is the memory's.",
     "Every output was checked against a float64 reference (cuSPARSE in float64 for the graphs on CUDA, "
     "dense float64 products elsewhere) before it was timed; the dense operand is rotated through copies "
     "when one call's inputs would otherwise still sit in L2.",
@@ -42,18 +50,23 @@ def add_speedups(rows: List[dict]) -> None:
         r["speedup"] = r["time_ms"] / t if t else None
 
 
-def crossovers(rows: List[dict]) -> Dict[str, Optional[float]]:
-    """Density below which sparsetorch (fp32) beats each dense baseline, interpolated in log density."""
+def _density_ratios(rows: List[dict]) -> Dict[str, List[tuple]]:
+    """Per dense baseline of the density sweep: sorted (density, sparsetorch time / its time); < 1: sparse wins."""
     by_impl = defaultdict(dict)
     for r in rows:
         if r["suite"] == "density" and not r.get("cpu"):
             by_impl[r["impl"]][r["density"]] = r["time_ms"]
     ours = by_impl.get("sparsetorch", {})
+    return {impl: sorted((d, ours[d] / times[d]) for d in times if d in ours)
+            for impl, times in by_impl.items() if impl.startswith("dense")}
+
+
+def crossovers(rows: List[dict]) -> Dict[str, Optional[float]]:
+    """Density below which sparsetorch (fp32) beats each dense baseline, interpolated in log density: the
+    highest density swept where it wins everywhere swept, 0.0 where it wins nowhere, None without data or
+    where the sweep does not cross once (see :func:`crossover_lines` for the words)."""
     out = {}
-    for impl, times in by_impl.items():
-        if not impl.startswith("dense"):
-            continue
-        pts = sorted((d, ours[d] / times[d]) for d in times if d in ours)  # ratio < 1: sparse wins
+    for impl, pts in _density_ratios(rows).items():
         out[impl] = None
         if not pts:
             continue
@@ -70,18 +83,29 @@ def crossovers(rows: List[dict]) -> Dict[str, Optional[float]]:
     return out
 
 
-def geomean(values: List[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+def crossover_lines(rows: List[dict]) -> List[str]:
+    """The density sweep's crossovers in words, saying where the sweep ends when no crossover was seen."""
+    lines = []
+    cross = crossovers(rows)
+    for impl, pts in _density_ratios(rows).items():
+        d = cross.get(impl)
+        if not pts or d is None:
+            continue
+        lo, hi = 100 * pts[0][0], 100 * pts[-1][0]
+        if all(r < 1 for _, r in pts):
+            lines.append(f"density sweep: sparsetorch (fp32) is faster than {impl} at every density swept "
+                         f"(up to {hi:.3g}%; the crossover lies above)")
+        elif d == 0.0:
+            lines.append(f"density sweep: {impl} is faster than sparsetorch (fp32) at every density swept "
+                         f"(down to {lo:.3g}%)")
+        else:
+            lines.append(f"density sweep: sparsetorch (fp32) is faster than {impl} below {100 * d:.3g}% density "
+                         f"(interpolated between the densities swept, {lo:.3g}% .. {hi:.3g}%)")
+    return lines
 
 
 def headlines(rows: List[dict]) -> List[str]:
-    lines = []
-    cross = crossovers(rows)
-    for impl, d in cross.items():
-        if d is None:
-            continue
-        lines.append(f"density sweep: sparsetorch (fp32) beats {impl} below {100 * d:.3g}% density"
-                     if d > 0 else f"density sweep: {impl} is faster at every density measured")
+    lines = crossover_lines(rows)
     times16 = defaultdict(dict)  # impl -> density -> ms, the bf16 rows of the density sweep
     for r in rows:
         if r["suite"] == "density" and r["impl"] in ("sparsetorch bf16", "torch.sparse.mm bf16"):
@@ -89,10 +113,9 @@ def headlines(rows: List[dict]) -> List[str]:
     ratios16 = {d: t / times16["sparsetorch bf16"][d] for d, t in times16["torch.sparse.mm bf16"].items()
                 if d in times16["sparsetorch bf16"]}
     if ratios16:
-        at10 = f", {ratios16[0.1]:.2f}x at 10%" if 0.1 in ratios16 else ""
-        lines.append(f"density sweep: sparsetorch bf16 {geomean(list(ratios16.values())):.2f}x geomean over "
-                     f"torch.sparse.mm bf16 (min {min(ratios16.values()):.2f}x, max {max(ratios16.values()):.2f}x"
-                     f"{at10}, {len(ratios16)} densities)")
+        at10 = f"; {versus(ratios16[0.1])} at 10%" if 0.1 in ratios16 else ""
+        lines.append(f"density sweep: sparsetorch bf16 {summary(list(ratios16.values()), 'torch.sparse.mm bf16', 'densities')}"
+                     f"{at10}")
     for suite, baselines in (("graphs", ("torch.sparse.mm", "cupy", "torch_geometric", "scipy")),
                              ("batched", ("block-diagonal torch.sparse.mm", "loop of torch.sparse.mm",
                                           "dense bmm fp32", "dense bmm tf32"))):
@@ -100,22 +123,18 @@ def headlines(rows: List[dict]) -> List[str]:
             sp = [r["speedup"] for r in rows if r["suite"] == suite and r["impl"] == base and r.get("speedup")
                   and not r.get("cpu")]
             if sp:
-                lines.append(f"{suite}: {geomean(sp):.2f}x geomean over {base} (min {min(sp):.2f}x, max "
-                             f"{max(sp):.2f}x, {len(sp)} cases)")
+                lines.append(f"{suite}: sparsetorch {summary(sp, base)}")
     lines += gnn_headlines(rows)
-    from sparsetorch.bench.suites.cpu import headlines as cpu_headlines
-
     lines += cpu_headlines(rows)
     for r in rows:
         if r["suite"] == "elementwise" and r["impl"].startswith("st.bias_act"):
             others = {x["impl"]: x for x in rows if x["suite"] == "elementwise" and x["dtype"] == r["dtype"]}
-            parts = [f"{100 * r.get('of_copy', 0):.1f}% of copy bandwidth"]
+            parts = [f"{100 * r['of_floor']:.0f}% of the copy ceiling ({r['GBps']:.0f} of "
+                     f"{r['GBps'] / r['of_floor']:.0f} GB/s)" if r.get("of_floor") else "no floor"]
             for name in ("eager gelu(x*scale+bias)", "torch.compile gelu(x*scale+bias)"):
                 if name in others and others[name].get("speedup"):
-                    parts.append(f"{others[name]['speedup']:.2f}x {name.split(' ')[0]}")
+                    parts.append(versus(others[name]["speedup"], name.split(" ")[0]))
             lines.append(f"fused bias+gelu {r['dtype']}{' (cpu)' if r.get('cpu') else ''}: " + ", ".join(parts))
-    from sparsetorch.bench.suites.skew import summarize as skew_summary
-
     lines += skew_summary(rows)
     return lines
 
@@ -140,42 +159,56 @@ def gnn_headlines(rows: List[dict]) -> List[str]:
                          + ", ".join(parts))
             continue
         best = min(others.items(), key=lambda kv: kv[1]["time_ms"])
-        line = (f"gnn {case}{where}: {best[1]['time_ms'] / ours['time_ms']:.2f}x torch_geometric's fastest "
-                f"({best[0][len('torch_geometric '):]}: {best[1]['time_ms']:.3g} ms vs {ours['time_ms']:.3g} ms")
+        line = (f"gnn {case}{where}: sparsetorch {versus(best[1]['time_ms'] / ours['time_ms'])} than "
+                f"torch_geometric's fastest ({best[0][len('torch_geometric '):]}: {best[1]['time_ms']:.3g} ms, "
+                f"sparsetorch {ours['time_ms']:.3g} ms")
         if ours.get("peak_GiB") is not None and best[1].get("peak_GiB") is not None:
             line += f"; peak {ours['peak_GiB']:.2f} GiB vs {best[1]['peak_GiB']:.2f} GiB"
         lines.append(line + ")")
     return lines
 
 
-def _cells(r: dict, cpu_mark: str, times: str) -> List[str]:
+HEADER = ("suite", "case", "impl", "dtype", "time ms", "GB/s", "GFLOP/s", "floor ms", "of floor", "sparsetorch is")
+
+
+def _num(value, fmt: str) -> str:
+    """A measured quantity, or "-" where the row has none (no byte or flop model: host overhead, accuracy)."""
+    return "-" if not value else format(value, fmt)
+
+
+def _cells(r: dict, cpu_mark: str) -> List[str]:
     """One row's cells, formatted the same for the markdown table and the terminal."""
+    reference = r["impl"] == REFERENCE_IMPL.get(r["suite"])
     return [r["suite"] + (cpu_mark if r.get("cpu") else ""), r["case"], r["impl"], r["dtype"],
-            f"{r['time_ms']:.4g}", f"{r['GBps']:.0f}", f"{r['GFLOPs']:.0f}", f"{r['floor_ms']:.3g}",
-            f"{100 * r['of_floor']:.0f}%", "" if r.get("speedup") is None else f"{r['speedup']:.2f}{times}"]
+            f"{r['time_ms']:.4g}", _num(r.get("GBps"), ".0f"), _num(r.get("GFLOPs"), ".0f"),
+            _num(r.get("floor_ms"), ".3g"), "-" if not r.get("of_floor") else f"{100 * r['of_floor']:.0f}%",
+            "(reference)" if reference else versus(r.get("speedup"))]
 
 
 def table(rows: List[dict]) -> str:
-    header = ("suite", "case", "impl", "dtype", "time ms", "GB/s", "GFLOP/s", "floor ms", "of floor",
-              "x vs ours")
-    lines = [" | ".join(header), " | ".join("---" for _ in header)]
-    lines += [" | ".join(_cells(r, " (cpu)", "")) for r in rows]
+    lines = [" | ".join(HEADER), " | ".join("---" for _ in HEADER)]
+    lines += [" | ".join(_cells(r, " (cpu)")) for r in rows]
     return "\n".join(lines)
 
 
 def print_table(rows: List[dict]) -> None:
-    widths = (11, 34, 32, 9, 9, 7, 8, 9, 6, 8)
-    head = ("suite", "case", "impl", "dtype", "time ms", "GB/s", "GFLOP/s", "floor ms", "floor", "x ours")
-    print("  ".join(h.ljust(w) if i < 4 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))))
+    """The rows in aligned columns as wide as their longest cell (nothing cut off), a blank line between cases."""
+    cells = [_cells(r, "/cpu") for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(HEADER)]
+
+    def line(values):
+        return "  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    print(line(HEADER))
     last_case = None
-    for r in rows:
+    for r, c in zip(rows, cells):
         if r["case"] != last_case and last_case is not None:
             print()
         last_case = r["case"]
-        cells = _cells(r, "/cpu", "x")
-        print("  ".join(c[:w].ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))))
-    print("(x ours: that implementation's time / sparsetorch's in the same case, > 1 = sparsetorch faster; "
-          "floor = max(bytes / copy bandwidth, flops / GEMM rate), both measured in this run)")
+        print(line(c))
+    print("(sparsetorch is: its time against that implementation's in the same case; floor = max(bytes / copy "
+          "bandwidth, flops / GEMM rate), both measured once in this run, from memory: a case small enough to stay "
+          "in cache can read above 100%; - : no byte/flop model for the row)")
 
 
 def write(out_dir: str, meta: dict, rows: List[dict], plots: bool) -> List[str]:
@@ -203,6 +236,8 @@ def write(out_dir: str, meta: dict, rows: List[dict], plots: bool) -> List[str]:
                 f"this run: copy {meta['copy_GBps']:.0f} GB/s, GEMM " +
                 ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in meta["gemm_flops"].items()) + ".\n\n")
         f.write("## Headlines\n\n" + "".join(f"- {h}\n" for h in headlines(rows)) + "\n")
+        if meta.get("left_out"):
+            f.write("## Left out of this run\n\n" + "".join(f"- {line}\n" for line in meta["left_out"]) + "\n")
         f.write("## How to read the rows\n\n" + "".join(f"- {n}\n" for n in NOTES + meta.get("notes", [])) + "\n")
         for png in (p for p in written if p.endswith(".png")):
             f.write(f"![{os.path.basename(png)}]({os.path.basename(png)})\n\n")
@@ -280,8 +315,9 @@ def make_plots(out_dir: str, rows: List[dict]) -> List[str]:
         for impl in impls:
             pts = sorted((r["density"], r["time_ms"]) for r in density if r["impl"] == impl)
             ax.plot([100 * d for d, _ in pts], [t for _, t in pts], marker="o", label=impl)
+        ratios = _density_ratios(rows)
         for impl, d in crossovers(rows).items():
-            if d:
+            if d and not all(r < 1 for _, r in ratios[impl]):  # a crossover inside the sweep
                 ax.axvline(100 * d, linestyle="--", linewidth=0.8, color="gray")
                 ax.text(100 * d, ax.get_ylim()[1], f" vs {impl}: {100 * d:.2g}%", rotation=90, va="top",
                         fontsize=7)

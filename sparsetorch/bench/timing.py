@@ -85,12 +85,23 @@ class Rotating:
         return self.fn(*args)
 
 
+def copy_elements(device: torch.device) -> int:
+    """float32 elements of the copy that measures the bandwidth ceiling, also the size of the elementwise
+    suites' tensors: far past the last-level cache (64 MiB a side on the CPU, 256 MiB on CUDA), so that no
+    row can beat the ceiling by running from cache."""
+    return 2**24 if device.type == "cpu" else 2**26
+
+
 @dataclass
 class Ceilings:
-    """Measured in the run: copy bandwidth (bytes/s, read + write) and GEMM rates (flop/s)."""
+    """Measured once per run (and device): copy bandwidth (bytes/s, read + write) and GEMM rates (flop/s).
+    Every floor of the run comes from these; ``copy_numel`` / ``copy_seconds`` are the copy that gave the
+    bandwidth (float32 elements, median seconds)."""
 
     bandwidth: float
     gemm: Dict[str, float] = field(default_factory=dict)  # "float32", "tf32", "bfloat16", ...
+    copy_numel: int = 0
+    copy_seconds: float = 0.0
 
     def floor(self, bytes_moved: float, flops: float, rate_key: str = "float32") -> float:
         """max(bytes / bandwidth, flops / peak): the time no implementation can beat."""
@@ -99,9 +110,10 @@ class Ceilings:
 
 def measure_ceilings(device: torch.device, timer, quick: bool) -> Ceilings:
     cpu = device.type == "cpu"
-    x = torch.randn(2**24 if cpu else 2**28, device=device)
+    x = torch.randn(copy_elements(device), device=device)
     y = torch.empty_like(x)
-    bandwidth = 2 * x.numel() * 4 / timer(lambda: y.copy_(x))
+    copy_seconds = timer(lambda: y.copy_(x))
+    bandwidth = 2 * x.numel() * 4 / copy_seconds
     del x, y
     s = 1024 if cpu else 8192
     rates = {}
@@ -113,7 +125,7 @@ def measure_ceilings(device: torch.device, timer, quick: bool) -> Ceilings:
         b = torch.randn(s, s, device=device, dtype=dtype)
         with tf32_mode(tf32):
             rates[key] = 2 * s**3 / timer(lambda: torch.mm(a, b))
-    return Ceilings(bandwidth, rates)
+    return Ceilings(bandwidth, rates, copy_elements(device), copy_seconds)
 
 
 class tf32_mode:

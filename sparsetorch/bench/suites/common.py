@@ -29,6 +29,14 @@ class Context:
         self.device, self.timer, self.ceilings, self.quick = device, timer, ceilings, quick
         self.data_root = data_root
         self.widths, self.dtypes = widths, dtypes  # overrides of a suite's B widths / dtypes (--widths, --dtypes)
+        self.left_out: List[str] = []  # what the suites left out and why, listed at the end of the run
+
+    def leave_out(self, what: str, why: str) -> None:
+        """Record (and print now) a case or baseline left out of the run, with the reason."""
+        line = f"{what}: {why}"
+        if line not in self.left_out:
+            self.left_out.append(line)
+            print(f"\nleft out: {line}", flush=True)
 
     @property
     def cuda(self) -> bool:
@@ -96,7 +104,7 @@ def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor
         except Exception as e:  # noqa: BLE001 - a baseline that cannot run this case is reported, not fatal
             if name.startswith(("sparsetorch", "st.")):
                 raise
-            print(f"\n{base['suite']} {base['case']}: {name} failed ({type(e).__name__}: {str(e)[:120]}); left out")
+            ctx.leave_out(f"{base['suite']} {base['case']}: {name}", f"failed ({type(e).__name__}: {str(e)[:120]})")
             continue
         err = check(out, ref, f"{base['suite']} {base['case']}: {name}", TOL[dtype_label])
         del out

@@ -16,7 +16,6 @@ flops / fp32 GEMM rate), both measured in the run.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from typing import Callable, Dict, List
@@ -25,14 +24,17 @@ import numpy as np
 import torch
 
 import sparsetorch as st
+from sparsetorch.bench.ratios import summary
 from sparsetorch.bench.suites.common import TOL, Context, Job, spmm_model
 from sparsetorch.bench.suites.graphs import power_law_graph, random_graph
-from sparsetorch.bench.timing import check, make_timer, measure_ceilings
+from sparsetorch.bench.suites.graphs import real_graphs as all_real_graphs
+from sparsetorch.bench.timing import check, copy_elements, make_timer, measure_ceilings
 
 CPU = torch.device("cpu")
 # Quick-run sizes (the full run: in cpu_suite). Tests shrink these.
+# The elementwise tensors have the size of the copy that measured the CPU's ceiling (timing.copy_elements).
 QUICK = {"graph_nodes": 20_000, "widths": (1, 16, 128), "pruned": (0.1,), "pruned_size": 2048,
-         "elementwise": 2**22, "rounds": 5, "budget_s": 3.0}
+         "elementwise": copy_elements(CPU), "rounds": 5, "budget_s": 3.0}
 
 
 def time_rounds(fns: Dict[str, Callable[[], object]], rounds: int, budget_s: float,
@@ -76,7 +78,7 @@ def rows_for(ctx, base: dict, impls: Dict[str, tuple], ref: torch.Tensor, rounds
         except Exception as e:  # noqa: BLE001 - a baseline that cannot run this case is reported, not fatal
             if name == "sparsetorch":
                 raise
-            print(f"\ncpu {base['case']}: {name} failed ({type(e).__name__}: {str(e)[:120]}); left out")
+            ctx.leave_out(f"cpu {base['case']}: {name}", f"failed ({type(e).__name__}: {str(e)[:120]})")
             continue
         if isinstance(out, np.ndarray):
             out = torch.from_numpy(out)
@@ -102,29 +104,18 @@ def pruned_weight(size: int, density: float, seed: int):
                      random_state=np.random.default_rng(seed))
 
 
-def real_graphs(root):
-    import scipy.io
-    import scipy.sparse as sp
-
-    from sparsetorch.datasets import planetoid_adjacency
-
-    found = []
-    if not root or not os.path.isdir(root):
-        return found
-    for name in ("cora", "citeseer", "pubmed"):
-        if os.path.exists(os.path.join(root, "planetoid", f"ind.{name}.graph")):
-            found.append((name, lambda name=name: planetoid_adjacency(name, root)))
-    path = os.path.join(root, "matrices", "ca-CondMat.mtx")
-    if os.path.exists(path):
-        found.append(("ca-CondMat", lambda: sp.csr_matrix(scipy.io.mmread(path), dtype=np.float32)))
-    return found
+def real_graphs(root) -> list:
+    """The real graphs of the CPU suite, from the data folder: Cora, CiteSeer, PubMed, ca-CondMat."""
+    order = ("cora", "citeseer", "pubmed", "ca-CondMat")
+    found = {name: make for name, make in all_real_graphs(root)}
+    return [(name, found[name]) for name in order if name in found]
 
 
 def cpu_suite(ctx: Context) -> List[Job]:
     quick = ctx.quick
     cfg = dict(QUICK) if quick else {"graph_nodes": 100_000, "widths": (1, 4, 16, 32, 64, 128),
                                      "pruned": (0.01, 0.05, 0.1, 0.3), "pruned_size": 2048,
-                                     "elementwise": 2**24, "rounds": 11, "budget_s": 15.0}
+                                     "elementwise": copy_elements(CPU), "rounds": 11, "budget_s": 15.0}
     state = {}
 
     def ceilings():
@@ -277,8 +268,6 @@ def cpu_suite(ctx: Context) -> List[Job]:
 
 def headlines(rows: List[dict]) -> List[str]:
     """The suite's summary lines: SpMM against each baseline, the elementwise ratios."""
-    from sparsetorch.bench.report import geomean
-
     cpu = [r for r in rows if r["suite"] == "cpu" and r.get("speedup")]
     lines = []
     for op, baselines in (("spmm", ("torch.sparse.mm", "scipy")), ("sddmm", ("torch.sparse.sampled_addmm",)),
@@ -288,7 +277,6 @@ def headlines(rows: List[dict]) -> List[str]:
             if not sp:
                 continue
             worst = min(sp, key=lambda r: r["speedup"])
-            lines.append(f"cpu {op}: sparsetorch {geomean([r['speedup'] for r in sp]):.2f}x geomean over {base} "
-                         f"(min {worst['speedup']:.2f}x at {worst['case']}, max "
-                         f"{max(r['speedup'] for r in sp):.2f}x, {len(sp)} cases)")
+            lines.append(f"cpu {op}: sparsetorch {summary([r['speedup'] for r in sp], base)}; worst case: "
+                         f"{worst['case']}")
     return lines

@@ -24,6 +24,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from sparsetorch.bench.ratios import versus
 from sparsetorch.bench.suites.common import Context, Job, gemm_model, spmm_model
 from sparsetorch.bench.timing import call_seconds
 
@@ -56,7 +57,7 @@ def _count(x: int) -> str:
 def distributed_suite(ctx: Context) -> List[Job]:
     count = torch.cuda.device_count() if ctx.cuda else 0
     if count < 2:
-        print(f"distributed: skipped: needs at least 2 CUDA devices, found {count}")
+        ctx.leave_out("distributed (the whole suite)", f"needs at least 2 CUDA devices, found {count}")
         return []
     return [lambda: run(ctx, _config(ctx.quick), world=2)]
 
@@ -544,8 +545,9 @@ def _print_summary(r0: dict, rows: List[dict]) -> None:
                 extra += (f"; alone: exchange {r['exchange_alone_ms']:.2f} ms, local product "
                           f"{r['local_product_alone_ms']:.2f} ms, remote product {r['remote_product_alone_ms']:.2f} ms")
             peaks = [round(p, 2) for p in r["peak_GiB_per_rank"] if p is not None]
-            print(f"  {r['case']}: {r['time_ms']:.2f} ms on {r['impl']}, scaling {r['scaling']:.2f}x; in a loop of "
-                  f"calls {r['one_gpu_loop_ms']:.2f} -> {r['loop_time_ms']:.2f} ms, scaling {r['scaling_loop']:.2f}x; "
+            print(f"  {r['case']}: {r['time_ms']:.2f} ms on {r['impl']}, {versus(r['scaling'], '1 GPU')}; in a loop "
+                  f"of calls {r['one_gpu_loop_ms']:.2f} -> {r['loop_time_ms']:.2f} ms, "
+                  f"{versus(r['scaling_loop'], '1 GPU')}; "
                   f"peak {peaks} GiB{extra}; error vs 1 GPU {r['rel_err']:.2g}")
         if "cap_GiB" in r:
             print(f"  capped at {r['cap_GiB']:.1f} GiB per GPU (one GPU's step peaks at {r['one_gpu_peak_GiB']:.1f} "

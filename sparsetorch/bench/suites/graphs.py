@@ -1,7 +1,6 @@
-"""Graphs: random, power-law, the real matrices and Planetoid graphs of ../shared/data."""
+"""Graphs: random, power-law, and the real matrices and Planetoid graphs of the data folder (--data)."""
 from __future__ import annotations
 
-import glob
 import os
 from typing import Callable, Dict, List, Optional
 
@@ -50,26 +49,26 @@ def _weighted_choice(rng, nodes: int, size: int, p):
 
 
 def real_graphs(root: Optional[str]):
-    """The Matrix Market files and the Planetoid graphs in ../shared/data (values: ones)."""
+    """(name, loader) of the Matrix Market files (``<root>/matrices/*.mtx``) and the Planetoid graphs found in
+    the data folder ``root`` (any layout sparsetorch.datasets reads; values: ones); none without a folder."""
     import scipy.io
     import scipy.sparse as sp
+
+    from sparsetorch.datasets import matrix_files, planetoid_adjacency, planetoid_available
 
     if not root or not os.path.isdir(root):
         return []
     found = []
-    for path in sorted(glob.glob(os.path.join(root, "matrices", "*.mtx"))):
+    for path in matrix_files(root):
         name = os.path.basename(path)[:-4].replace("Mongoose_Matrix_", "")
         found.append((name, lambda path=path: sp.csr_matrix(scipy.io.mmread(path), dtype=np.float32)))
-    for name in ("cora", "citeseer", "pubmed"):
-        if os.path.exists(os.path.join(root, "planetoid", f"ind.{name}.graph")):
-            found.append((name, lambda name=name: planetoid_graph(root, name)))
+    for name in PLANETOID:
+        if planetoid_available(name, root, graph_only=True):
+            found.append((name, lambda name=name: planetoid_adjacency(name, root)))
     return found
 
 
-def planetoid_graph(root: str, name: str):
-    from sparsetorch.datasets import planetoid_adjacency
-
-    return planetoid_adjacency(name, root)
+PLANETOID = ("cora", "citeseer", "pubmed")
 
 
 def graph_suite(ctx: Context) -> List[Job]:
@@ -138,8 +137,10 @@ def optional_graph_baselines(ctx: Context, a_sp, A) -> Dict[str, Callable]:
         a_cp = csp.csr_matrix((cupy.asarray(A.values), cupy.asarray(A.col_indices), cupy.asarray(A.crow_indices)),
                               shape=A.shape)
         out["cupy"] = lambda b: torch.as_tensor(a_cp @ cupy.asarray(b), device=ctx.device)
-    except Exception:  # noqa: BLE001 - not installed or no GPU support: the baseline is left out
-        pass
+    except ImportError:
+        pass  # listed at the start of the run (__main__.packages_left_out)
+    except Exception as e:  # noqa: BLE001 - installed but unusable here: the baseline is left out
+        ctx.leave_out("graphs: the cupy baseline", f"{type(e).__name__}: {str(e)[:120]}")
     try:
         from torch_geometric.nn import SimpleConv
 
@@ -149,8 +150,10 @@ def optional_graph_baselines(ctx: Context, a_sp, A) -> Dict[str, Callable]:
         weight = torch.from_numpy(coo.data).to(ctx.device)
         conv = SimpleConv(aggr="sum")
         out["torch_geometric"] = lambda b: conv(b, edge_index, weight)
-    except Exception:  # noqa: BLE001
-        pass
+    except ImportError:
+        pass  # listed at the start of the run (__main__.packages_left_out)
+    except Exception as e:  # noqa: BLE001
+        ctx.leave_out("graphs: the torch_geometric baseline", f"{type(e).__name__}: {str(e)[:120]}")
     return out
 
 

@@ -84,7 +84,8 @@ def pruned_suite(ctx: Context) -> List[Job]:
                     torch_24 = torch.sparse.to_sparse_semi_structured(wp)
                     torch_cslt = torch._cslt_compress(wp)
                 except (RuntimeError, AttributeError) as e:  # torch built without it
-                    print(f"\npruned: torch's 2:4 unavailable ({type(e).__name__}: {str(e)[:100]})")
+                    ctx.leave_out("pruned: torch's 2:4 baselines", f"unavailable in this torch ({type(e).__name__}: "
+                                  f"{str(e)[:100]})")
             bsr_w = _block_sparse(m, k, 0.5 if s == "2:4" else s, block, ctx.device, dtype, seed + 7)
             bsr = bsr_w.to_sparse_bsr((block, block))
             for n in tokens:
