@@ -9,6 +9,10 @@ median over epochs after 10 warm-up epochs.
 
     python examples/gcn_cora.py                      # CPU or CUDA, whichever is there
     python examples/gcn_cora.py --device cuda --seeds 10 --out results.json
+
+Data (nothing is downloaded): --data DIR, else $SPARSETORCH_DATA, else ../shared/data beside the checkout. DIR
+may be the root a torch_geometric ``Planetoid(DIR, "Cora")`` download used (DIR/Cora/raw/ind.cora.*) or hold
+planetoid/ind.cora.*; without it the script says what is missing and how to get it.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
+from sparsetorch.bench.ratios import versus
 from sparsetorch.datasets import load_planetoid
 
 
@@ -123,14 +128,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dataset", default="cora")
-    ap.add_argument("--data", default=None, help="folder holding planetoid/ (default: ../shared/data)")
+    ap.add_argument("--data", default=None, help="data folder (default: $SPARSETORCH_DATA, then ../shared/data)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--models", default="sparsetorch,dense,pyg")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = torch.device(args.device)
-    ds = load_planetoid(args.dataset, args.data)
+    try:
+        ds = load_planetoid(args.dataset, args.data)
+    except FileNotFoundError as e:
+        raise SystemExit(f"examples/gcn_cora.py: {e}") from None
     data = {"x": ds.features.to(device), "y": ds.labels.to(device), "train": ds.train_index.to(device),
             "val": ds.val_index.to(device), "test": ds.test_index.to(device)}
     in_dim, classes = ds.features.shape[1], ds.num_classes
@@ -172,7 +180,8 @@ def main():
         base = runs["sparsetorch"]["ms_per_epoch_median"]
         for name, r in runs.items():
             if name != "sparsetorch":
-                print(f"epoch time {name} / sparsetorch: {r['ms_per_epoch_median'] / base:.2f}x")
+                print(f"sparsetorch's training epoch is {versus(r['ms_per_epoch_median'] / base, name)} "
+                      f"({base:.2f} vs {r['ms_per_epoch_median']:.2f} ms)")
     if args.out:
         meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 "torch": torch.__version__, "dataset": args.dataset, "epochs": args.epochs}

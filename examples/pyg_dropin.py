@@ -11,12 +11,15 @@ synchronised; the median over epochs after 10 warm-up epochs).
     python examples/pyg_dropin.py                       # CUDA if present, else the CPU
     python examples/pyg_dropin.py --device cpu --seeds 10 --out results.json
 
-The data is read from ../shared/data/planetoid (sparsetorch.datasets, the same preprocessing as
-torch_geometric's Planetoid with NormalizeFeatures: nothing is downloaded).
+Data (nothing is downloaded; sparsetorch.datasets, the same preprocessing as torch_geometric's Planetoid with
+NormalizeFeatures): --data DIR, else $SPARSETORCH_DATA, else ../shared/data beside the checkout. DIR may be the
+root a torch_geometric ``Planetoid(DIR, "Cora")`` download used (DIR/Cora/raw/ind.cora.*) or hold
+planetoid/ind.cora.*; without it the script says what is missing and how to get it.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -24,6 +27,8 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from sparsetorch.bench.ratios import versus
 
 
 def recipe(GCNConv, data, epochs, device):  # noqa: N803  (the class is the one thing swapped)
@@ -108,13 +113,19 @@ def cora_data(root, device):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--data", default=None, help="folder holding planetoid/ (default: ../shared/data)")
+    ap.add_argument("--data", default=None, help="data folder (default: $SPARSETORCH_DATA, then ../shared/data)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    data = cora_data(args.data, device)
+    if importlib.util.find_spec("torch_geometric") is None:
+        raise SystemExit("examples/pyg_dropin.py compares against torch_geometric, which is not installed: "
+                         "pip install torch-geometric (bash scripts/install.sh test installs it)")
+    try:
+        data = cora_data(args.data, device)
+    except FileNotFoundError as e:
+        raise SystemExit(f"examples/pyg_dropin.py: {e}") from None
 
     from torch_geometric.nn import GCNConv as PygGCNConv
 
@@ -134,8 +145,9 @@ def main(argv=None):
               f"over {len(results)} seeds, {statistics.median(ms):.2f} ms/epoch on {device}")
     ref, ours = runs["torch_geometric"], runs["sparsetorch"]
     print(f"accuracy difference (sparsetorch - torch_geometric): "
-          f"{100 * (ours['test_acc_mean'] - ref['test_acc_mean']):+.1f} points; epoch time "
-          f"{ref['ms_per_epoch_median'] / ours['ms_per_epoch_median']:.2f}x torch_geometric's")
+          f"{100 * (ours['test_acc_mean'] - ref['test_acc_mean']):+.1f} points; sparsetorch's training epoch is "
+          f"{versus(ref['ms_per_epoch_median'] / ours['ms_per_epoch_median'], 'torch_geometric')} "
+          f"({ours['ms_per_epoch_median']:.2f} vs {ref['ms_per_epoch_median']:.2f} ms)")
     if args.out:
         meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 "torch": torch.__version__, "epochs": args.epochs}
