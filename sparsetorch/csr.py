@@ -250,10 +250,12 @@ def from_dense(t: torch.Tensor, index_dtype: torch.dtype = torch.int64) -> CSR:
     if t.layout != torch.strided:
         raise TypeError(f"expected a dense (strided) tensor, got layout {t.layout}")
     if t.dim() == 2:
-        return from_torch(t.to_sparse_csr()).to(index_dtype=index_dtype)
+        with _torch_csr_notices_off():
+            return from_torch(t.to_sparse_csr()).to(index_dtype=index_dtype)
     if t.dim() == 3:
-        return from_list([from_torch(x.to_sparse_csr()) for x in t.unbind(0)], shape=tuple(t.shape[1:]),
-                         index_dtype=index_dtype, device=t.device, dtype=t.dtype)
+        with _torch_csr_notices_off():
+            parts = [from_torch(x.to_sparse_csr()) for x in t.unbind(0)]
+        return from_list(parts, shape=tuple(t.shape[1:]), index_dtype=index_dtype, device=t.device, dtype=t.dtype)
     raise ValueError(f"expected a 2-D or 3-D tensor, got shape {tuple(t.shape)}")
 
 
@@ -363,10 +365,18 @@ def to_dense(a: Any) -> torch.Tensor:
     return out if a.batched else out[0]
 
 
-def _sparse_csr_tensor(crow, col, values, shape):
-    with warnings.catch_warnings():  # torch's one-time notices about its beta sparse CSR support
+class _torch_csr_notices_off(warnings.catch_warnings):
+    """torch's one-time notices about its beta sparse CSR support, provoked by sparsetorch building a torch CSR
+    tensor for the caller: about torch, not about the caller's input, so they stay quiet."""
+
+    def __enter__(self):
+        super().__enter__()
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
         warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def _sparse_csr_tensor(crow, col, values, shape):
+    with _torch_csr_notices_off():
         return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 

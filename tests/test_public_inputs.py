@@ -378,3 +378,20 @@ def test_batch_graphs(kind, graph, rng, device):
     adj, xb, sizes = st.nn.batch_graphs([A, A], [x, x])
     close(adj, torch.stack([ref, ref]))
     assert sizes == [N_NODES, N_NODES] and torch.equal(xb[1], x)
+
+
+# --- no notices of torch's own reach the caller -------------------------------------------------------------
+
+def test_conversions_raise_no_torch_notice():
+    """torch says once per process that its sparse CSR support is in beta: the conversions that build torch CSR
+    tensors for the caller keep that notice (about torch, not the caller's input) to themselves. A fresh
+    process, since the notice comes only once."""
+    import subprocess
+    import sys
+
+    code = ("import torch, sparsetorch as st\n"
+            "a = st.from_dense(torch.eye(3)); st.from_dense(torch.eye(3).expand(2, 3, 3).contiguous())\n"
+            "st.to_torch(a); st.to_torch(st.from_list([a, a]))\n")
+    proc = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
