@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from sparsetorch._autograd import SpmmFunction
 from sparsetorch._ops import ops
 from sparsetorch._validate import ensure_valid, validate_csr
 from sparsetorch.csr import CSR, _is_scipy_sparse, as_csr
@@ -241,10 +242,13 @@ def _spmm_op(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, ba
     if not _records_grad(values, B, c, bias):
         return _without_autograd(ops.spmm.default, crow, col, values, B, alpha, c, beta, bias, act, negative_slope,
                                  backend, validate)
-    if act != "none":
-        z = ops.spmm(crow, col, values, B, alpha, c, beta, bias, "none", negative_slope, backend, validate)
-        return ops.activation(z, act, negative_slope)
-    return ops.spmm(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate)
+    if torch.compiler.is_compiling():
+        if act != "none":
+            z = ops.spmm(crow, col, values, B, alpha, c, beta, bias, "none", negative_slope, backend, validate)
+            return ops.activation(z, act, negative_slope)
+        return ops.spmm(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate)
+    z = SpmmFunction.apply(values, B, c, bias, crow, col, alpha, beta, backend, validate)
+    return ops.activation(z, act, negative_slope) if act != "none" else z
 
 
 def spmm_route(A: Any, B: torch.Tensor, backend: str = "auto", validate: Optional[bool] = None) -> str:
