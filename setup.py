@@ -9,6 +9,8 @@ leaves it out (the 2:4 ops then raise a clear error on the GPU).
 """
 import glob
 import os
+import sys
+import sysconfig
 
 from setuptools import find_packages, setup
 
@@ -61,6 +63,26 @@ def rel(paths):
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
 
+def headers() -> list:
+    """Every header under csrc/, listed as the module's dependencies (ninja tracks them itself; this is for a
+    build without ninja)."""
+    return rel(p for ext in ("h", "hpp", "cuh") for p in glob.glob(os.path.join(ROOT, "csrc", "**", f"*.{ext}"),
+                                                                  recursive=True))
+
+
+# One folder for the compiled objects, whoever builds: `pip install -e .` (whose editable build would otherwise
+# compile everything in a fresh temporary folder every time) and `python setup.py build_ext --inplace` alike use
+# the folder the latter uses by default, so ninja recompiles only what changed since the last build of this
+# checkout, and nothing when nothing did (scripts/install.sh run a second time only links the module again).
+BUILD_TEMP = os.path.join(ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")
+
+
+class BuildExt(BuildExtension):
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.build_temp = BUILD_TEMP
+
+
 def get_extension():
     use_cuda = want_cuda()
     sources = rel(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))
@@ -77,6 +99,7 @@ def get_extension():
             include_dirs=[os.path.join(ROOT, "csrc")],
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=extra_link_args,
+            depends=headers(),
         )
     sources += rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
     sources += rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
@@ -107,6 +130,7 @@ def get_extension():
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
         extra_link_args=extra_link_args,
         libraries=["cusparse", "cublas", "cublasLt"],
+        depends=headers(),
     )
 
 
@@ -118,10 +142,10 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "scipy"],
     extras_require={
-        "test": ["pytest", "hypothesis"],
-        "bench": ["tqdm", "matplotlib"],
+        "test": ["pytest", "hypothesis", "torch-geometric"],
+        "bench": ["tqdm", "matplotlib", "scikit-learn"],
     },
     ext_modules=[get_extension()],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

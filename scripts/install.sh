@@ -17,9 +17,13 @@ deps=(numpy scipy ninja)
 case "$extra" in
   # torch_geometric (pure Python) for the drop-in equivalence tests; the version the GPU machines have.
   test) deps+=(pytest hypothesis "torch-geometric==2.8.0.post1") ;;
-  bench) deps+=(tqdm matplotlib) ;;
+  # scikit-learn: examples/pruned_ffn.py's dataset (handwritten digits, shipped inside the wheel).
+  bench) deps+=(tqdm matplotlib scikit-learn) ;;
 esac
 "$PY" -m pip install "${deps[@]}"
-# --no-build-isolation: the extension must be compiled against the torch installed above.
+
+# --no-build-isolation: the extension must be compiled against the torch installed above. The objects stay in
+# build/ (setup.py's BuildExt), so a second run, e.g. `install.sh test` after `install.sh bench`, compiles only
+# what changed since (nothing, on an unchanged tree: it links the module again, in seconds).
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PY" -m pip install --no-build-isolation --no-deps -e .
 "$PY" -c "import sparsetorch as st; print('sparsetorch', st.__version__, st.build_info())"
