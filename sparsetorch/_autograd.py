@@ -25,6 +25,9 @@ from sparsetorch._ops import ops
 from sparsetorch._transpose import row_indices, transpose_pattern, transpose_values
 
 
+_spmm_kernel = getattr(ops.spmm.default, "_op", ops.spmm.default)
+
+
 def _needs(ctx, index: int) -> bool:
     """ctx.needs_input_grad[index]; the dispatcher drops trailing arguments equal to their defaults,
     so the tuple may be shorter than the schema."""
@@ -79,8 +82,7 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
         crow_t, col_t, perm = transpose_pattern(crow, col, k)
         # A^T has other row lengths than A (a power-law graph's in-degrees): the routing module decides
         # for it from its own cached analysis, whatever route the forward product was given.
-        g_dense = ops.spmm(crow_t, col_t, transpose_values(values, perm), gz, alpha, None, 0.0, None, "none",
-                           0.01, "auto")
+        g_dense = _product(crow_t, col_t, transpose_values(values, perm), gz, alpha)
         g_dense = _sum_to(g_dense, ctx.dense_shape)
     if need_acc:
         shape, dtype, device = ctx.acc_like
@@ -88,6 +90,15 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
     if need_bias:
         g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
     return g_values, g_dense, g_acc, g_bias
+
+
+def _product(crow, col, values, dense, alpha):
+    """alpha * A @ dense inside a backward: below the autograd key unless a double backward records
+    (the op's Python autograd wrapper costs more than the launch on small graphs)."""
+    if torch.is_grad_enabled():
+        return ops.spmm(crow, col, values, dense, alpha, None, 0.0, None, "none", 0.01, "auto")
+    with torch._C._AutoDispatchBelowAutograd():
+        return ops.spmm(crow, col, values, dense, alpha, None, 0.0, None, "none", 0.01, "auto")
 
 
 def _spmm_backward(ctx, grad):
@@ -98,8 +109,6 @@ def _spmm_backward(ctx, grad):
 
 torch.library.register_autograd("sparsetorch::spmm", _spmm_backward, setup_context=_spmm_setup)
 
-
-_spmm_kernel = getattr(ops.spmm.default, "_op", ops.spmm.default)
 
 
 class SpmmFunction(torch.autograd.Function):
