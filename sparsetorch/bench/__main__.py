@@ -1,30 +1,34 @@
 """python -m sparsetorch.bench: sparsetorch against dense matmul and the libraries users would pick,
 on the best device present (CUDA if available, else the CPU).
 
-Suites (--suites, comma-separated; default: the first five, and with --full also gnn and pruned):
-  density      A (4096 x 4096 on CUDA, 1024 on the CPU) at 50% .. 0.1% density @ B: sparsetorch vs dense
-               matmul in fp32 (TF32 off), TF32 and bf16, and torch.sparse.mm (fp32; bf16 on CUDA); the
-               crossover densities.
-  graphs       random and power-law graphs (100k nodes; 1M with --full), the real matrices and Planetoid
-               graphs of the data folder (below), feature widths 32..512: vs torch.sparse.mm, cupy and
-               torch_geometric where installed (SciPy on the CPU).
-  batched      batches of graphs with different patterns (b = 8 .. 4096, sizes 64 .. 4096): vs a loop of
-               torch.sparse.mm, dense torch.bmm (fp32, TF32) and one block-diagonal torch.sparse.mm.
-  elementwise  the fused bias + activation and elementwise kernels against the copy bandwidth, eager
-               torch and (with --full) torch.compile.
+Suites (--suites, comma-separated; default: the first five, and with --full also gnn and pruned). Sizes are
+the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
+  density      A 4096 x 4096 @ B 4096 x 1024 / A 1024 x 1024 @ B 1024 x 128, at 5 densities from 50% (CPU:
+               30%) to 0.1% [10 / 8 densities]: sparsetorch vs dense matmul in fp32 (TF32 off), TF32 and
+               bf16 (CUDA), torch.sparse.mm (fp32; bf16 on CUDA) and SciPy (CPU); the crossover densities.
+  graphs       random and power-law graphs of 100k / 20k nodes [1M on CUDA], the real matrices and
+               Planetoid graphs of the data folder (below), feature widths 32, 128 / 32 [32..512 / 32, 128]:
+               vs torch.sparse.mm, cupy and torch_geometric where installed (CUDA), SciPy (CPU).
+  batched      batches with a different pattern per matrix, (b, size) = (8, 4096), (512, 256), (4096, 64)
+               / (8, 512), (64, 64) [more]: vs a loop of torch.sparse.mm, dense torch.bmm (fp32, TF32) and
+               one block-diagonal torch.sparse.mm.
+  elementwise  the fused bias + activation and elementwise kernels on 2^26 / 2^24 elements, held to the
+               copy ceiling (the copy row is the ceiling's own measurement); eager torch [torch.compile].
   skew         matrices adversarial to a route chooser (power-law rows at 4 exponents, one dense row, half
-               the rows empty, banded, clustered, pruned, the real matrices), B widths 1..512, fp32 and
-               bf16: the default st.spmm (its route recorded) against every route and torch.sparse.mm;
-               the host time per call and the cost of validation by default.
+               the rows empty, banded, clustered, pruned, the real matrices; 100k / 5k rows), B widths 1, 32,
+               128 / 1, 32 [1..512 on CUDA], fp32 and bf16 (CUDA): the default st.spmm (its route recorded)
+               against every route and torch.sparse.mm; the host time per call and the cost of validation.
   gnn          2-layer GCN and GraphSAGE training steps (fwd + bwd + Adam) and peak memory against
                torch_geometric (edge_index and sparse adjacency), Planetoid and power-law graphs (1M nodes
-               with --full); Cora accuracy.
-  pruned       pruned linear layers and a Llama-style MLP block in bf16 (unstructured 50-95%, 2:4) against
-               dense F.linear, torch's 2:4 and BSR.
-  distributed  SpMM and GCN steps on 1 vs 2+ GPUs (skipped with fewer than 2 devices).
+               with --full on CUDA); Cora accuracy.
+  pruned       pruned linear layers and a Llama-style MLP block (bf16 on CUDA, float32 on the CPU;
+               unstructured 50-95% and 2:4) against dense F.linear, torch's 2:4 and BSR.
+  distributed  SpMM and GCN steps on 1 vs 2+ GPUs (left out with fewer than 2 devices).
   cpu          the CPU kernels, on the CPU also on a GPU machine: SpMM on graphs and pruned weights
                (n = 1..128) vs torch.sparse.mm (MKL) and SciPy, SDDMM, scaling, and the elementwise
-               ops and fused bias + GELU vs eager torch (and torch.compile with --full).
+               ops and fused bias + GELU vs eager torch [and torch.compile].
+Other suites may be listed by --suites' help. Floors (max(bytes / copy bandwidth, flops / GEMM rate)) come
+from one copy and one GEMM per dtype measured at the start of the run and printed in its first line.
 --full runs every size. Every implementation's output is checked against a float64 reference before it is
 timed. Results go to --out (default bench-results/<device>): results.json, results.csv, README.md (table +
 headlines) and PNG plots.
