@@ -60,12 +60,16 @@ from sparsetorch.functional import (
 
 __version__ = "0.1.0"
 
+# The tuning table of "auto" and its opt-in cache file (after __version__: the file's entries are keyed on it).
+from sparsetorch.tuning import clear_tuning, save_tuning_cache, set_tuning_cache, tuning_signature, tuning_table  # noqa: E402,E501
+
 __all__ = [
     "ACTIVATIONS", "BitmapWeight", "CSR", "Csr16Weight", "DENSE_CROSSOVER", "MatrixInfo", "SlotWeight", "SpmmPlan", "analyze", "bitmap_linear",
     "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "csr16_linear", "slot_linear",
     "div", "from_dense", "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu",
     "scale", "scale_cols", "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index",
     "to_scipy", "to_torch", "transpose", "validate_csr",
+    "clear_tuning", "save_tuning_cache", "set_tuning_cache", "tuning_signature", "tuning_table",
 ]
 
 

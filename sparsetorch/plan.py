@@ -10,9 +10,10 @@ overhead is the op dispatch plus the library call.
 With ``backend="auto"`` on CUDA the plan autotunes: the first call with a given width of B (and
 dtype / batch layout) times the candidate routes the routing module lists for this matrix
 (csrc/common/spmm_routing.cpp; never those its analysis shows to be pathological) on that B -- through
-the op's own measuring (csrc/cuda/spmm_autotune.cu), which keeps the result with the matrix -- plus the
-blocked layout where it applies, and keeps the fastest for later calls. The tuning call synchronises;
-inside CUDA graph capture, or with ``autotune=False``, the plan takes what ``st.spmm`` takes.
+the op's own measuring (csrc/cuda/spmm_autotune.cu), which decides the matrix's signature with the result
+(docs/tuning.md) -- plus the blocked layout where it applies, and keeps the fastest for later calls. The
+tuning call synchronises; inside CUDA graph capture, or with ``autotune=False``, the plan takes what
+``st.spmm`` takes.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ class SpmmPlan:
 
     ``autotune`` (default True; CUDA with ``backend="auto"`` only): the first call for each width,
     dtype and batch layout of B times the candidate routes (the op's own measuring, which keeps the
-    result with the matrix; the blocked layout where it applies) and remembers the fastest;
+    result for the matrix's signature; the blocked layout where it applies) and remembers the fastest;
     ``plan.routes`` shows what was chosen. Routes differ only in rounding.
     """
 
@@ -183,9 +184,9 @@ class SpmmPlan:
 
     def _fastest(self, B: torch.Tensor, vals: torch.Tensor) -> str:
         """The fastest route on this B: the CSR routes are timed by the op's own measuring
-        (ops.spmm_tune, csrc/cuda/spmm_autotune.cu: the result is kept with the matrix, so st.spmm and
-        the backward on this matrix and B shape take it too); where the blocked layout is a candidate it
-        is timed against that route here."""
+        (ops.spmm_tune, csrc/cuda/spmm_autotune.cu: the result decides the signature of this matrix and B,
+        so st.spmm and the backward on matrices of that signature take it too, docs/tuning.md); where the
+        blocked layout is a candidate it is timed against that route here."""
         a = self.csr
         with torch.no_grad():
             route = ops.spmm_tune(a.crow_indices, a.col_indices, vals, B)

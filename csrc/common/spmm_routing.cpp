@@ -1,5 +1,6 @@
 #include "common/spmm_routing.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +40,7 @@ constexpr int64_t kTiledMinRowLengthHalf = 1280;
 // The rules below come from the skew suite of the main job on an H100 (benchmarks/results/
 // nvidia-h100-80gb-hbm3-skew: every route on 20 matrices x n = 1, 32, 128 x fp32, bf16) and from the
 // split route's sweep (benchmarks/results/h100/spmm_skew_cuda.txt). They pick the first call's route;
-// a matrix used again with the same B shape is measured (csrc/cuda/spmm_autotune.cu).
+// "auto" tunes the route per matrix signature online (csrc/cuda/spmm_autotune.cu, docs/tuning.md).
 //
 // Skew: the row-group kernel ("native") gives each row to one group of lanes, so it waits on the
 // longest row: on 100k-row power-law graphs (longest row 843 .. 21,082) it was 1.7-100x slower than the
@@ -170,29 +171,39 @@ bool spmm_autotune_enabled() { return autotune_flag().load(); }
 
 bool set_spmm_autotune(bool enabled) { return autotune_flag().exchange(enabled); }
 
-std::vector<int64_t> spmm_measure_key(const SpmmProblem& p, at::ScalarType dtype) {
-  return {p.n, static_cast<int64_t>(dtype), p.batch, p.pattern_batched, p.values_batched, p.dense_batched};
-}
-
 ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
-                                 at::ScalarType dtype, SpmmBackend requested, bool validate) {
+                                 at::ScalarType dtype, SpmmBackend requested, bool validate, int64_t b_layout) {
   TORCH_CHECK_VALUE(requested != SpmmBackend::Blocked,
                     "backend 'blocked' multiplies a layout built by sparsetorch.SpmmPlan(A, backend='blocked'); "
                     "the spmm op cannot take it");
   ResolvedRoute r{requested, checked_csr(crow, col, p.k, validate || requested == SpmmBackend::Cusparse, "spmm")};
   if (requested != SpmmBackend::Auto) return r;
+  r.route = r.rules_route = choose_spmm_route(p, dtype, r.analysis.get());
   if (r.analysis) {
-    std::lock_guard<std::mutex> lock(r.analysis->measured->mutex);
-    const auto& routes = r.analysis->measured->routes;
-    const auto it = routes.find(spmm_measure_key(p, dtype));
-    if (it != routes.end() && it->second != CsrAnalysis::kSeenOnce) {
-      r.route = static_cast<SpmmBackend>(it->second);
-      r.measured = true;
-      return r;
+    // The signature's decided route (common/spmm_tuning.h), where this matrix can take it: a decision
+    // (or a cache file) never sends a matrix to a route its own candidates exclude (cuSPARSE on
+    // repeated positions, densify beyond its memory bound, ...).
+    r.signature = tuning::signature(p, dtype, *r.analysis, b_layout, tuning::device_id(crow.device()));
+    r.has_signature = true;
+    const std::optional<SpmmBackend> decided = tuning::TuningTable::global().decided(r.signature);
+    if (decided) {
+      const auto candidates = spmm_tuning_candidates(p, dtype, *r.analysis, r.rules_route);
+      if (std::find(candidates.begin(), candidates.end(), *decided) != candidates.end()) {
+        r.route = *decided;
+        r.measured = true;
+      }
     }
   }
-  r.route = choose_spmm_route(p, dtype, r.analysis.get());
   return r;
+}
+
+std::vector<SpmmBackend> spmm_tuning_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis& a,
+                                                SpmmBackend rules_route) {
+  std::vector<SpmmBackend> routes{rules_route};
+  for (SpmmBackend r : spmm_route_candidates(p, dtype, &a)) {
+    if (r != SpmmBackend::Blocked && r != rules_route) routes.push_back(r);
+  }
+  return routes;
 }
 
 std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {

@@ -10,6 +10,7 @@
 
 #include "common/checks.h"
 #include "common/csr_analysis.h"
+#include "common/spmm_tuning.h"
 
 namespace sparsetorch {
 
@@ -26,22 +27,23 @@ SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const 
 // matrix's analysis (nullptr: unknown rows, so float).
 bool cusparse_sums_in_float(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
 
-// The key a measured route is kept under, in the matrix's analysis: B's width, the dtype and the
-// batch layout.
-std::vector<int64_t> spmm_measure_key(const SpmmProblem& p, at::ScalarType dtype);
-
 struct ResolvedRoute {
   SpmmBackend route;
   std::shared_ptr<const CsrAnalysis> analysis;  // nullptr: an unchecked matrix (validate=False, never analysed)
-  bool measured = false;                        // route is the fastest measured for this matrix and B shape
+  bool measured = false;  // "auto" took its signature's decided route (tuned or measured), not the rules'
+  SpmmBackend rules_route = SpmmBackend::Auto;  // "auto": the rules' route (choose_spmm_route)
+  bool has_signature = false;                   // "auto" on an analysed matrix: `signature` is set
+  tuning::SpmmSignature signature;
 };
 
 // The route a spmm call on CUDA takes, exactly as the op resolves it: validates A against p.k columns
 // (checked_csr: once per pattern; with validate=false only a cached verdict is used, but cuSPARSE is
-// always validated); for "auto", the route measured for this matrix and B shape if there is one
-// (csrc/cuda/spmm_autotune.cu), else choose_spmm_route's. Raises ValueError on a malformed A.
+// always validated); for "auto" on an analysed matrix, the route decided for its signature
+// (common/spmm_tuning.h; B's layout is `b_layout`, tuning::b_layout) if there is one and this matrix
+// can take it, else choose_spmm_route's. Raises ValueError on a malformed A. The tuning itself (which
+// candidate an undecided signature's call runs) is the CUDA op's (csrc/cuda/spmm_autotune.cu).
 ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
-                                 at::ScalarType dtype, SpmmBackend requested, bool validate);
+                                 at::ScalarType dtype, SpmmBackend requested, bool validate, int64_t b_layout = 0);
 
 // The routes a plan times on its first call for a width of B: every route that can win here, without
 // those the analysis shows to be pathological (a row-per-group kernel on a row of many thousand
@@ -49,8 +51,14 @@ ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, c
 // drops it where the GPU lacks the shared memory or the layout cannot be built.
 std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a);
 
-// Whether "auto" measures routes on a matrix's second use (csrc/cuda/spmm_autotune.cu): on unless the
-// environment sets SPARSETORCH_AUTOTUNE=0; set_spmm_autotune switches it and returns the old setting.
+// The routes "auto" rotates through while a signature tunes, for this matrix: spmm_route_candidates
+// without Blocked (a plan's own layout), `rules_route` first (added when the list lacks it).
+std::vector<SpmmBackend> spmm_tuning_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis& a,
+                                                SpmmBackend rules_route);
+
+// Whether "auto" tunes undecided signatures online (csrc/cuda/spmm_autotune.cu, docs/tuning.md): on
+// unless the environment sets SPARSETORCH_AUTOTUNE=0; set_spmm_autotune switches it and returns the old
+// setting. Off, decided signatures still take their routes; nothing new is tuned.
 bool spmm_autotune_enabled();
 bool set_spmm_autotune(bool enabled);
 

@@ -58,13 +58,14 @@ void run_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tens
 
 namespace {
 
-// The route of this call: resolve_spmm_route's answer, measured when the matrix comes back with the
-// same B shape (spmm_autotune.cu).
-SpmmBackend route_for(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                      const at::Tensor& dense, SpmmBackend requested, bool validate) {
-  const ResolvedRoute r = resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate);
-  if (requested != SpmmBackend::Auto || r.measured || !r.analysis) return r.route;
-  return measured_route_on_repeat(p, crow, col, values, dense, *r.analysis, r.route);
+// The route of this call: resolve_spmm_route's answer (for "auto", the signature's decided route or the
+// rules'), or while the matrix's signature tunes, the next candidate as a timed sample (spmm_autotune.cu).
+SpmmCallRoute route_for(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                        const at::Tensor& dense, SpmmBackend requested, bool validate) {
+  const ResolvedRoute r =
+      resolve_spmm_route(p, crow, col, values.scalar_type(), requested, validate, tuning::b_layout(dense));
+  if (requested != SpmmBackend::Auto || r.measured || !r.has_signature) return SpmmCallRoute{r.route};
+  return tuned_spmm_route(p, values.scalar_type(), r);
 }
 
 at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
@@ -74,11 +75,11 @@ at::Tensor spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Te
   const SpmmBackend requested = parse_spmm_backend(std::string(backend));
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, accumulate, bias);
   const c10::cuda::CUDAGuard guard(values.device());
-  const SpmmBackend route = route_for(p, crow, col, values, dense, requested, validate);
+  const SpmmCallRoute route = route_for(p, crow, col, values, dense, requested, validate);
   at::Tensor out = at::empty(p.out_shape(), values.options());
   const at::Tensor acc = accumulate.has_value() ? accumulate->contiguous() : at::Tensor();
-  run_spmm_route(p, crow, col, values, dense, out, make_epilogue(alpha, beta, acc, bias, activation, negative_slope),
-                 route);
+  run_spmm_call(route, p, crow, col, values, dense, out,
+                make_epilogue(alpha, beta, acc, bias, activation, negative_slope));
   return out;
 }
 
@@ -91,11 +92,11 @@ void spmm_out_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tens
   for (const at::Tensor* input : {&crow, &col, &values, &dense}) at::assert_no_overlap(out, *input);
   if (bias.has_value()) at::assert_no_overlap(out, *bias);
   const c10::cuda::CUDAGuard guard(values.device());
-  const SpmmBackend route = route_for(p, crow, col, values, dense, requested, validate);
+  const SpmmCallRoute route = route_for(p, crow, col, values, dense, requested, validate);
   const bool direct = out.is_contiguous();
   at::Tensor target = direct ? out : out.contiguous();
-  run_spmm_route(p, crow, col, values, dense, target,
-                 make_epilogue(alpha, beta, target, bias, activation, negative_slope), route);
+  run_spmm_call(route, p, crow, col, values, dense, target,
+                make_epilogue(alpha, beta, target, bias, activation, negative_slope));
   if (!direct) out.copy_(target);
 }
 

@@ -6,6 +6,8 @@
 #include "common/activation.h"
 #include "common/checks.h"
 #include "common/csr_analysis.h"
+#include "common/spmm_routing.h"
+#include "common/spmm_tuning.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -88,17 +90,37 @@ at::Tensor nonfinite_flag(const at::Tensor& dense, int64_t batches, int64_t k, i
 void run_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                     const at::Tensor& dense, const at::Tensor& out, const SpmmEpilogue& epi, SpmmBackend route);
 
-// "auto" on a matrix that comes back: the first call with a B shape (width, dtype, batch layout) takes
-// `rules_route`; the second times the candidate routes on that B (spmm_route_candidates; median of
-// several calls each, L2 flushed before each) and keeps the fastest with the matrix's analysis, which
-// every later call with that shape takes (spmm_autotune.cu). Not under CUDA graph capture, nor when
-// measuring is switched off (SPARSETORCH_AUTOTUNE=0, sparsetorch.set_autotune(False)): then the rules.
-SpmmBackend measured_route_on_repeat(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
-                                     const at::Tensor& values, const at::Tensor& dense, const CsrAnalysis& a,
-                                     SpmmBackend rules_route);
+// One spmm call's route. "auto" on an analysed matrix whose signature is undecided (common/spmm_tuning.h)
+// may run a candidate route as a timed sample: two pooled CUDA events around it and its host time, read
+// later without a sync (spmm_autotune.cu). Otherwise `route` alone.
+struct SpmmCallRoute {
+  SpmmBackend route;
+  SpmmBackend rules_route = SpmmBackend::Auto;  // taken instead when a sampled candidate raises
+  bool sample = false;
+  int64_t event_slot = -1;                      // the sample's pair of events in the pool
+  tuning::SpmmSignature signature;
+  double work = 0.0;                            // tuning::product_work of this call
+};
 
-// Times the candidate routes now and keeps the fastest with the analysis (what a repeat does; SpmmPlan
-// calls it on its first call for a B shape). Returns the fastest.
+// The route of an "auto" call that resolve_spmm_route left to the rules (r.route is the rules' route,
+// r.analysis set): while its signature is undecided and tuning is allowed (autotune on, the current
+// stream not capturing a CUDA graph), the next candidate in the signature's rotation, as a sample.
+// Reads the samples of earlier calls whose events have completed first (cudaEventQuery, no sync).
+SpmmCallRoute tuned_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const ResolvedRoute& r);
+
+// Runs a call's route into `out`; a sample is timed and queued for the tuning table. A sampled candidate
+// that raises (out of memory, ...) is dropped from its signature and the rules' route runs instead,
+// unless the epilogue reads `out` (accumulate aliasing it), where the error propagates.
+void run_spmm_call(const SpmmCallRoute& route, const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
+                   const at::Tensor& values, const at::Tensor& dense, const at::Tensor& out,
+                   const SpmmEpilogue& epi);
+
+// Times the candidate routes for these operands now (SpmmPlan's first call for a B shape: the
+// sparsetorch::spmm_tune op) and decides the matrix's signature with the fastest (every later "auto" call
+// of that signature takes it). Warm-up, then interleaved rounds with the events of every sample recorded
+// and read after one synchronisation (a second one when the product is so small that more rounds fit
+// the budget: at most 15 rounds, more only while the time spent is under ~20x the best candidate's
+// call or 1 ms); the L2 is flushed before each sample only when the product's bytes exceed it.
 SpmmBackend measure_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
                                const at::Tensor& values, const at::Tensor& dense, const CsrAnalysis& a);
 
