@@ -112,12 +112,13 @@ _warned_improved = False
 
 def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: Optional[int] = None,
              improved: bool = False, add_self_loops: bool = True, normalize: bool = True,
-             dtype: torch.dtype = torch.float32) -> CSR:
+             dtype: torch.dtype = torch.float32, device: Any = None) -> CSR:
     """GCNConv's propagation matrix ``D^-1/2 (A + I) D^-1/2`` as a :class:`CSR` (rows = targets),
     for any graph a PyG user holds, computed exactly as torch_geometric's ``gcn_norm``: from an
     ``edge_index`` (+ ``edge_weight``) or a ``Data`` with "remaining" self loops; from a torch
     sparse / SciPy / :class:`CSR` adj_t with ``A + fill * I``; from a ``SparseTensor`` with the
     diagonal set to ``fill``; ``fill = 2`` when ``improved``. ``normalize=False``: A as given.
+    ``device``: where a graph held on the host (SciPy, lists) is built (the layers pass x's device).
     The pattern of an undirected graph is marked symmetric (see ``_transpose.mark_symmetric``)."""
     global _warned_improved
     fill = 2.0 if improved else 1.0
@@ -137,7 +138,8 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
             raise ValueError("edge_weight: only with an edge_index (a sparse adjacency carries its weights as its "
                              "values)")
         if not is_sparse_tensor(graph):
-            a = as_csr(as_adjacency(check_coordinates(graph)))
+            a = as_csr(as_adjacency(check_coordinates(graph)),
+                       device=None if isinstance(graph, torch.Tensor) else device)
             ensure_valid(a)  # normalising runs torch ops over the indices: they must be in range first
             if a.batched:
                 return gcn_normalize(a, add_self_loops, dtype, fill) if normalize else a.to(dtype=dtype)
@@ -257,7 +259,7 @@ class GCNConv(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def propagation_matrix(self, graph: Any, dtype: torch.dtype, num_nodes: Optional[int] = None,
-                           edge_weight: Optional[torch.Tensor] = None) -> Any:
+                           edge_weight: Optional[torch.Tensor] = None, device: Any = None) -> Any:
         """Â for ``graph`` (cached as described in the class docstring)."""
         if self.cached and self._cached_adjacency is not None:
             return self._cached_adjacency
@@ -269,7 +271,7 @@ class GCNConv(nn.Module):
         else:
             def build():
                 return gcn_norm(graph, edge_weight, num_nodes, self.improved, self.add_self_loops, self.normalize,
-                                dtype)
+                                dtype, device)
 
             keys = graph_keys(graph, edge_weight)
             a = build() if keys is None else cached_graph(
@@ -286,7 +288,7 @@ class GCNConv(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected (num_nodes, {self.in_channels}) node features (in_channels), got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        a = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight)
+        a = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight, x.device)
         return graph_linear(a, x, self.lin.weight, self.bias, self.activation, self.negative_slope, self.backend)
 
     def extra_repr(self) -> str:

@@ -18,13 +18,15 @@ from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_tr
 _AGGREGATIONS = ("mean", "sum", "add")
 
 
-def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torch.dtype = torch.float32) -> CSR:
+def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torch.dtype = torch.float32,
+              device: Any = None) -> CSR:
     """SAGEConv's aggregation matrix (targets x sources) as a :class:`CSR`, as torch_geometric
     aggregates: ``"mean"`` divides each row by its number of stored entries (repeated edges count;
     a row without entries stays zero), ``"sum"``/``"add"`` keeps A. An ``edge_index`` / ``Data`` /
     ``SparseTensor`` gives ones (SAGEConv takes no edge weights, as in PyG); a torch sparse tensor,
     :class:`CSR` or SciPy matrix keeps its values. ``num_nodes``: (sources, targets) or an int.
-    An undirected graph's matrix is marked so its transpose costs nothing in the backward."""
+    Its transpose is built with it (sparsetorch/_graph_build.py), so the backward neither sorts nor
+    gathers. ``device``: where a graph held on the host (SciPy, lists) is built."""
     # A graph is built in one pass with one device sync (sparsetorch/_graph_build.py); while tracing
     # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
     fresh = not torch.compiler.is_compiling()
@@ -41,7 +43,7 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
                                what="adj_t")
         a = build_csr(e.rows, e.cols, torch.ones(e.rows.shape[0], dtype=dtype, device=e.device), e.shape)
     else:
-        a = as_csr(as_adjacency(check_coordinates(graph)))
+        a = as_csr(as_adjacency(check_coordinates(graph)), device=None if isinstance(graph, torch.Tensor) else device)
         ensure_valid(a)  # the row counts below read crow_indices: it must be well-formed first
         if a.batched:
             raise ValueError(f"edge_index: SAGEConv takes one graph (2-D adjacency), got shape {a.shape}")
@@ -118,7 +120,8 @@ class SAGEConv(nn.Module):
                 lin.reset_parameters()
         self._cached_adjacency = None
 
-    def aggregation_matrix(self, graph: Any, dtype: torch.dtype, num_nodes: Tuple[int, Optional[int]]) -> Any:
+    def aggregation_matrix(self, graph: Any, dtype: torch.dtype, num_nodes: Tuple[int, Optional[int]],
+                           device: Any = None) -> Any:
         if self.cached and self._cached_adjacency is not None:
             return self._cached_adjacency
         if graph is None:
@@ -127,7 +130,7 @@ class SAGEConv(nn.Module):
             a = graph.mean_normalized() if self.aggr == "mean" else graph
         else:
             def build():
-                return mean_norm(graph, num_nodes, self.aggr, dtype)
+                return mean_norm(graph, num_nodes, self.aggr, dtype, device)
 
             keys = graph_keys(graph)
             a = build() if keys is None else cached_graph(keys, ("sage", self.aggr, num_nodes, dtype), build)
@@ -156,7 +159,7 @@ class SAGEConv(nn.Module):
             x_src = dense(x_src, self.lin.weight, self.lin.bias, "relu")
         if size is None:
             size = (x_src.shape[-2], x_dst.shape[-2] if x_dst is not None else None)
-        m = self.aggregation_matrix(graph, x_src.dtype, tuple(size))
+        m = self.aggregation_matrix(graph, x_src.dtype, tuple(size), x_src.device)
         act, slope = self.activation, self.negative_slope
         if is_distributed(m) or x_src.shape[-1] > self.out_channels:
             # M (x W_l^T): the SpMM on the narrower side, the root term as its accumulate operand.
