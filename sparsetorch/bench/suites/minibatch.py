@@ -10,6 +10,13 @@ GPU machines lack; the sampler follows its conventions: seeds first in the node 
 ``[source, target]`` in local ids, targets being the nodes sampled from, at most ``fanout`` distinct
 neighbours per node and hop.)
 
+Two ways of feeding the batches, both as PyG users do: ``on the device`` (the batches were sampled on
+the GPU before the loop) and ``moved each step`` (the batches sit in host memory, as a CPU
+NeighborLoader yields them, and each step starts with ``.to(device)`` of x, edge_index and y, inside
+the timed step for both libraries). The second is what a loader-fed loop costs; it also removes the
+advantage of a library that never waits for the GPU, since the copy of pageable host memory waits
+for the work queued before it.
+
 Per case: the wall time per step over a loop of steps (a synchronize before and after the loop, none
 inside), and the host synchronisations per step counted by torch.profiler (the CUDA runtime's
 ``cudaStreamSynchronize`` / ``cudaEventSynchronize`` / ``cudaDeviceSynchronize`` calls) over 5 steps.
@@ -118,16 +125,20 @@ def _syncs_per_step(step, batches) -> float:
 
 
 def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: int, layer: str,
-                   fanouts, steps: int) -> List[dict]:
+                   fanouts, steps: int, feed: str = "on the device") -> List[dict]:
     from sparsetorch.bench.suites.gnn import _pyg, _release
 
     pyg_nn, _ = _pyg()
     batches = make_batches(ctx, graph, nodes, fanouts, steps + 5, seed=len(fanouts))
+    moved = feed != "on the device"
+    if moved:  # what a CPU loader yields: host tensors, moved by the step itself
+        batches = [(x.cpu(), ei.cpu(), y.cpu(), size) for x, ei, y, size in batches]
     sizes = [(b[0].shape[0], b[1].shape[1]) for b in batches]
     mean_nodes = statistics.mean(s[0] for s in sizes)
     mean_edges = statistics.mean(s[1] for s in sizes)
     fan = "[" + ", ".join(str(f) for f in fanouts) + "]"
-    case = f"{layer} mini-batch, {graph_name}, fanout {fan}, {SEEDS} seeds, " + "-".join(map(str, CHANNELS))
+    case = (f"{layer} mini-batch, {graph_name}, fanout {fan}, {SEEDS} seeds, " + "-".join(map(str, CHANNELS))
+            + f", batches {feed}")
     base = {"suite": "gnn", "case": case, "graph": graph_name, "layer": layer, "dtype": "float32",
             "nodes_per_step": mean_nodes, "edges_per_step": mean_edges, "GBps": 0.0, "GFLOPs": 0.0,
             "floor_ms": 0.0, "of_floor": 0.0}
@@ -145,12 +156,14 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
 
         def step(batch):
             x, edge_index, y, size = batch
+            if moved:
+                x, edge_index, y = x.to(ctx.device), edge_index.to(ctx.device), y.to(ctx.device)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(x, edge_index)[:size], y).backward()
             opt.step()
 
         with torch.no_grad():
-            out = model(batches[0][0], batches[0][1])
+            out = model(batches[0][0].to(ctx.device), batches[0][1].to(ctx.device))
         if reference is None:
             reference, err = out.double().cpu(), 0.0
         else:
@@ -187,7 +200,10 @@ def minibatch_jobs(ctx: Context, layer: str) -> List[Job]:
     def job(fan):
         def run():
             graph = power_law_edge_index(nodes, entries, seed=7, device=str(ctx.device))
-            return minibatch_rows(ctx, name, graph, nodes, layer, fan, steps)
+            rows = minibatch_rows(ctx, name, graph, nodes, layer, fan, steps)
+            if ctx.cuda:
+                rows += minibatch_rows(ctx, name, graph, nodes, layer, fan, steps, feed="moved each step")
+            return rows
 
         return run
 
