@@ -261,9 +261,12 @@ def spmm_route(A: Any, B: torch.Tensor, backend: str = "auto", validate: Optiona
 
 
 def set_autotune(enabled: bool) -> bool:
-    """Whether "auto" measures the candidate routes the second time a matrix meets a B of the same
-    width, dtype and batch layout (on by default; SPARSETORCH_AUTOTUNE=0 in the environment turns it
-    off). Off, every call takes the routing module's rules. Returns the previous setting."""
+    """Whether "auto" tunes: while a matrix signature (shape and entry buckets, the row-length
+    histogram's shape, dtype, B's width and layout) is undecided, its calls run the candidate routes
+    in turn as the real calls and are timed without a sync, until the fastest is known for every
+    matrix of that signature (docs/tuning.md). On by default; SPARSETORCH_AUTOTUNE=0 in the environment
+    turns it off. Off, every call takes the routing module's rules or a decision already made.
+    Returns the previous setting."""
     return bool(ops.set_autotune(bool(enabled)))
 
 
