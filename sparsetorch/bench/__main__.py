@@ -20,7 +20,12 @@ the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
                against every route and torch.sparse.mm; the host time per call and the cost of validation.
   gnn          2-layer GCN and GraphSAGE training steps (fwd + bwd + Adam) and peak memory against
                torch_geometric (edge_index and sparse adjacency), Planetoid and power-law graphs (1M nodes
-               with --full on CUDA); Cora accuracy.
+               with --full on CUDA); Cora accuracy; mini-batch training with a new sampled subgraph every
+               step (300k / 20k-node power-law graph, 3 layers, fanouts [15, 10] and [25, 10, 5] on CUDA),
+               batches on the device and moved each step, host syncs per step.
+  fresh        never-seen matrices (the skew suite's on CUDA, and small ones): the first call and ten
+               calls from new against torch.sparse.mm's, the costliest call against 20x the steady call;
+               a stream of 300 / 60 fresh 5k-node matrices; what the caches hold after 3000 / 1000.
   pruned       pruned linear layers and a Llama-style MLP block (bf16 on CUDA, float32 on the CPU;
                unstructured 50-95% and 2:4) against dense F.linear, torch's 2:4 and BSR.
   distributed  SpMM and GCN steps on 1 vs 2+ GPUs (left out with fewer than 2 devices).
