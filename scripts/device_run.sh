@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On a lent GPU machine (see README, "Working on the GPU"): build with CUDA (or reuse a carried module),
 # run tests and benchmarks, write logs and results under $OUT.
-#   bash scripts/device_run.sh [tests] [main] [suites=a,b] [examples]
+#   bash scripts/device_run.sh [tests] [main] [suites=a,b] [profile] [examples]
 #     tests      the whole test suite (PYTEST_ARGS picks a subset)
 #     main       the main job, python -m sparsetorch.bench (MAIN_ARGS adds options, e.g. --full)
 #     suites=..  the main job on these suites only (into $OUT/suites)
+#     profile    torch.profiler over fresh-graph training steps (suites/minibatch.py)
 #     examples   every script in examples/ on the GPU
 # A built module is stripped and gzipped to $OUT/module.so.gz: gunzip it into sparsetorch/ and carry it
 # to the next call (the build takes ~4 minutes on 16 cores); a carried module newer than every source
@@ -40,19 +41,28 @@ python3 -c "import sparsetorch as st; print(st.build_info())" 2>&1 | tee -a "$OU
 if [ -d .devdata ]; then export SPARSETORCH_DATA=$PWD/.devdata; fi
 mkdir -p "$OUT/logs"
 rc=0
+# DEADLINE (seconds since the script started, default 570): each step gets what is left of it, so the
+# results come back packed even when a step runs long.
+script_start=${SECONDS}
+left() { echo $(( ${DEADLINE:-570} - (SECONDS - script_start) )); }
 for what in "$@"; do
+  if [ "$(left)" -le 5 ]; then echo "device_run: no time left for $what"; rc=1; continue; fi
   case "$what" in
     tests)
-      python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/logs/tests.log" 2>&1 || rc=1
+      timeout "$(left)" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/logs/tests.log" 2>&1 || rc=1
       grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head -30
       tail -2 "$OUT/logs/tests.log" ;;
     main)
-      python3 -m sparsetorch.bench ${MAIN_ARGS:-} --out "$OUT/main" > "$OUT/logs/main.log" 2>&1 || rc=1
+      timeout "$(left)" python3 -m sparsetorch.bench ${MAIN_ARGS:-} --out "$OUT/main" > "$OUT/logs/main.log" 2>&1 || rc=1
       tail -25 "$OUT/logs/main.log" ;;
     suites=*)
-      python3 -m sparsetorch.bench ${MAIN_ARGS:-} --suites "${what#suites=}" --out "$OUT/suites" \
-        > "$OUT/logs/suites.log" 2>&1 || rc=1
-      tail -40 "$OUT/logs/suites.log" ;;
+      name=${what#suites=}; name=${name//,/_}
+      timeout "$(left)" python3 -m sparsetorch.bench ${MAIN_ARGS:-} --suites "${what#suites=}" --out "$OUT/$name" \
+        > "$OUT/logs/$name.log" 2>&1 || rc=1
+      tail -30 "$OUT/logs/$name.log" ;;
+    profile)
+      timeout "$(left)" python3 -m sparsetorch.bench.suites.minibatch > "$OUT/logs/profile.log" 2>&1 || rc=1
+      grep -E "per step" "$OUT/logs/profile.log" ;;
     examples)
       for ex in examples/*.py; do
         echo "== $ex" >> "$OUT/logs/examples.log"
