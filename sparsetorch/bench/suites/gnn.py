@@ -302,7 +302,10 @@ def synthetic_graphs(ctx: Context):
 
 def gnn_suite(ctx: Context) -> List[Job]:
     jobs: List[Job] = []
-    has_planetoid = bool(ctx.data_root) and os.path.isdir(os.path.join(ctx.data_root, "planetoid"))
+    from sparsetorch.datasets import planetoid_available
+
+    # Every layout the loader reads (torch_geometric's download folder too), not only planetoid/.
+    has_planetoid = bool(ctx.data_root) and planetoid_available("cora", ctx.data_root)
     for layer in ("GCNConv", "SAGEConv"):
         if has_planetoid:
             for name in ("cora", "citeseer", "pubmed"):
