@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from sparsetorch._validate import ensure_valid
-from sparsetorch.csr import CSR, _is_scipy_sparse, as_csr
+from sparsetorch.csr import CSR, _is_scipy_sparse, _torch_csr_notices_off, as_csr
 
 __all__ = ["from_edge_index", "to_edge_index", "is_edge_index", "is_sparse_tensor", "is_data", "Edges",
            "edges_of", "as_adjacency", "cached_graph", "graph_keys", "graph_cache_clear"]
@@ -182,7 +182,8 @@ def as_adjacency(adj: Any):
                                                           torch.sparse_bsc):
         if adj.dim() != 2:
             raise ValueError(f"adj_t: expected a 2-D sparse tensor, got shape {tuple(adj.shape)}")
-        return adj.to_sparse_csr()
+        with _torch_csr_notices_off():  # torch's "beta" notice concerns no input of the caller's
+            return adj.to_sparse_csr()
     return adj
 
 

@@ -16,7 +16,6 @@ descriptors, densify's GEMM call) can be the fastest by the first and the slowes
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from typing import Callable, List, Tuple
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 import sparsetorch as st
+from sparsetorch.bench.ratios import summary
 from sparsetorch.bench.suites.common import Context, Job, measure, spmm_model
 from sparsetorch.bench.suites.graphs import real_graphs
 from sparsetorch.bench.timing import l2_bytes
@@ -290,10 +290,9 @@ def summarize(rows: List[dict]) -> List[str]:
             if "torch.sparse.mm" in t:
                 ratios.append(t["torch.sparse.mm"] / default)
         if ratios:
-            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            lines.append(f"skew suite{how}: the default st.spmm is {gm:.2f}x torch.sparse.mm (geomean over "
-                         f"{len(ratios)} cases); {below} cases below 0.9x the best of torch.sparse.mm and every "
-                         f"route, the worst {worst[0]:.2f}x ({worst[1]})")
+            lines.append(f"skew suite{how}: the default st.spmm is {summary(ratios, 'torch.sparse.mm')}; "
+                         f"{below} cases below 0.9x the speed of the best of torch.sparse.mm and every route, the "
+                         f"worst at {worst[0]:.2f}x ({worst[1]})")
     over = {(r["case"], r["impl"]): r for r in rows if r["suite"] == "overhead" and not r.get("cpu")}
     host = {impl: r["host_us_per_call"] for (case, impl), r in over.items() if "host_us_per_call" in r}
     if host:
