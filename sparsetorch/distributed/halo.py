@@ -3,8 +3,8 @@ and the variable-size all-to-all (``all_to_all_single`` with split sizes) that m
 and moves their gradients back in the backward.
 
 A rank receives, from each peer, the distinct rows of B its remote columns reference there, sorted;
-or, when it references at least ``dense_fraction`` (default 0.95) of the peer's rows, the peer's
-whole block. The whole block costs at most 1/0.95 = 1.053x the minimum bytes, and the peer then
+or, when it references at least ``dense_fraction`` (default 1/1.05 = 0.952) of the peer's rows, the
+peer's whole block. The whole block costs at most 1.05x the minimum bytes, and the peer then
 sends its block of B as it is: no gather into a send buffer (with two ranks, no copy at all), and
 in the backward the returned gradient is the accumulate operand of the local product (no scatter).
 The halo rows are in global order either way, so a remote column's halo index is its rank in it.
@@ -20,9 +20,19 @@ import torch
 from sparsetorch.distributed._comm import Comm
 from sparsetorch.distributed.transport import make_transport
 
-__all__ = ["HaloPlan", "DENSE_FRACTION"]
+__all__ = ["HaloPlan", "DENSE_FRACTION", "received_counts"]
 
-DENSE_FRACTION = 0.95
+# A peer's whole block is received when at least this fraction of it is needed: at most 1.05x the
+# minimum bytes (the partition's distinct remote rows) from any peer, so from all of them together.
+DENSE_FRACTION = 1 / 1.05
+
+
+def received_counts(needed_counts: Sequence[int], block_rows: Sequence[int],
+                    dense_fraction: float = DENSE_FRACTION) -> List[int]:
+    """Rows received from each peer p: its whole block (``block_rows[p]``) when the distinct rows
+    needed from it (``needed_counts[p]``) are at least ``dense_fraction`` of it, else those rows.
+    The rule :class:`HaloPlan` applies (and ``partition.halo_counts`` off line)."""
+    return [int(rows) if c and c >= dense_fraction * rows else int(c) for c, rows in zip(needed_counts, block_rows)]
 
 
 class HaloPlan:
@@ -47,12 +57,13 @@ class HaloPlan:
         if counts[rank] != 0:
             raise AssertionError("the halo holds a row this rank owns")
         pieces, self.dense_peers = [], []
+        block_rows = [col_bounds[p + 1] - col_bounds[p] for p in range(size)]
+        received = received_counts(counts, block_rows, dense_fraction)
         for p in range(size):
-            rows_p = col_bounds[p + 1] - col_bounds[p]
-            if counts[p] and counts[p] >= dense_fraction * rows_p:
+            if counts[p] and received[p] == block_rows[p]:
                 self.dense_peers.append(p)
                 pieces.append(torch.arange(col_bounds[p], col_bounds[p + 1], device=device))
-                counts[p] = rows_p
+                counts[p] = received[p]
             elif counts[p]:
                 pieces.append(needed[owners == p])
         self.halo = torch.cat(pieces) if pieces else needed[:0]

@@ -239,9 +239,24 @@ class DistributedCSR:
         return self.halo_plan.halo_size
 
     def exchange_bytes(self, n: int, dtype: Optional[torch.dtype] = None) -> int:
-        """Bytes this rank receives per product with a B of width n: the partition's minimum."""
+        """Bytes this rank receives per product with a B of width n (within 1.05x of the partition's
+        minimum with the default ``dense_fraction``: :meth:`halo_volume`)."""
         element = torch.empty((), dtype=dtype or self.dtype).element_size()
         return self.halo_size * n * element
+
+    def halo_volume(self, n: int, dtype: Optional[torch.dtype] = None) -> List[dict]:
+        """Per rank of the group, what one product with a B of width n moves: ``received_rows`` /
+        ``received_bytes`` (what the exchange brings it, whole peer blocks included), ``min_rows`` /
+        ``min_bytes`` (the partition's minimum: the distinct remote columns its rows reference, times
+        n and the element size) and ``ratio`` (received / minimum; 1.0 when both are 0). Known on
+        every rank from the plan's build: no communication. The backward moves the same rows back."""
+        element = torch.empty((), dtype=dtype or self.dtype).element_size()
+        out = []
+        for got, least in zip(self.halo_plan.halo_sizes, self.halo_plan.needed_sizes):
+            out.append({"received_rows": got, "min_rows": least, "received_bytes": got * n * element,
+                        "min_bytes": least * n * element,
+                        "ratio": got / least if least else (1.0 if got == 0 else float("inf"))})
+        return out
 
     def local_rows(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a global tensor indexed like A's rows (the output side)."""

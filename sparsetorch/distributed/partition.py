@@ -5,13 +5,14 @@ All of it runs once per graph, with torch ops on the matrix's device.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from sparsetorch.csr import CSR
 
-__all__ = ["balanced_row_bounds", "even_bounds", "entry_rows", "split_block", "append_diagonal"]
+__all__ = ["balanced_row_bounds", "even_bounds", "entry_rows", "split_block", "append_diagonal", "halo_counts",
+           "relabel", "node_order", "ORDERINGS"]
 
 
 def balanced_row_bounds(crow_indices: torch.Tensor, parts: int, row_weight: float = 1.0) -> List[int]:
@@ -107,3 +108,105 @@ def append_diagonal(a: CSR, fill: float) -> CSR:
     values[diag] = fill
     new_crow = (crow + torch.arange(m + 1, device=crow.device)).to(a.index_dtype)
     return CSR(new_crow, col, values, a.shape)
+
+
+# --- the halo of a partition, off line ------------------------------------------------------------
+
+def halo_counts(a: CSR, row_bounds: Sequence[int], col_bounds: Optional[Sequence[int]] = None,
+                dense_fraction: Optional[float] = None) -> Dict[str, list]:
+    """The halo of a row partition of the whole matrix ``a``, computed in one process (no group):
+    what :class:`~sparsetorch.distributed.halo.HaloPlan` would give each part, without building it.
+
+    Returns ``needed``: per part, the distinct columns outside its column block that its rows
+    reference (the minimum rows of B any exchange of this partition must bring it); ``received``:
+    the rows it receives under the plan's rule (a peer's whole block when it needs at least
+    ``dense_fraction`` of it; default the plan's); ``pairs``: ``pairs[r][p]``, rows part r needs from
+    part p; ``entries`` and ``rows`` per part. Bytes per product: rows x n x element size.
+    ``col_bounds`` default: ``row_bounds`` for a square matrix, else an even split. One part at a
+    time: the memory beyond ``a`` is one part's entries.
+    """
+    from sparsetorch.distributed.halo import DENSE_FRACTION, received_counts
+
+    rows, cols = a.shape
+    parts = len(row_bounds) - 1
+    rb = check_bounds(row_bounds, rows, parts, "row_bounds")
+    if col_bounds is None:
+        col_bounds = rb if rows == cols else even_bounds(cols, parts)
+    cb = check_bounds(col_bounds, cols, parts, "col_bounds")
+    fraction = DENSE_FRACTION if dense_fraction is None else dense_fraction
+    crow = a.crow_indices.long()
+    starts = torch.tensor(cb[1:], dtype=torch.int64, device=crow.device)
+    block_rows = [cb[p + 1] - cb[p] for p in range(parts)]
+    out: Dict[str, list] = {"needed": [], "received": [], "pairs": [], "entries": [], "rows": []}
+    for r in range(parts):
+        e0, e1 = int(crow[rb[r]]), int(crow[rb[r + 1]])
+        col = a.col_indices[e0:e1].long()
+        remote = torch.unique(col[(col < cb[r]) | (col >= cb[r + 1])])
+        del col
+        owners = torch.searchsorted(starts, remote, right=True)
+        pair = torch.bincount(owners, minlength=parts).tolist()
+        out["needed"].append(int(remote.numel()))
+        out["received"].append(sum(received_counts(pair, block_rows, fraction)))
+        out["pairs"].append(pair)
+        out["entries"].append(e1 - e0)
+        out["rows"].append(rb[r + 1] - rb[r])
+    return out
+
+
+def relabel(a: CSR, order: torch.Tensor) -> CSR:
+    """The square matrix with its nodes renumbered: new node j is old node ``order[j]`` (rows and
+    columns alike, ``P A P^T``). Columns keep their order within each row (not re-sorted)."""
+    m, k = a.shape
+    if m != k:
+        raise ValueError(f"relabel: expected a square matrix, got shape {a.shape}")
+    order = order.long().to(a.crow_indices.device)
+    if order.numel() != m:
+        raise ValueError(f"relabel: expected an order of {m} nodes, got {order.numel()}")
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(m, device=order.device)
+    crow = a.crow_indices.long()
+    counts = (crow[1:] - crow[:-1])[order]
+    new_crow = torch.zeros(m + 1, dtype=torch.int64, device=crow.device)
+    torch.cumsum(counts, 0, out=new_crow[1:])
+    nnz = a.col_indices.numel()
+    # entry e of new row j comes from old entry crow[order[j]] + (e - new_crow[j])
+    src = torch.repeat_interleave(crow[:-1][order] - new_crow[:-1], counts, output_size=nnz)
+    src += torch.arange(nnz, device=crow.device)
+    col = rank[a.col_indices.long()[src]]
+    values = a.values[src]
+    del src
+    return CSR(new_crow.to(a.index_dtype), col.to(a.index_dtype), values, a.shape)
+
+
+ORDERINGS = ("natural", "random", "degree", "rcm")
+
+
+def node_order(a: CSR, ordering: str, seed: int = 0) -> torch.Tensor:
+    """A relabelling of the nodes of a square matrix (for :func:`relabel`): "natural" (as stored),
+    "random" (a control), "degree" (by in + out degree, largest first: hubs together), "rcm"
+    (reverse Cuthill-McKee of the symmetrised pattern, SciPy's: a BFS order that keeps neighbours
+    in nearby rows, so in the same block)."""
+    m = a.shape[0]
+    crow = a.crow_indices.long()
+    if ordering == "natural":
+        return torch.arange(m)
+    if ordering == "random":
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+        return torch.randperm(m, generator=gen)
+    if ordering == "degree":
+        deg = (crow[1:] - crow[:-1]).cpu() + torch.bincount(a.col_indices.long().cpu(), minlength=m)
+        return torch.sort(deg, descending=True, stable=True).indices
+    if ordering == "rcm":
+        import numpy as np
+        import scipy.sparse as sp
+        from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+        nnz = a.col_indices.numel()
+        pattern = sp.csr_matrix((np.ones(nnz, dtype=np.bool_), a.col_indices.cpu().numpy(), crow.cpu().numpy()),
+                                shape=(m, m))
+        sym = (pattern + pattern.T).tocsr()
+        del pattern
+        sym.sort_indices()
+        return torch.from_numpy(reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64))
+    raise ValueError(f"ordering: expected one of {', '.join(ORDERINGS)}, got {ordering!r}")
