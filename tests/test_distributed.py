@@ -294,6 +294,20 @@ def _failing_case(rank, case):
         elif case == "bad_width":
             D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64))
             st.spmm(D, torch.ones(D.col_end - D.col_start, 4 + rank, dtype=torch.float64))
+        elif case == "other_shape":  # rank 1 holds a graph with one row and column more
+            b = random_csr(rng, 21, 21, 0.3) if rank == 1 else a
+            DistributedCSR.from_global(st.from_scipy(b, dtype=torch.float64))
+        elif case == "other_entries":  # same shape, rank 1's graph lacks its last entry
+            b = a.copy()
+            if rank == 1:
+                b.data[-1] = 0
+                b.eliminate_zeros()
+            DistributedCSR.from_global(st.from_scipy(b, dtype=torch.float64))
+        elif case == "other_columns":  # from_blocks: rank 1's block has another number of columns
+            block = a[rank * 10:(rank + 1) * 10]
+            if rank == 1:
+                block = random_csr(rng, 10, 22, 0.3)
+            DistributedCSR.from_blocks(st.from_scipy(block, dtype=torch.float64))
         elif case == "absent":
             D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64))
             if rank == 1:
@@ -311,7 +325,9 @@ def _failing_case(rank, case):
 
 def test_bad_input_on_one_rank_raises_on_every_rank():
     expected = [("bad_block", "ValueError", "rank 1"), ("bad_b", "ValueError", "rank 0"),
-                ("bad_width", "ValueError", "rank 1: (5, 8)")]
+                ("bad_width", "ValueError", "rank 1: (5, 8)"),
+                ("other_shape", "ValueError", "rank 1: (21, 21,"), ("other_entries", "ValueError", "rank 1: (20, 20,"),
+                ("other_columns", "ValueError", "rank 1: 22")]
     got = spawn(_failing_worker, 2, [case for case, _, _ in expected], backend="gloo", timeout=20)
     for rank, results in enumerate(got):
         for (case, kind, rank_named), res in zip(expected, results):
@@ -325,6 +341,44 @@ def test_absent_rank_times_out_with_an_error():
     assert got[1] is None
     assert got[0] is not None and got[0][0] == DistributedError.__name__, got[0]
     assert "rank 0" in got[0][1] and "did not complete" in got[0][1], got[0]
+
+
+def _mid_step_worker(rank, world, linger):
+    """A GCN training step in which rank 1 raises between the forward and the backward (then exits,
+    or with ``linger`` stays alive without calling anything): what each rank raised, and when."""
+    from sparsetorch.distributed import DistributedCSR as DC
+
+    g = power_law_graph(400, 6, seed=1, dtype=torch.float64)
+    A = DC.from_global(g)
+    x = node_features((A.row_start, A.row_end), 8, seed=2, dtype=torch.float64)
+    y = node_labels(x, 3, seed=3)
+    mask = node_mask((A.row_start, A.row_end), 0.5, seed=4)
+    torch.manual_seed(0)
+    model = GCN(8, 16, 3).double()
+    t0 = time.time()
+    try:
+        loss = masked_cross_entropy(model(x, A), y, mask)
+        if rank == 1:
+            raise RuntimeError("rank 1 failed mid-step")
+        loss.backward()
+        sync_gradients(model.parameters())
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        if rank == 1 and linger:
+            time.sleep(linger)
+        return type(e).__name__, str(e), time.time() - t0
+    return None
+
+
+@pytest.mark.parametrize("linger", [0, 6])
+def test_rank_failing_mid_step_raises_on_every_rank(linger):
+    """The others raise DistributedError naming themselves, within the group's 3 s timeout, whether the
+    failed rank's process exits or stays (never a hang)."""
+    got = spawn(_mid_step_worker, 3, linger, backend="gloo", timeout=3, join_timeout=40)
+    assert got[1][0] == "RuntimeError" and "mid-step" in got[1][1]
+    for rank in (0, 2):
+        assert got[rank] is not None and got[rank][0] == DistributedError.__name__, got[rank]
+        assert f"rank {rank}" in got[rank][1] and "did not complete" in got[rank][1], got[rank]
+        assert got[rank][2] < 3 + 10, got[rank]
 
 
 def test_errors_outside_a_process_group():
