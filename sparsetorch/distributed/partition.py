@@ -11,8 +11,7 @@ import torch
 
 from sparsetorch.csr import CSR
 
-__all__ = ["balanced_row_bounds", "even_bounds", "entry_rows", "split_block", "append_diagonal", "halo_counts",
-           "relabel", "node_order", "ORDERINGS"]
+__all__ = ["balanced_row_bounds", "even_bounds", "entry_rows", "split_block", "append_diagonal", "halo_counts"]
 
 
 def balanced_row_bounds(crow_indices: torch.Tensor, parts: int, row_weight: float = 1.0) -> List[int]:
@@ -152,61 +151,3 @@ def halo_counts(a: CSR, row_bounds: Sequence[int], col_bounds: Optional[Sequence
         out["rows"].append(rb[r + 1] - rb[r])
     return out
 
-
-def relabel(a: CSR, order: torch.Tensor) -> CSR:
-    """The square matrix with its nodes renumbered: new node j is old node ``order[j]`` (rows and
-    columns alike, ``P A P^T``). Columns keep their order within each row (not re-sorted)."""
-    m, k = a.shape
-    if m != k:
-        raise ValueError(f"relabel: expected a square matrix, got shape {a.shape}")
-    order = order.long().to(a.crow_indices.device)
-    if order.numel() != m:
-        raise ValueError(f"relabel: expected an order of {m} nodes, got {order.numel()}")
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(m, device=order.device)
-    crow = a.crow_indices.long()
-    counts = (crow[1:] - crow[:-1])[order]
-    new_crow = torch.zeros(m + 1, dtype=torch.int64, device=crow.device)
-    torch.cumsum(counts, 0, out=new_crow[1:])
-    nnz = a.col_indices.numel()
-    # entry e of new row j comes from old entry crow[order[j]] + (e - new_crow[j])
-    src = torch.repeat_interleave(crow[:-1][order] - new_crow[:-1], counts, output_size=nnz)
-    src += torch.arange(nnz, device=crow.device)
-    col = rank[a.col_indices.long()[src]]
-    values = a.values[src]
-    del src
-    return CSR(new_crow.to(a.index_dtype), col.to(a.index_dtype), values, a.shape)
-
-
-ORDERINGS = ("natural", "random", "degree", "rcm")
-
-
-def node_order(a: CSR, ordering: str, seed: int = 0) -> torch.Tensor:
-    """A relabelling of the nodes of a square matrix (for :func:`relabel`): "natural" (as stored),
-    "random" (a control), "degree" (by in + out degree, largest first: hubs together), "rcm"
-    (reverse Cuthill-McKee of the symmetrised pattern, SciPy's: a BFS order that keeps neighbours
-    in nearby rows, so in the same block)."""
-    m = a.shape[0]
-    crow = a.crow_indices.long()
-    if ordering == "natural":
-        return torch.arange(m)
-    if ordering == "random":
-        gen = torch.Generator()
-        gen.manual_seed(seed)
-        return torch.randperm(m, generator=gen)
-    if ordering == "degree":
-        deg = (crow[1:] - crow[:-1]).cpu() + torch.bincount(a.col_indices.long().cpu(), minlength=m)
-        return torch.sort(deg, descending=True, stable=True).indices
-    if ordering == "rcm":
-        import numpy as np
-        import scipy.sparse as sp
-        from scipy.sparse.csgraph import reverse_cuthill_mckee
-
-        nnz = a.col_indices.numel()
-        pattern = sp.csr_matrix((np.ones(nnz, dtype=np.bool_), a.col_indices.cpu().numpy(), crow.cpu().numpy()),
-                                shape=(m, m))
-        sym = (pattern + pattern.T).tocsr()
-        del pattern
-        sym.sort_indices()
-        return torch.from_numpy(reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64))
-    raise ValueError(f"ordering: expected one of {', '.join(ORDERINGS)}, got {ordering!r}")

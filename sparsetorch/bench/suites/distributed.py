@@ -59,7 +59,17 @@ def distributed_suite(ctx: Context) -> List[Job]:
     if count < 2:
         ctx.leave_out("distributed (the whole suite)", f"needs at least 2 CUDA devices, found {count}")
         return []
-    return [lambda: run(ctx, _config(ctx.quick), world=2)]
+    worlds = _worlds(count)
+    return [functools.partial(run, ctx, _config(ctx.quick), world=w) for w in worlds]
+
+
+RANKS_ENV = "SPARSETORCH_BENCH_DIST_RANKS"  # e.g. "2,3,4": the rank counts the suite runs (default 2)
+
+
+def _worlds(count: int) -> List[int]:
+    """The rank counts to run: those of SPARSETORCH_BENCH_DIST_RANKS (default "2") that the host has."""
+    asked = [int(w) for w in os.environ.get(RANKS_ENV, "2").split(",") if w.strip()]
+    return [w for w in asked if 2 <= w <= count]
 
 
 def run(ctx: Context, cfg: dict, world: int = 2) -> List[dict]:
@@ -183,6 +193,7 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         rec["peak"] = _peak(device)
         A.halo_plan.reset_stats()
         y = st.spmm(A, b)
+        rec["halo_volume"] = A.halo_volume(n)  # every rank's received vs minimum, from the plan
         rec["bytes_received"] = A.halo_plan.stats["forward_bytes_received"]
         rec["bytes_sent"] = A.halo_plan.stats["forward_bytes_sent"]
         rec["transport"] = A.halo_plan.transport.name
@@ -425,6 +436,8 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
     bw = ctx.ceilings.bandwidth
     rate = ctx.ceilings.gemm.get("float32")
     graph = f"power-law {_count(N)} nodes, {_count(E)} entries"
+    if world != 2:  # the cases of other rank counts apart (the 2-rank names as before)
+        graph += f", {world} ranks"
     rows = []
     link = r0["link"][-1]
     rows.append({"suite": "distributed", "case": f"all-to-all, {link['bytes_per_peer'] / 2**20:.0f} MiB per peer",
@@ -471,7 +484,8 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
                          "peak_GiB_per_rank": [_gib(_total_peak(t)) for t in two],
                          "transport_buffer_GiB_per_rank": [_gib(t.get("outside_bytes", 0)) for t in two],
                          "entries_per_rank": per_rank_nnz, "rows_per_rank": per_rank_m,
-                         "halo_rows_per_rank": [r["halo_rows"] for r in results]})
+                         "halo_rows_per_rank": [r["halo_rows"] for r in results],
+                         "plan_received_vs_min_per_rank": [v["ratio"] for v in two[0].get("halo_volume", [])]})
     # GCN step
     F_, H, C = cfg["features"], cfg["hidden"], cfg["classes"]
 
@@ -560,6 +574,114 @@ def _print_summary(r0: dict, rows: List[dict]) -> None:
         print(f"  capped run: {capped}")
 
 
+# --- the halo of a partition, off line (no group, no GPU) -----------------------------------------
+# Relabellings measured against today's balanced-entry blocks of the natural order; none of them
+# wins on the power-law generator (docs/distributed.md, "Partitioning"), so they live here, not in
+# sparsetorch.distributed.partition.
+
+def relabel(a, order: torch.Tensor):
+    """The square matrix with its nodes renumbered: new node j is old node ``order[j]`` (rows and
+    columns alike, ``P A P^T``). Columns keep their order within each row (not re-sorted)."""
+    from sparsetorch.csr import CSR
+
+    m, k = a.shape
+    if m != k:
+        raise ValueError(f"relabel: expected a square matrix, got shape {a.shape}")
+    order = order.long().to(a.crow_indices.device)
+    if order.numel() != m:
+        raise ValueError(f"relabel: expected an order of {m} nodes, got {order.numel()}")
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(m, device=order.device)
+    crow = a.crow_indices.long()
+    counts = (crow[1:] - crow[:-1])[order]
+    new_crow = torch.zeros(m + 1, dtype=torch.int64, device=crow.device)
+    torch.cumsum(counts, 0, out=new_crow[1:])
+    nnz = a.col_indices.numel()
+    # entry e of new row j comes from old entry crow[order[j]] + (e - new_crow[j])
+    src = torch.repeat_interleave(crow[:-1][order] - new_crow[:-1], counts, output_size=nnz)
+    src += torch.arange(nnz, device=crow.device)
+    col = rank[a.col_indices.long()[src]]
+    values = a.values[src]
+    del src
+    return CSR(new_crow.to(a.index_dtype), col.to(a.index_dtype), values, a.shape)
+
+
+ORDERINGS = ("natural", "random", "degree", "rcm")
+
+
+def node_order(a, ordering: str, seed: int = 0) -> torch.Tensor:
+    """A relabelling of the nodes of a square matrix (for :func:`relabel`): "natural" (as stored),
+    "random" (a control), "degree" (by in + out degree, largest first: hubs together), "rcm"
+    (reverse Cuthill-McKee of the symmetrised pattern, SciPy's: a BFS order that keeps neighbours
+    in nearby rows, so in the same block)."""
+    m = a.shape[0]
+    crow = a.crow_indices.long()
+    if ordering == "natural":
+        return torch.arange(m)
+    if ordering == "random":
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+        return torch.randperm(m, generator=gen)
+    if ordering == "degree":
+        deg = (crow[1:] - crow[:-1]).cpu() + torch.bincount(a.col_indices.long().cpu(), minlength=m)
+        return torch.sort(deg, descending=True, stable=True).indices
+    if ordering == "rcm":
+        import numpy as np
+        import scipy.sparse as sp
+        from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+        nnz = a.col_indices.numel()
+        pattern = sp.csr_matrix((np.ones(nnz, dtype=np.bool_), a.col_indices.cpu().numpy(), crow.cpu().numpy()),
+                                shape=(m, m))
+        sym = (pattern + pattern.T).tocsr()
+        del pattern
+        sym.sort_indices()
+        return torch.from_numpy(reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64))
+    raise ValueError(f"ordering: expected one of {', '.join(ORDERINGS)}, got {ordering!r}")
+
+
+
+def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 16, 64),
+               orderings=("natural", "random", "degree", "rcm"), widths=(64, 256), log=print) -> List[dict]:
+    """Per ordering and part count: the rows and bytes each part receives per product with the
+    balanced-entry row blocks of the relabelled power-law graph (the suite's generator, on the CPU),
+    against the partition's minimum (partition.halo_counts). Times are of the ordering alone."""
+    from sparsetorch.distributed import balanced_row_bounds, power_law_graph
+    from sparsetorch.distributed.partition import halo_counts
+
+    t0 = time.perf_counter()
+    g = power_law_graph(nodes, degree, seed=seed)
+    entries = g.col_indices.numel()
+    log(f"graph: {nodes} nodes, {entries} entries, generated in {time.perf_counter() - t0:.1f} s")
+    out = []
+    for ordering in orderings:
+        t0 = time.perf_counter()
+        order = node_order(g, ordering, seed)
+        order_s = time.perf_counter() - t0
+        h = g if ordering == "natural" else relabel(g, order)
+        del order
+        for p in parts:
+            bounds = balanced_row_bounds(h.crow_indices, p)
+            c = halo_counts(h, bounds)
+            rec = {"ordering": ordering, "parts": p, "nodes": nodes, "entries": entries, "order_s": order_s,
+                   "needed_rows": c["needed"], "received_rows": c["received"], "entries_per_part": c["entries"],
+                   "rows_per_part": c["rows"],
+                   "max_needed_rows": max(c["needed"]), "mean_needed_rows": sum(c["needed"]) / p,
+                   "max_received_rows": max(c["received"]), "total_received_rows": sum(c["received"]),
+                   "ratio": max(r / n if n else 1.0 for r, n in zip(c["received"], c["needed"])),
+                   "entry_imbalance": max(c["entries"]) * p / max(1, entries)}
+            for n in widths:
+                rec[f"max_MiB_per_rank_n{n}"] = rec["max_received_rows"] * n * 4 / 2**20
+            out.append(rec)
+            log(f"{ordering:8s} {p:3d} parts: halo rows per part max {rec['max_needed_rows']}, mean "
+                f"{rec['mean_needed_rows']:.0f} ({rec['mean_needed_rows'] / nodes:.3f} of the nodes), received / "
+                f"minimum {rec['ratio']:.4f}, n=256 fp32 {rec['max_MiB_per_rank_n256']:.1f} MiB per rank max, "
+                f"entry imbalance {rec['entry_imbalance']:.3f} (ordering {order_s:.1f} s)")
+        del h
+        gc.collect()
+    return out
+
+
 def main(argv=None):
     from sparsetorch.bench.timing import make_timer, measure_ceilings
 
@@ -568,7 +690,19 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--nodes", type=int, default=None)
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--halo-table", action="store_true",
+                    help="only the off-line halo volume per ordering and part count (CPU, no group)")
+    ap.add_argument("--parts", default="2,4,8,16,64", help="with --halo-table: part counts")
+    ap.add_argument("--orderings", default="natural,random,degree,rcm", help="with --halo-table: orderings")
+    ap.add_argument("--json", default=None, help="with --halo-table: write the rows here")
     args = ap.parse_args(argv)
+    if args.halo_table:
+        rows = halo_table(args.nodes or (1 << 22), parts=[int(p) for p in args.parts.split(",")],
+                          orderings=args.orderings.split(","))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return rows
     device = torch.device(args.device)
     timer = make_timer(device, True)
     ctx = Context(device, timer, measure_ceilings(device, timer, True), not args.full, None)
