@@ -641,6 +641,18 @@ def node_order(a, ordering: str, seed: int = 0) -> torch.Tensor:
 
 
 
+def _halo_model(nodes: int, degree: float, seed: int, entries: int, parts: int) -> float:
+    """The expected halo rows of a part of the power-law graph: its entries/parts columns are drawn
+    independently with the generator's column probabilities w_c, so it references column c with
+    probability 1 - exp(-entries/parts * w_c), and owns 1/parts of them. No ordering of the nodes
+    changes this sum (only which part owns the hub rows, i.e. the entry balance)."""
+    from sparsetorch.distributed.graphs import _pareto
+
+    w = _pareto(torch.arange(nodes), seed * 4 + 1, 1.5)
+    w /= w.sum()
+    return float((1 - torch.exp(-(entries / parts) * w)).sum()) * (1 - 1 / parts)
+
+
 def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 16, 64),
                orderings=("natural", "random", "degree", "rcm"), widths=(64, 256), log=print) -> List[dict]:
     """Per ordering and part count: the rows and bytes each part receives per product with the
@@ -664,6 +676,7 @@ def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 1
             bounds = balanced_row_bounds(h.crow_indices, p)
             c = halo_counts(h, bounds)
             rec = {"ordering": ordering, "parts": p, "nodes": nodes, "entries": entries, "order_s": order_s,
+                   "model_mean_rows": _halo_model(nodes, degree, seed, entries, p),
                    "needed_rows": c["needed"], "received_rows": c["received"], "entries_per_part": c["entries"],
                    "rows_per_part": c["rows"],
                    "max_needed_rows": max(c["needed"]), "mean_needed_rows": sum(c["needed"]) / p,
@@ -674,11 +687,53 @@ def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 1
                 rec[f"max_MiB_per_rank_n{n}"] = rec["max_received_rows"] * n * 4 / 2**20
             out.append(rec)
             log(f"{ordering:8s} {p:3d} parts: halo rows per part max {rec['max_needed_rows']}, mean "
-                f"{rec['mean_needed_rows']:.0f} ({rec['mean_needed_rows'] / nodes:.3f} of the nodes), received / "
+                f"{rec['mean_needed_rows']:.0f} ({rec['mean_needed_rows'] / nodes:.3f} of the nodes; model "
+                f"{rec['model_mean_rows']:.0f}), received / "
                 f"minimum {rec['ratio']:.4f}, n=256 fp32 {rec['max_MiB_per_rank_n256']:.1f} MiB per rank max, "
                 f"entry imbalance {rec['entry_imbalance']:.3f} (ordering {order_s:.1f} s)")
         del h
         gc.collect()
+    return out
+
+
+def host_table(nodes: int, degree: float = 32, seed: int = 11, gpus=(8, 16, 64), per_host: int = 8,
+               widths=(64, 256), log=print) -> List[dict]:
+    """Past one host, off line: per GPU count (``per_host`` GPUs per host, balanced-entry row blocks
+    of the power-law graph), the rows each GPU receives per product, the part of them from GPUs on
+    other hosts, and per host what crosses the network: flat (every GPU fetches its own rows) and
+    deduplicated (each distinct row a host needs from another host crosses once, then moves on
+    NVLink: the halo of the host-level partition)."""
+    from sparsetorch.distributed import balanced_row_bounds, power_law_graph
+    from sparsetorch.distributed.partition import halo_counts
+
+    g = power_law_graph(nodes, degree, seed=seed)
+    out = []
+    for p in gpus:
+        bounds = balanced_row_bounds(g.crow_indices, p)
+        c = halo_counts(g, bounds)
+        hosts = max(1, p // per_host)
+        host_of = [r * hosts // p for r in range(p)]
+        off_host = [sum(n for q, n in enumerate(c["pairs"][r]) if host_of[q] != host_of[r]) for r in range(p)]
+        flat = [sum(off_host[r] for r in range(p) if host_of[r] == h) for h in range(hosts)]
+        if hosts > 1:
+            host_bounds = [bounds[h * p // hosts] for h in range(hosts + 1)]
+            dedup = halo_counts(g, host_bounds)["needed"]
+        else:
+            dedup = [0]
+        rec = {"gpus": p, "hosts": hosts, "nodes": nodes, "entries": g.col_indices.numel(),
+               "received_rows_per_gpu_max": max(c["received"]), "received_rows_per_gpu_mean": sum(c["received"]) / p,
+               "min_rows_per_gpu_max": max(c["needed"]), "off_host_rows_per_gpu_max": max(off_host),
+               "network_rows_per_host_flat_max": max(flat), "network_rows_per_host_dedup_max": max(dedup),
+               "total_received_rows": sum(c["received"])}
+        for n in widths:
+            mib = n * 4 / 2**20
+            rec[f"n{n}_MiB"] = {k: v * mib for k, v in rec.items() if k.endswith("_max") or k.endswith("_mean")
+                                or k == "total_received_rows"}
+        out.append(rec)
+        log(f"{p:3d} GPUs on {hosts} host(s): per GPU max {rec['received_rows_per_gpu_max']} rows received "
+            f"(minimum {rec['min_rows_per_gpu_max']}), {rec['off_host_rows_per_gpu_max']} from other hosts; per host "
+            f"over the network: flat {rec['network_rows_per_host_flat_max']}, deduplicated "
+            f"{rec['network_rows_per_host_dedup_max']} rows; all GPUs together {rec['total_received_rows']} rows")
     return out
 
 
@@ -695,7 +750,15 @@ def main(argv=None):
     ap.add_argument("--parts", default="2,4,8,16,64", help="with --halo-table: part counts")
     ap.add_argument("--orderings", default="natural,random,degree,rcm", help="with --halo-table: orderings")
     ap.add_argument("--json", default=None, help="with --halo-table: write the rows here")
+    ap.add_argument("--host-table", action="store_true",
+                    help="only the off-line exchange volume past one host (8, 16, 64 GPUs, 8 per host)")
     args = ap.parse_args(argv)
+    if args.host_table:
+        rows = host_table(args.nodes or (1 << 22))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return rows
     if args.halo_table:
         rows = halo_table(args.nodes or (1 << 22), parts=[int(p) for p in args.parts.split(",")],
                           orderings=args.orderings.split(","))
