@@ -96,10 +96,12 @@ def train(args, group=None) -> dict:
         losses.append(loss_value)
         accuracies.append(correct / max(count, 1.0))
     normalized = adjacency.gcn_normalized()
+    volume = adjacency.halo_volume(1)[rank]  # rows received per product against the partition's minimum
     summary = {
         "rank": rank, "world_size": world, "device": str(device), "nodes": args.nodes,
         "edges": int(sum(_all(torch.tensor([adjacency.nnz], device=device), group))),
         "rows": list(rows), "stored_entries": adjacency.nnz, "halo_rows": adjacency.halo_size,
+        "halo_min_rows": volume["min_rows"], "halo_vs_min": volume["ratio"],
         "setup_s": setup_s, "epoch_ms_median": 1e3 * statistics.median(epoch_s[1:] or epoch_s),
         "first_epoch_ms": 1e3 * epoch_s[0], "losses": losses, "test_accuracy": accuracies,
         "exchange": dict(normalized.halo_plan.stats),
@@ -107,7 +109,8 @@ def train(args, group=None) -> dict:
         "memory_fraction": args.memory_fraction,
     }
     summary["per_rank"] = _gather_objects({k: summary[k] for k in ("rank", "rows", "stored_entries", "halo_rows",
-                                                                    "peak_gib", "epoch_ms_median")}, group)
+                                                                    "halo_min_rows", "halo_vs_min", "peak_gib",
+                                                                    "epoch_ms_median")}, group)
     return summary
 
 
@@ -147,8 +150,9 @@ def main(argv=None):
               f"stored entries (+ self loops); setup {summary['setup_s']:.1f} s")
         for r in summary["per_rank"]:
             peak = f", peak {r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else ""
-            print(f"  rank {r['rank']}: rows {r['rows']}, {r['stored_entries']} entries, halo {r['halo_rows']} rows"
-                  f"{peak}, {r['epoch_ms_median']:.1f} ms per epoch")
+            print(f"  rank {r['rank']}: rows {r['rows']}, {r['stored_entries']} entries, halo {r['halo_rows']} rows "
+                  f"({r['halo_vs_min']:.3f}x the minimum {r['halo_min_rows']}){peak}, {r['epoch_ms_median']:.1f} ms "
+                  f"per epoch")
         for i in sorted({0, len(summary["losses"]) // 2, len(summary["losses"]) - 1}):
             print(f"  epoch {i + 1:3d}: loss {summary['losses'][i]:.4f}, test accuracy {summary['test_accuracy'][i]:.3f}")
         print(f"  {summary['epoch_ms_median']:.1f} ms per epoch (median; first epoch {summary['first_epoch_ms']:.0f} ms)")

@@ -401,6 +401,8 @@ def _example_worker(rank, world):
     spec.loader.exec_module(example)
     summary = example.train(example.parse(["--nodes", "3000", "--features", "16", "--hidden", "16", "--classes", "4",
                                            "--epochs", "8", "--lr", "0.05"]))
+    assert summary["halo_min_rows"] <= summary["halo_rows"] <= 1.05 * summary["halo_min_rows"]
+    assert len(summary["per_rank"]) == world and all(r["halo_vs_min"] <= 1.05 for r in summary["per_rank"])
     return summary["losses"], summary["exchange"], summary["halo_rows"], summary["edges"]
 
 
