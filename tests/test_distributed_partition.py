@@ -47,6 +47,9 @@ def test_halo_counts_match_brute_force(parts):
         assert got["received"] == [sum(received_counts(pr, block)) for pr in pairs]
         assert all(n <= r <= LIMIT * n + 1e-9 for n, r in zip(got["needed"], got["received"]))
         assert sum(got["entries"]) == a.nnz and sum(got["rows"]) == shape[0]
+        for r in range(parts):
+            cols = a[rb[r]:rb[r + 1]].indices
+            assert got["local_entries"][r] == int(((cols >= cb[r]) & (cols < cb[r + 1])).sum())
 
 
 def test_dense_rule_stays_within_1_05():

@@ -120,7 +120,8 @@ def halo_counts(a: CSR, row_bounds: Sequence[int], col_bounds: Optional[Sequence
     reference (the minimum rows of B any exchange of this partition must bring it); ``received``:
     the rows it receives under the plan's rule (a peer's whole block when it needs at least
     ``dense_fraction`` of it; default the plan's); ``pairs``: ``pairs[r][p]``, rows part r needs from
-    part p; ``entries`` and ``rows`` per part. Bytes per product: rows x n x element size.
+    part p; ``entries``, ``local_entries`` (those with a column in the part's own block: the product
+    that overlaps the exchange) and ``rows`` per part. Bytes per product: rows x n x element size.
     ``col_bounds`` default: ``row_bounds`` for a square matrix, else an even split. One part at a
     time: the memory beyond ``a`` is one part's entries.
     """
@@ -136,18 +137,22 @@ def halo_counts(a: CSR, row_bounds: Sequence[int], col_bounds: Optional[Sequence
     crow = a.crow_indices.long()
     starts = torch.tensor(cb[1:], dtype=torch.int64, device=crow.device)
     block_rows = [cb[p + 1] - cb[p] for p in range(parts)]
-    out: Dict[str, list] = {"needed": [], "received": [], "pairs": [], "entries": [], "rows": []}
+    out: Dict[str, list] = {"needed": [], "received": [], "pairs": [], "entries": [], "local_entries": [],
+                            "rows": []}
     for r in range(parts):
         e0, e1 = int(crow[rb[r]]), int(crow[rb[r + 1]])
         col = a.col_indices[e0:e1].long()
-        remote = torch.unique(col[(col < cb[r]) | (col >= cb[r + 1])])
-        del col
+        outside = (col < cb[r]) | (col >= cb[r + 1])
+        remote = torch.unique(col[outside])
+        local_entries = (e1 - e0) - int(outside.sum())
+        del col, outside
         owners = torch.searchsorted(starts, remote, right=True)
         pair = torch.bincount(owners, minlength=parts).tolist()
         out["needed"].append(int(remote.numel()))
         out["received"].append(sum(received_counts(pair, block_rows, fraction)))
         out["pairs"].append(pair)
         out["entries"].append(e1 - e0)
+        out["local_entries"].append(local_entries)
         out["rows"].append(rb[r + 1] - rb[r])
     return out
 

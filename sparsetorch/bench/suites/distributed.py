@@ -682,7 +682,8 @@ def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 1
                    "max_needed_rows": max(c["needed"]), "mean_needed_rows": sum(c["needed"]) / p,
                    "max_received_rows": max(c["received"]), "total_received_rows": sum(c["received"]),
                    "ratio": max(r / n if n else 1.0 for r, n in zip(c["received"], c["needed"])),
-                   "entry_imbalance": max(c["entries"]) * p / max(1, entries)}
+                   "entry_imbalance": max(c["entries"]) * p / max(1, entries),
+                   "local_entry_fraction": [le / max(1, e) for le, e in zip(c["local_entries"], c["entries"])]}
             for n in widths:
                 rec[f"max_MiB_per_rank_n{n}"] = rec["max_received_rows"] * n * 4 / 2**20
             out.append(rec)
@@ -690,7 +691,8 @@ def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 1
                 f"{rec['mean_needed_rows']:.0f} ({rec['mean_needed_rows'] / nodes:.3f} of the nodes; model "
                 f"{rec['model_mean_rows']:.0f}), received / "
                 f"minimum {rec['ratio']:.4f}, n=256 fp32 {rec['max_MiB_per_rank_n256']:.1f} MiB per rank max, "
-                f"entry imbalance {rec['entry_imbalance']:.3f} (ordering {order_s:.1f} s)")
+                f"entry imbalance {rec['entry_imbalance']:.3f}, local entries {min(rec['local_entry_fraction']):.3f}-"
+                f"{max(rec['local_entry_fraction']):.3f} (ordering {order_s:.1f} s)")
         del h
         gc.collect()
     return out
