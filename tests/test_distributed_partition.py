@@ -14,7 +14,7 @@ from _helpers import random_csr
 if not dist.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from sparsetorch.distributed import DistributedCSR, balanced_row_bounds, power_law_graph  # noqa: E402
+from sparsetorch.distributed import DistributedCSR, balanced_row_bounds, halo_volume, power_law_graph  # noqa: E402
 from sparsetorch.distributed.halo import DENSE_FRACTION, received_counts  # noqa: E402
 from sparsetorch.distributed.launch import spawn  # noqa: E402
 from sparsetorch.distributed.partition import halo_counts  # noqa: E402
@@ -100,6 +100,7 @@ def _volume_worker(rank, world):
         D = DistributedCSR.from_global(g, row_bounds=bounds)
         n = 6
         vol = D.halo_volume(n)
+        assert halo_volume(D, n) == vol
         off = halo_counts(g, D.row_bounds)
         assert [v["min_rows"] for v in vol] == off["needed"], (name, vol, off)
         assert [v["received_rows"] for v in vol] == off["received"], (name, vol, off)

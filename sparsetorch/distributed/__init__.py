@@ -19,10 +19,11 @@ from sparsetorch.distributed._comm import NO_MULTICAST_ENV, DistributedError, se
 from sparsetorch.distributed.graphs import (node_features, node_labels, node_mask, power_law_block,
                                             power_law_degrees, power_law_graph)
 from sparsetorch.distributed.halo import HaloPlan
-from sparsetorch.distributed.matrix import DistributedCSR
-from sparsetorch.distributed.partition import balanced_row_bounds, even_bounds
+from sparsetorch.distributed.matrix import DistributedCSR, halo_volume
+from sparsetorch.distributed.partition import balanced_row_bounds, even_bounds, halo_counts
 from sparsetorch.distributed.training import GCN, masked_cross_entropy, sync_gradients
 
 __all__ = ["DistributedCSR", "DistributedError", "HaloPlan", "GCN", "NO_MULTICAST_ENV", "balanced_row_bounds",
-           "even_bounds", "masked_cross_entropy", "node_features", "node_labels", "node_mask", "power_law_block",
-           "power_law_degrees", "power_law_graph", "set_no_multicast_env", "sync_gradients"]
+           "even_bounds", "halo_counts", "halo_volume", "masked_cross_entropy", "node_features", "node_labels",
+           "node_mask", "power_law_block", "power_law_degrees", "power_law_graph", "set_no_multicast_env",
+           "sync_gradients"]

@@ -25,7 +25,7 @@ from sparsetorch.distributed.partition import (append_diagonal, balanced_row_bou
 from sparsetorch.functional import _activation_name, scale
 from sparsetorch.plan import SPMM_BACKENDS
 
-__all__ = ["DistributedCSR"]
+__all__ = ["DistributedCSR", "halo_volume"]
 
 
 def _on(a: CSR, device: torch.device) -> CSR:
@@ -415,6 +415,13 @@ class DistributedCSR:
             validate_csr(self.local)
             validate_csr(self.remote)
         return _activation_name(activation)
+
+
+def halo_volume(A: DistributedCSR, n: int = 1, dtype: Optional[torch.dtype] = None) -> List[dict]:
+    """Per rank, the rows and bytes one product with a B of width n receives against the partition's
+    minimum (:meth:`DistributedCSR.halo_volume`). Off line, for a whole matrix and any partition:
+    :func:`sparsetorch.distributed.partition.halo_counts`."""
+    return A.halo_volume(n, dtype)
 
 
 def _bounds(row_bounds, col_bounds, rows: int, cols: int, parts: int):
