@@ -60,7 +60,11 @@ def distributed_suite(ctx: Context) -> List[Job]:
         ctx.leave_out("distributed (the whole suite)", f"needs at least 2 CUDA devices, found {count}")
         return []
     worlds = _worlds(count)
-    return [functools.partial(run, ctx, _config(ctx.quick), world=w) for w in worlds]
+    for w in os.environ.get(RANKS_ENV, "2").split(","):
+        if w.strip() and int(w) not in worlds:
+            ctx.leave_out(f"distributed on {int(w)} ranks", f"{RANKS_ENV} asks for it; found {count} CUDA devices")
+    cfg = _config(ctx.quick)
+    return [functools.partial(run, ctx, cfg, world=w) for w in worlds]
 
 
 RANKS_ENV = "SPARSETORCH_BENCH_DIST_RANKS"  # e.g. "2,3,4": the rank counts the suite runs (default 2)
