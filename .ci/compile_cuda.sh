@@ -58,5 +58,7 @@ compile_one() {
   esac && echo "compile_cuda: ok   $src" || { echo "compile_cuda: FAIL $src" >&2; return 1; }
 }
 export -f compile_one
-ls csrc/cuda/*.cu csrc/cuda/*.cpp benchmarks/*.cu 2>/dev/null | xargs -P "${COMPILE_JOBS:-2}" -I{} bash -c 'compile_one {}'
+# Every CUDA-side source of the library (the prototype harnesses under benchmarks/ are gone; a glob that
+# matched nothing failed this pipeline under pipefail).
+ls csrc/cuda/*.cu csrc/cuda/*.cpp | xargs -P "${COMPILE_JOBS:-2}" -I{} bash -c 'compile_one {}'
 echo "compile_cuda: all CUDA sources compile"
