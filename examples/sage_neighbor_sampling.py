@@ -18,20 +18,7 @@ import torch.nn.functional as F
 
 import sparsetorch as st
 from sparsetorch.bench.suites.gnn import power_law_edge_index
-from sparsetorch.bench.suites.minibatch import in_neighbours, sample_subgraph
-
-
-class SAGE(torch.nn.Module):
-    def __init__(self, lib, channels):
-        super().__init__()
-        self.convs = torch.nn.ModuleList(lib.SAGEConv(a, b) for a, b in zip(channels[:-1], channels[1:]))
-
-    def forward(self, x, edge_index):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = F.relu(x)
-        return x
+from sparsetorch.bench.suites.minibatch import Net3, in_neighbours, sample_subgraph
 
 
 def main():
@@ -70,7 +57,7 @@ def main():
     times = {}
     for name, lib in libs.items():
         torch.manual_seed(0)
-        model = SAGE(lib, (128, 256, 4)).to(dev)
+        model = Net3(lib, "SAGEConv", (128, 256, 4)).to(dev)
         opt = torch.optim.Adam(model.parameters(), lr=0.005)
         step_times, correct = [], 0
         for i, (x, edge_index, y) in enumerate(batches):

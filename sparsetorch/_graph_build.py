@@ -220,12 +220,9 @@ def _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, stats)
 
 
 def _raise_out_of_range(src: torch.Tensor, dst: torch.Tensor, n_src: int, n_dst: int, what: str):
-    """The error for out-of-range indices, naming the first offending side and value (the slow path:
-    a few more syncs, only when raising)."""
-    for side, (t, n) in enumerate(((src, n_src), (dst, n_dst))):
-        low, high = int(t.min()), int(t.max())
-        if low < 0:
-            raise IndexError(f"{what}: node indices must be >= 0, found {low}")
-        if high >= n:
-            raise IndexError(f"{what}: row {side} holds node index {high}, out of range for {n} nodes")
-    raise IndexError(f"{what}: a node index is out of range")  # not reached
+    """The error for out-of-range indices, naming the side and value (graph.py's check of an
+    edge_index, whose few syncs are paid only when raising)."""
+    from sparsetorch.graph import _check_edge_index
+
+    _check_edge_index(torch.stack([src, dst]), None, (n_src, n_dst))
+    raise IndexError(f"{what}: a node index is out of range")  # not reached: the check above raises

@@ -64,6 +64,27 @@ def test_spmm_gradcheck(rng, target, layout, activation):
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_st_spmm_gradcheck(rng, target, layout, activation):
+    """st.spmm records through its own autograd.Function (SpmmFunction), not the op's registered
+    autograd: the same gradients, every input and batch layout."""
+    device, backend = target
+    a = make_a(rng, layout, device)
+    b = dense_b(rng, layout, device).requires_grad_()
+    values = a.values.clone().requires_grad_()
+    out_shape = (3, 6, 4) if layout != "single" else (6, 4)
+    c = randn(rng, *out_shape, device=device, dtype=torch.float64).requires_grad_()
+    bias = randn(rng, 4, device=device, dtype=torch.float64).requires_grad_()
+
+    def f(values, b, c, bias):
+        return st.spmm(a.with_values(values), b, alpha=1.5, c=c, beta=0.5, bias=bias, activation=activation,
+                       backend=backend)
+
+    assert torch.autograd.gradcheck(f, (values, b, c, bias))
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_sddmm_gradcheck(rng, target, layout):
     device, backend = target
     a = make_a(rng, layout, device)

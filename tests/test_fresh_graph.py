@@ -187,3 +187,14 @@ def test_layers_match_the_step_by_step_path(device, rng, monkeypatch):
         torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-6)
         for a, b in zip(g1, g2):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_analysis_store_refuses_a_malformed_vector(device):
+    a = st.nn.gcn_norm(torch.tensor([[0, 1], [1, 0]], device=device), num_nodes=2)
+    good = ops.csr_analysis(a.crow_indices, a.col_indices, 2)
+    for bad in (good[:-1], good.float(), good.reshape(2, -1)):
+        with pytest.raises(RuntimeError, match="raw must be a CPU int64 vector"):
+            ops._csr_analysis_store(a.crow_indices, a.col_indices, 2, bad)
+    if device == "cuda":
+        with pytest.raises(RuntimeError, match="raw must be a CPU int64 vector"):
+            ops._csr_analysis_store(a.crow_indices, a.col_indices, 2, good.cuda())
