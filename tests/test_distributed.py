@@ -114,13 +114,16 @@ def _forward_backward_case(D, a64, dtype, device, n, rng, act, with_c, beta=0.5,
     _close(y2, D.local_rows(y_ref), dtype, f"no-grad forward {act}")
 
 
-def _products_worker(rank, world, backend, transport="auto"):
+def _products_worker(rank, world, backend, transport="auto", split_by_sender=False):
     import os
 
     os.environ["SPARSETORCH_HALO_TRANSPORT"] = transport  # every matrix built below moves its halo this way
+    if split_by_sender:  # the copy engines' per-sender products, over the all-to-all (which waits for all)
+        from sparsetorch.distributed.transport import AllToAll
+        AllToAll.finish_from = lambda self, pending, p: self.finish(pending)
     device = _device(backend, rank)
     rng = np.random.default_rng(1234)  # the same global data on every rank
-    cases = 0
+    cases, split_used = 0, False
     for dtype, index_dtype in ((torch.float64, torch.int64), (torch.float32, torch.int32),
                                (torch.bfloat16, torch.int32), (torch.float16, torch.int64)):
         a = random_csr(rng, 41, 41, 0.12, unsorted=True, duplicates=True, empty_rows=0.2)
@@ -135,6 +138,7 @@ def _products_worker(rank, world, backend, transport="auto"):
             for act in acts:
                 _forward_backward_case(D, a64, dtype, device, 5, rng, act, with_c=(act == "none"))
                 cases += 1
+            split_used = split_used or D._sender_parts is not None
     # rectangular: columns split evenly, rows by entries; one rank may own no columns of B
     a = random_csr(rng, 30, 17, 0.2, duplicates=True)
     D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float64), device=device)
@@ -147,6 +151,7 @@ def _products_worker(rank, world, backend, transport="auto"):
     got = D.local_rows(out).clone().to(device)
     st.spmm(D, D.local_cols(B).to(device), alpha=2.0, beta=0.25, out=got, backend="native")
     _close(got, D.local_rows(ref), torch.float64, "out=")
+    assert split_used or not split_by_sender or world == 2, "no product was split by sender"
     return cases + 1
 
 
@@ -159,6 +164,12 @@ def test_products_match_single_process(backend, world):
         pytest.skip("4 gloo ranks: tests/test_distributed_partition.py checks products there (keeps CI short)")
     counts = spawn(_products_worker, world, backend, backend=backend, timeout=60)
     assert counts == [counts[0]] * world and counts[0] > 10
+
+
+def test_products_split_by_sender_match_single_process():
+    """The remote part multiplied one sender at a time (what the copy engines do on GPUs), on gloo."""
+    counts = spawn(_products_worker, 3, "gloo", "all_to_all", True, backend="gloo", timeout=60)
+    assert counts == [counts[0]] * 3 and counts[0] > 10
 
 
 @pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")

@@ -7,6 +7,9 @@ Forward on rank r (B_r: the rows of B this rank owns, halo: the rows it receives
     wait
     z += alpha * A_remote @ halo, then + bias, act      (the epilogue fused in this last product)
 
+With the copy engines, each sender's rows are waited for and multiplied on their own (the remote
+part split by sender, once per matrix), so the first senders' products run while the last rows move.
+
 Backward, for grad z = g (the halo gradient first, so its exchange overlaps the larger product):
 
     g_halo = alpha * A_remote^T @ g ; start sending it back to the rows' owners      (async)
@@ -78,11 +81,47 @@ def product(matrix, B: torch.Tensor, v_local: torch.Tensor, v_remote: torch.Tens
                backend=_route(matrix, "local", local, B, backend), policy=policy)
     if not exchanging:
         return z, None
+    parts = _sender_parts(matrix) if has_remote and len(plan.senders) > 1 and plan.per_sender else None
+    if parts is None:
+        plan.finish(pending)
+        if has_remote:
+            F.spmm(remote, halo, alpha=alpha, beta=1.0, out=z, bias=bias, activation=act,
+                   negative_slope=negative_slope, backend=_route(matrix, "remote", remote, halo, backend),
+                   policy=policy)
+        return z, halo
+    for i, (p, lo, hi, entries, crow_p, col_p) in enumerate(parts):  # each sender's rows as they land
+        plan.finish_from(pending, p)
+        last = i == len(parts) - 1
+        part = CSR(crow_p, col_p, remote.values.index_select(0, entries), (z.shape[0], hi - lo))
+        F.spmm(part, halo[lo:hi], alpha=alpha, beta=1.0, out=z, bias=bias if last else None,
+               activation=act if last else "none", negative_slope=negative_slope,
+               backend=_route(matrix, f"remote from {p}", part, halo[lo:hi], backend), policy=policy)
     plan.finish(pending)
-    if has_remote:
-        F.spmm(remote, halo, alpha=alpha, beta=1.0, out=z, bias=bias, activation=act, negative_slope=negative_slope,
-               backend=_route(matrix, "remote", remote, halo, backend), policy=policy)
     return z, halo
+
+
+def _sender_parts(matrix):
+    """The remote part split by the rank its columns' rows come from, in the order they land (for
+    an exchange whose senders arrive one by one): per sender p, ``(p, lo, hi, entries, crow, col)``,
+    the halo rows [lo, hi) from p and the remote entries whose columns lie there (columns shifted
+    to start at 0). Built once per matrix; a part's values are gathered per product."""
+    if matrix._sender_parts is None:
+        plan, remote = matrix.halo_plan, matrix.remote
+        crow, col = remote.crow_indices, remote.col_indices
+        m = crow.numel() - 1
+        rows = torch.repeat_interleave(torch.arange(m, device=col.device), (crow[1:] - crow[:-1]).long())
+        first = [0]
+        for c in plan.recv_counts:
+            first.append(first[-1] + c)
+        parts = []
+        for p in plan.senders:
+            lo, hi = first[p], first[p + 1]
+            entries = ((col >= lo) & (col < hi)).nonzero().squeeze(1)
+            crow_p = torch.zeros(m + 1, dtype=crow.dtype, device=crow.device)
+            crow_p[1:] = torch.bincount(rows[entries], minlength=m).cumsum(0)
+            parts.append((p, lo, hi, entries, crow_p, (col[entries] - lo).to(col.dtype)))
+        matrix._sender_parts = parts
+    return matrix._sender_parts
 
 
 class DistributedSpmm(torch.autograd.Function):

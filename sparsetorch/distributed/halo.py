@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from sparsetorch.distributed._comm import Comm
-from sparsetorch.distributed.transport import make_transport
+from sparsetorch.distributed.transport import arrival_order, make_transport
 
 __all__ = ["HaloPlan", "DENSE_FRACTION", "received_counts"]
 
@@ -136,6 +136,20 @@ class HaloPlan:
                                              "halo exchange of the gradient of B")
         self._count("backward", self.send_size, self.halo_size, n * grad_halo.element_size())
         return recv, pending
+
+    @property
+    def senders(self) -> List[int]:
+        """The ranks this rank receives rows from, in the order their rows land (see transport.py)."""
+        return arrival_order(self.recv_counts, self.comm.rank)
+
+    @property
+    def per_sender(self) -> bool:
+        """Whether each sender's rows can be waited for on their own (:meth:`finish_from`)."""
+        return hasattr(self.transport, "finish_from")
+
+    def finish_from(self, pending, p: int) -> None:
+        """Wait for the rows from rank ``p`` only (transports with ``per_sender``)."""
+        self.transport.finish_from(pending, p)
 
     def finish(self, pending) -> None:
         self.transport.finish(pending)

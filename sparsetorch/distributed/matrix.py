@@ -55,6 +55,7 @@ class DistributedCSR:
         self._route_plans = {}        # part -> SpmmPlan that picks its route per width of B
         self._transposed_values = {}  # part -> (values, version, values of the transpose)
         self._derived = {}            # ("gcn", loops, improved) / ("mean",) / dtype -> DistributedCSR
+        self._sender_parts = None     # the remote part split by sending rank (_spmm._sender_parts)
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
