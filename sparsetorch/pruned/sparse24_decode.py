@@ -1,0 +1,176 @@
+"""The packed 2:4 format of the decode kernel (csrc/cuda/sparse24_decode_kernel.cuh): a weight W (M x K) pruned
+2:4 (at most 2 nonzeros in every 4 consecutive columns of a row), stored as the per-lane registers of the
+``mma.sp.m16n8k32`` A operand and metadata operand, so the kernel loads them with coalesced 16-byte loads
+and decodes nothing.
+
+Layout (PTX ISA, "Matrix multiply-accumulate operation using mma.sp instruction with sparse matrix A": sparse
+matrix storage, and the m16n8k32 .f16/.bf16 fragments; details in the kernel header). ``lane = 4 g + t``.
+A 16 x 32 tile keeps two values per 4-column chunk c (0..7); its compressed 16 x 16 matrix has chunk c at
+compressed columns 2c, 2c + 1.
+
+- ``values`` (M/16, KTP, 32, 8), the weight's dtype: lane's 4 registers of tile (row tile, k-tile) = (row g,
+  chunk t), (row g+8, chunk t), (row g, chunk t+4), (row g+8, chunk t+4), two values each (compressed
+  columns 2c, 2c+1).
+- ``meta`` (M/16, KTP/8, 32, 4), int32: word w of a lane in block b is for the tile pair p = 4 b + w: the
+  lane's tile is 2p + (t >> 1) (even tiles run with sparsity selector 0, whose metadata threads are t = 0, 1;
+  odd tiles with selector 1: t = 2, 3) and its role is r = t & 1. Bits 15:0 = row g, chunks 4r .. 4r+3;
+  bits 31:16 = row g+8, the same chunks; chunk 4r + j in bits 4j+3:4j as idx0 | idx1 << 2 (positions of the
+  two kept values in the chunk, idx0 < idx1).
+
+KTP is K / 32 rounded up to a multiple of 8; tiles past K hold zero values and the metadata nibble 0b0100.
+Bytes per weight position: (16 + 2) / 16 / 2 * 2 = 1.125 for bf16/fp16 (0.5 values + 1/16 metadata per
+position, at K a multiple of 256), against 2 dense.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+__all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES"]
+
+TILE_K = 32  # original columns per mma.sp k-step
+TILE_PAD = 8  # k-tiles per metadata block: packed k-tiles are padded to a multiple
+DTYPES = (torch.bfloat16, torch.float16)
+_PAD_NIBBLE = 0b0100  # idx0 = 0, idx1 = 1: valid metadata for an all-zero chunk
+# Which thread of a metadata pair holds what (the PTX figure for m16n8k32 .f16/.bf16; see the module doc).
+# "rows_in_halves": role r holds chunks 4r..4r+3 of rows g (bits 15:0) and g+8 (bits 31:16). The alternative
+# "row_per_thread" (role r holds all 8 chunks of row g + 8r) exists only so that a device probe can tell the
+# two apart; the kernel is the same for both.
+META_LAYOUTS = ("rows_in_halves", "row_per_thread")
+
+
+def packed_ktiles(in_features: int) -> int:
+    """Packed k-tiles of a weight with ``in_features`` columns: K / 32 rounded up to a multiple of 8."""
+    tiles = in_features // TILE_K
+    return -(-tiles // TILE_PAD) * TILE_PAD
+
+
+def decode_applies(shape, dtype: torch.dtype):
+    """None when a weight of this shape and dtype can be packed, else why not."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype}: the 2:4 decode kernel takes bfloat16 or float16"
+    if len(shape) != 2:
+        return f"expected a 2-D (out_features, in_features) weight, got shape {tuple(shape)}"
+    out_f, in_f = int(shape[0]), int(shape[1])
+    if out_f <= 0 or out_f % 16:
+        return f"out_features must be a positive multiple of 16, got {out_f}"
+    if in_f <= 0 or in_f % TILE_K:
+        return f"in_features must be a positive multiple of {TILE_K}, got {in_f}"
+    return None
+
+
+def _check_weight(weight: torch.Tensor) -> None:
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"weight: expected a tensor, got {type(weight).__name__}")
+    reason = decode_applies(tuple(weight.shape), weight.dtype)
+    if reason is not None:
+        raise ValueError(f"weight: {reason}")
+
+
+def pack_sparse24_decode(weight: torch.Tensor, meta_layout: str = "rows_in_halves") -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values, meta) of a 2:4 weight (out_features x in_features, bfloat16/float16) in the decode kernel's
+    layout. Raises ValueError naming ``weight`` if it is not 2:4 (a group of 4 consecutive columns of a row
+    with more than 2 nonzeros; NaN counts as nonzero) or its shape/dtype does not fit (out_features a
+    multiple of 16, in_features a multiple of 32). Torch ops only: runs on the weight's device."""
+    _check_weight(weight)
+    if meta_layout not in META_LAYOUTS:
+        raise ValueError(f"meta_layout: expected one of {META_LAYOUTS}, got {meta_layout!r}")
+    w = weight.detach()
+    m, k = w.shape
+    kt, ktp = k // TILE_K, packed_ktiles(k)
+    dev = w.device
+    groups = w.reshape(m, k // 4, 4)
+    nz = groups != 0
+    counts = nz.sum(-1)
+    if bool((counts > 2).any()):
+        bad = (counts > 2).nonzero()[0]
+        r, c = int(bad[0]), int(bad[1]) * 4
+        raise ValueError(f"weight: not 2:4 sparse: row {r}, columns {c}..{c + 3} hold {int(counts[bad[0], bad[1]])} "
+                         "nonzeros (at most 2 of every 4 consecutive columns)")
+    # The two kept positions of each chunk, increasing: the nonzeros first (lowest position first), then the
+    # lowest zero positions; sorted again so that idx0 < idx1 (mma.sp::ordered_metadata).
+    key = (~nz).to(torch.int64) * 4 + torch.arange(4, device=dev)
+    idx = torch.sort(torch.argsort(key, dim=-1)[..., :2], dim=-1).values  # (m, k/4, 2)
+    kept = torch.gather(groups, -1, idx)  # zeros where a zero position was taken
+    nib = idx[..., 0] | (idx[..., 1] << 2)  # (m, k/4)
+
+    # Pad to ktp tiles: zero values, valid metadata.
+    comp = torch.zeros(m, ktp * 8, 2, dtype=w.dtype, device=dev)
+    comp[:, : kt * 8] = kept
+    nibs = torch.full((m, ktp * 8), _PAD_NIBBLE, dtype=torch.int64, device=dev)
+    nibs[:, : kt * 8] = nib
+
+    r16 = m // 16
+    # values: comp as (R, h, g, KTP, q, t, v) with row = 16 R + 8 h + g, chunk = 4 q + t -> (R, KTP, g, t, q, h, v).
+    vals = comp.reshape(r16, 2, 8, ktp, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6).reshape(r16, ktp, 32, 8).contiguous()
+
+    # meta: nibbles as (R, h, g, KTP/2 pairs, s tile-in-pair, r role, j) with chunk = 4 r + j.
+    n7 = nibs.reshape(r16, 2, 8, ktp // 2, 2, 2, 4)
+    j_shift = 4 * torch.arange(4, device=dev)
+    if meta_layout == "rows_in_halves":
+        # word(lane = 4 g + 2 s + r) = sum_j nib(h=0, r, j) << 4j + nib(h=1, r, j) << (16 + 4j)
+        h_shift = torch.tensor([0, 16], device=dev).view(1, 2, 1, 1, 1, 1, 1)
+        words = (n7 << (h_shift + j_shift)).sum(dim=(1, 6))  # (R, g, P, s, r)
+    else:
+        # word(lane = 4 g + 2 s + r) = row g + 8 r, chunk c (0..7) in bits 4c+3:4c
+        c_shift = torch.cat([j_shift, j_shift + 16]).view(2, 4)  # role r' of the chunk -> shift
+        per_row = (n7 << c_shift.view(1, 1, 1, 1, 1, 2, 4)).sum(dim=(5, 6))  # (R, h, g, P, s)
+        words = per_row.permute(0, 2, 3, 4, 1)  # (R, g, P, s, h): h plays the role
+    words = words.permute(0, 2, 1, 3, 4).reshape(r16, ktp // 2, 32)  # (R, P, lane = 4 g + 2 s + r)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    meta = words.reshape(r16, ktp // 8, 4, 32).permute(0, 1, 3, 2).contiguous()  # (R, B, lane, w)
+    return vals, meta
+
+
+def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape, meta_layout: str = "rows_in_halves"
+                           ) -> torch.Tensor:
+    """The dense weight (shape) that the decode kernel multiplies, reconstructed by reading the packed arrays
+    the way the kernel's lanes do and placing each value where mma.sp puts it (the PTX register mapping):
+    for each lane and register, its row and compressed column; for the chunk, the metadata word of the
+    thread that the tile's sparsity selector names. Raises ValueError on shapes that do not match and on
+    metadata the hardware does not define (idx0 >= idx1)."""
+    if meta_layout not in META_LAYOUTS:
+        raise ValueError(f"meta_layout: expected one of {META_LAYOUTS}, got {meta_layout!r}")
+    if len(tuple(shape)) != 2:
+        raise ValueError(f"shape: expected (out_features, in_features), got {tuple(shape)}")
+    m, k = int(shape[0]), int(shape[1])
+    reason = decode_applies((m, k), values.dtype)
+    if reason is not None:
+        raise ValueError(f"values/shape: {reason}")
+    r16, ktp = m // 16, packed_ktiles(k)
+    if tuple(values.shape) != (r16, ktp, 32, 8):
+        raise ValueError(f"values: expected shape {(r16, ktp, 32, 8)} for a {m} x {k} weight, got {tuple(values.shape)}")
+    if tuple(meta.shape) != (r16, ktp // 8, 32, 4) or meta.dtype != torch.int32:
+        raise ValueError(f"meta: expected int32 of shape {(r16, ktp // 8, 32, 4)} for a {m} x {k} weight, got "
+                         f"{meta.dtype} {tuple(meta.shape)}")
+    dev = values.device
+    dense = torch.zeros(r16, 16, ktp * TILE_K, dtype=values.dtype, device=dev)
+    mw = meta.to(torch.int64) & 0xFFFFFFFF  # (R, B, lane, w)
+    tiles = torch.arange(ktp, device=dev)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for reg in range(4):
+            row = g + 8 * (reg & 1)          # A fragment: regs 1, 3 are row g + 8
+            chunk = t + 4 * (reg >> 1)       # regs 2, 3 are compressed columns 2t + 8, 2t + 9 (chunk t + 4)
+            h = reg & 1
+            # Metadata of (row, chunk) for every tile: the selector of tile kt is kt & 1; its threads are
+            # t' = 2 (kt & 1) + role in quad g; the word for pair kt >> 1 sits in block (kt >> 3), word (kt >> 1) & 3.
+            if meta_layout == "rows_in_halves":
+                role, shift = chunk // 4, 4 * (chunk % 4) + 16 * h
+            else:
+                role, shift = h, 4 * chunk
+            lane_m = 4 * g + 2 * (tiles & 1) + role  # (KTP,)
+            word = mw[:, tiles >> 3, lane_m, (tiles >> 1) & 3]  # (R, KTP)
+            nib = (word >> shift) & 0xF
+            idx0, idx1 = nib & 3, nib >> 2
+            if bool((idx0 >= idx1).any()):
+                raise ValueError("meta: a chunk's metadata is not two increasing positions (undefined for mma.sp)")
+            for v, idx in ((0, idx0), (1, idx1)):
+                col = tiles * TILE_K + 4 * chunk + idx  # (R, KTP)
+                val = values[:, :, lane, 2 * reg + v]  # element 2 reg + v: the register's low / high half
+                dense[:, row].scatter_(1, col, val)
+    dense = dense.reshape(m, ktp * TILE_K)
+    if bool((dense[:, k:] != 0).any()):
+        raise ValueError("values: the padding past in_features holds nonzeros")
+    return dense[:, :k].contiguous()
