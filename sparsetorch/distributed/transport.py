@@ -222,9 +222,10 @@ def _timeout_ms(comm: Comm) -> int:
 
 
 def make_transport(comm: Comm, transport: str, max_rows: int):
-    """The transport for a plan: ``transport`` as asked, or for "auto" the copy engines where every
-    rank is a GPU of one host that reaches the others (``SPARSETORCH_HALO_TRANSPORT`` overrides
-    "auto"), else the all-to-all. Collective (every rank decides the same)."""
+    """The transport for a plan: ``transport`` as asked, or for "auto" the copy engines for two GPUs
+    of one host that reach each other (``SPARSETORCH_HALO_TRANSPORT`` overrides "auto"), else the
+    all-to-all. Collective (every rank decides the same). Two ranks only: on 4 H200s the all-to-all
+    was faster at 3 and 4 ranks (2026-11-27, before the copies ran per receiver; docs/distributed.md)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport == "auto":
@@ -232,7 +233,7 @@ def make_transport(comm: Comm, transport: str, max_rows: int):
         if transport not in TRANSPORTS:
             raise ValueError(f"{_ENV}: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport == "auto":
-        cuda = comm.backend == "nccl" and comm.device.type == "cuda" and comm.size > 1
+        cuda = comm.backend == "nccl" and comm.device.type == "cuda" and comm.size == 2
         transport = "copy_engine" if cuda and _peer_reachable(comm) else "all_to_all"
     if transport == "copy_engine":
         if comm.device.type != "cuda" or comm.size == 1:
