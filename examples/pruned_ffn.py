@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import sparsetorch as st
 from sparsetorch.bench.ratios import versus
 from sparsetorch.bench.timing import make_timer
-from sparsetorch.pruned import prune_2to4_mask
+from sparsetorch.pruned import prune_mask
 
 
 def load_data(device, seed=0):
@@ -77,14 +77,11 @@ def accuracy(model, data):
     return (model(x).argmax(1) == y).float().mean().item()
 
 
-def prune_mask(weight, score, sparsity):
-    """Mask keeping the highest scores: per output row (Wanda), globally (magnitude), or 2:4."""
+def mask_of(weight, importance, sparsity):
+    """Mask keeping the highest |w| * importance: per output row (Wanda), or 2:4 (sparsetorch's prune_mask)."""
     if sparsity == "2:4":
-        return prune_2to4_mask(score)
-    keep = int(round((1 - sparsity) * weight.shape[1]))
-    mask = torch.zeros_like(weight, dtype=torch.bool)
-    mask.scatter_(1, torch.topk(score, keep, dim=1).indices, True)
-    return mask
+        return prune_mask(weight, 0.5, "2:4", importance=importance)
+    return prune_mask(weight, sparsity, "row", importance=importance)
 
 
 def pruned_layer(dense, mask, dtype):
@@ -144,12 +141,12 @@ def main():
     model.ffn.float()
     rows = []
     for method in ("magnitude", "wanda"):
-        score = w.abs() * (input_norm if method == "wanda" else 1.0)
+        importance = input_norm if method == "wanda" else None
         for sparsity in [float(v) if v != "2:4" else v for v in args.sparsities.split(",")]:
             if method == "magnitude" and sparsity != "2:4":  # global magnitude, as SparseLinear.from_dense
                 layer = st.nn.SparseLinear.from_dense(model.ffn, sparsity=sparsity)
             else:
-                layer = pruned_layer(model.ffn, prune_mask(w, score, sparsity), torch.float32)
+                layer = pruned_layer(model.ffn, mask_of(w, importance, sparsity), torch.float32)
             pruned = MLP(hidden).to(device)
             pruned.load_state_dict(model.state_dict())
             pruned.ffn = layer

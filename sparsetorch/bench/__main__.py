@@ -27,7 +27,10 @@ the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
                calls from new against torch.sparse.mm's, the costliest call against 20x the steady call;
                a stream of 300 / 60 fresh 5k-node matrices; what the caches hold after 3000 / 1000.
   pruned       pruned linear layers and a Llama-style MLP block (bf16 on CUDA, float32 on the CPU;
-               unstructured 50-95% and 2:4) against dense F.linear, torch's 2:4 and BSR.
+               unstructured 50-95% and 2:4) against dense F.linear, torch's 2:4 and BSR; then the decode suite.
+  decode       decode steps (N = 1..16 tokens) of a Llama-3-8B-shaped decoder stack (--layers, default 4 /
+               a 1-layer hidden-256 stack on the CPU), Wanda-pruned to 50% and 70% per row and 2:4:
+               SparseLinear against the pruned weights stored dense, tokens/s, eager and CUDA graph.
   distributed  SpMM and GCN steps on 1 vs 2+ GPUs (left out with fewer than 2 devices).
   cpu          the CPU kernels, on the CPU also on a GPU machine: SpMM on graphs and pruned weights
                (n = 1..128) vs torch.sparse.mm (MKL) and SciPy, SDDMM, scaling, and the elementwise
@@ -148,7 +151,10 @@ def main(argv=None):
     ap.add_argument("--data", default=None, help="folder with the real data: matrices/*.mtx and the Planetoid graphs "
                     "(default: $SPARSETORCH_DATA, then ../shared/data)")
     ap.add_argument("--out", default=None, help="results folder (default bench-results/<device>)")
-    ap.add_argument("--widths", default=None, help="comma-separated B widths, for suites that sweep them (skew)")
+    ap.add_argument("--widths", default=None, help="comma-separated B widths, for suites that sweep them (skew; "
+                    "decode: the tokens per step)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers of the decode stack (decode, pruned; default 4 on CUDA, 1 on the CPU)")
     ap.add_argument("--dtypes", default=None, help="comma-separated dtypes, e.g. float32,bfloat16 (skew)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--replot", metavar="DIR", default=None,
@@ -189,7 +195,7 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
         print(f"left out: {line}")
     widths = tuple(int(w) for w in args.widths.split(",")) if args.widths else None
     dtypes = tuple(getattr(torch, d.strip()) for d in args.dtypes.split(",")) if args.dtypes else None
-    ctx = Context(device, timer, ceilings, quick, data_root, widths, dtypes)
+    ctx = Context(device, timer, ceilings, quick, data_root, widths, dtypes, args.layers)
     # The cpu suite runs on the CPU whatever the device; its rows are marked so that the GPU
     # headlines leave them out.
     jobs = [(s, j, s == "cpu" and device.type != "cpu") for s in wanted for j in SUITES[s](ctx)]

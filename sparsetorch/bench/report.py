@@ -10,6 +10,7 @@ from typing import Dict, List, Optional
 
 from sparsetorch.bench.ratios import geomean, summary, versus
 from sparsetorch.bench.suites.cpu import headlines as cpu_headlines
+from sparsetorch.bench.suites.decode import headlines as decode_headlines
 from sparsetorch.bench.suites.skew import summarize as skew_summary
 
 NOTES = [
@@ -32,7 +33,7 @@ NOTES = [
 
 REFERENCE_IMPL = {"density": "sparsetorch", "graphs": "sparsetorch", "batched": "sparsetorch",
                   "elementwise": "st.bias_act gelu (fused)", "skew": "st.spmm (default)", "distributed": "2 GPUs",
-                  "cpu": "sparsetorch"}
+                  "cpu": "sparsetorch", "decode": "sparsetorch"}
 
 
 def add_speedups(rows: List[dict]) -> None:
@@ -136,6 +137,7 @@ def headlines(rows: List[dict]) -> List[str]:
                     parts.append(versus(others[name]["speedup"], name.split(" ")[0]))
             lines.append(f"fused bias+gelu {r['dtype']}{' (cpu)' if r.get('cpu') else ''}: " + ", ".join(parts))
     lines += skew_summary(rows)
+    lines += decode_headlines(rows)
     return lines
 
 

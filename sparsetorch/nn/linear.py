@@ -38,8 +38,8 @@ from sparsetorch.plan import SpmmPlan, _autotune_candidates, _device_time
 from sparsetorch.pruned.bitmap import BitmapWeight, bitmap_linear
 from sparsetorch.pruned.csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
 from sparsetorch.pruned.slots import SlotWeight, applies as slots_applies, slot_linear
-from sparsetorch.pruned.sparse24 import (MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, prune_2to4_mask,
-                                         sparse24_applies)
+from sparsetorch.pruned.sparse24 import MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, sparse24_applies
+from sparsetorch.pruned.wanda import prune_mask
 
 FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
 # CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again). Under
@@ -483,17 +483,20 @@ class SparseLinear(nn.Module):
 
     @classmethod
     def from_dense(cls, linear: Any, sparsity: Optional[float] = None, scheme: str = "global",
-                   bias: Optional[torch.Tensor] = None, **kwargs) -> "SparseLinear":
-        """Magnitude-prune a dense layer (an ``nn.Linear`` or an (out, in) weight tensor).
+                   bias: Optional[torch.Tensor] = None, importance: Optional[torch.Tensor] = None,
+                   **kwargs) -> "SparseLinear":
+        """Prune a dense layer (an ``nn.Linear`` or an (out, in) weight tensor) by magnitude, or Wanda-style.
 
         ``sparsity`` is the fraction of weights removed (default 0.9; 0.5 for ``"2:4"``).
-        ``scheme="global"`` keeps the ``round((1 - sparsity) * out * in)`` largest |w| of the whole
-        matrix; ``"row"`` keeps the ``round((1 - sparsity) * in)`` largest of each row (the same nnz per
-        row, which balances the SpMM's work); ``"2:4"`` keeps the 2 largest of every group of 4
+        ``scheme="global"`` keeps the ``round((1 - sparsity) * out * in)`` highest scores of the whole
+        matrix; ``"row"`` keeps the ``round((1 - sparsity) * in)`` highest of each row (the same nnz per
+        row, which balances the SpMM's work); ``"2:4"`` keeps the 2 highest of every group of 4
         consecutive weights of a row (2:4 semi-structured sparsity, for sparse tensor cores), and a
-        ``sparsity`` above 0.5 then removes the smallest kept weights of the whole matrix as well (the
-        pattern stays 2:4). Ties are broken by position. The bias (of the ``nn.Linear``, or ``bias=``)
-        is copied.
+        ``sparsity`` above 0.5 then removes the lowest kept scores of the whole matrix as well (the
+        pattern stays 2:4). The score is |w|, or with ``importance`` (in_features,) |w_ij| * importance_j:
+        Wanda pruning when importance holds the L2 norms of the input channels over calibration data
+        (:func:`sparsetorch.pruned.input_norms`). Ties are broken by position. The mask is
+        :func:`sparsetorch.pruned.prune_mask`'s. The bias (of the ``nn.Linear``, or ``bias=``) is copied.
         """
         if isinstance(linear, nn.Linear):
             weight = linear.weight.detach()
@@ -502,35 +505,8 @@ class SparseLinear(nn.Module):
             weight = linear.detach()
         else:
             raise TypeError(f"linear: expected an nn.Linear or a 2-D dense weight tensor, got {type(linear).__name__}")
-        if scheme not in ("global", "row", "2:4"):
-            raise ValueError(f"scheme: expected 'global', 'row' or '2:4', got {scheme!r}")
-        if sparsity is None:
-            sparsity = 0.5 if scheme == "2:4" else 0.9
-        if not 0.0 <= float(sparsity) <= 1.0:
-            raise ValueError(f"sparsity: expected a fraction in [0, 1], got {sparsity}")
-        if scheme == "2:4" and sparsity < 0.5:
-            raise ValueError(f"sparsity: scheme '2:4' removes at least half of the weights, got {sparsity}")
         out_f, in_f = weight.shape
-        mask = torch.zeros_like(weight, dtype=torch.bool)
-        magnitude = weight.abs()
-        if scheme == "global":
-            keep = int(round((1.0 - sparsity) * weight.numel()))
-            if keep > 0:
-                idx = torch.topk(magnitude.reshape(-1), keep, sorted=False).indices
-                mask.view(-1)[idx] = True
-        elif scheme == "row":
-            keep = int(round((1.0 - sparsity) * in_f))
-            if keep > 0:
-                idx = torch.topk(magnitude, keep, dim=1, sorted=False).indices
-                mask.scatter_(1, idx, True)
-        else:
-            mask = prune_2to4_mask(weight)
-            keep = int(round((1.0 - sparsity) * weight.numel()))
-            if keep < int(mask.sum()):
-                kept = torch.where(mask, magnitude.float(), torch.full_like(magnitude, -1.0, dtype=torch.float32))
-                idx = torch.topk(kept.reshape(-1), keep, sorted=False).indices
-                mask = torch.zeros_like(mask)
-                mask.view(-1)[idx] = True
+        mask = prune_mask(weight, sparsity, scheme, importance=importance)
         rows, cols = mask.nonzero(as_tuple=True)  # row-major order: sorted columns per row
         counts = torch.bincount(rows, minlength=out_f)
         index_dtype = _index_dtype_for(out_f, in_f, int(rows.numel()))

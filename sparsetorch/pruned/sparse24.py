@@ -40,8 +40,10 @@ def prune_2to4_mask(weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"weight: expected a 2-D (out_features, in_features) tensor, got shape {tuple(weight.shape)}")
     out_f, in_f = weight.shape
     groups = -(-in_f // 4)
-    magnitude = torch.full((out_f, groups * 4), -1.0, dtype=torch.float32, device=weight.device)
-    magnitude[:, :in_f] = weight.detach().abs().float()
+    # float64 scores stay float64 (a rounding to float32 could tie or reorder them)
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    magnitude = torch.full((out_f, groups * 4), -1.0, dtype=dtype, device=weight.device)
+    magnitude[:, :in_f] = weight.detach().abs().to(dtype)
     magnitude = torch.nan_to_num(magnitude, nan=float("inf"))  # a NaN weight is kept, not silently dropped
     order = torch.argsort(magnitude.view(out_f, groups, 4), dim=-1, descending=True, stable=True)
     mask = torch.zeros(out_f, groups, 4, dtype=torch.bool, device=weight.device)

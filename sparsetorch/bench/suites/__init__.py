@@ -7,6 +7,7 @@ To add a suite: a module here with its function, and one line in SUITES below.
 from sparsetorch.bench.suites.batched import batched_suite
 from sparsetorch.bench.suites.cpu import cpu_suite
 from sparsetorch.bench.suites.common import Context, Job, densify_model, gemm_model, measure, spmm_model
+from sparsetorch.bench.suites.decode import decode_suite
 from sparsetorch.bench.suites.density import density_suite
 from sparsetorch.bench.suites.distributed import distributed_suite
 from sparsetorch.bench.suites.elementwise import elementwise_suite
@@ -24,6 +25,7 @@ SUITES = {
     "skew": skew_suite,
     "distributed": distributed_suite,
     "pruned": pruned_suite,
+    "decode": decode_suite,
     "gnn": gnn_suite,
     "fresh": fresh_suite,
     "cpu": cpu_suite,

@@ -25,10 +25,11 @@ TOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 3e-2, "float16": 1e-2, "float6
 
 class Context:
     def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, data_root: Optional[str],
-                 widths: Optional[tuple] = None, dtypes: Optional[tuple] = None):
+                 widths: Optional[tuple] = None, dtypes: Optional[tuple] = None, layers: Optional[int] = None):
         self.device, self.timer, self.ceilings, self.quick = device, timer, ceilings, quick
         self.data_root = data_root
         self.widths, self.dtypes = widths, dtypes  # overrides of a suite's B widths / dtypes (--widths, --dtypes)
+        self.layers = layers  # decoder layers of the decode stack (--layers)
         self.left_out: List[str] = []  # what the suites left out and why, listed at the end of the run
 
     def leave_out(self, what: str, why: str) -> None:

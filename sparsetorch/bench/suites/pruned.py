@@ -5,7 +5,8 @@ on a compressed weight) and block-sparse BSR at the same sparsity, y = x @ W.T.
 Weights: 4096 x 4096, 11008 x 4096, 4096 x 11008 (Llama-7B's attention and MLP shapes), magnitude-pruned
 (global) to 50/70/90/95% and to 2:4; tokens N = 1, 16, 128, 2048; bfloat16. Then a Llama-style MLP block
 (down(silu(gate(x)) * up(x)), 4096 -> 11008 -> 4096) in a decode step (N = 1, 16) and a prefill step
-(N = 2048). On the CPU: float32 at a quarter of the sizes (so CI runs it).
+(N = 2048). On the CPU: float32 at a quarter of the sizes (so CI runs it). Last, the decode suite's jobs
+(decode.py: decode steps of a Wanda-pruned Llama-3-8B-shaped decoder stack; their rows are suite "decode").
 
 Floors: for dense, the GEMM model (weight + x + y bytes over the copy bandwidth, 2mkN flops at the bf16
 tensor-core rate); for the sparse rows, an ideal compressed format (values + a bitmap: nnz * value +
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 import sparsetorch as st
 from sparsetorch.bench.suites.common import Context, Job, copies, gemm_model, host_time_per_call, measure
+from sparsetorch.bench.suites.decode import decode_suite
 
 SHAPES_CUDA = ((4096, 4096), (11008, 4096), (4096, 11008))
 SHAPES_CPU = ((256, 256), (688, 256), (256, 688))
@@ -177,7 +179,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
     for group in (sparsities[:2], sparsities[2:]):
         jobs += [layer_job(m, k, s, 1000 * i + j) for j, s in enumerate(group) for i, (m, k) in enumerate(shapes)]
         jobs += [mlp_job(s, 77 + j) for j, s in enumerate(group)]
-    return jobs
+    return jobs + decode_suite(ctx)  # the decoder stack's decode steps (issue 48; rows of suite "decode")
 
 
 def _bucket(n: int) -> int:
