@@ -25,9 +25,11 @@ from sparsetorch.pruned import (  # pruned-weight formats (also their ops' fake 
     BitmapWeight,
     Csr16Weight,
     SlotWeight,
+    Sparse24DecodeWeight,
     bitmap_linear,
     csr16_linear,
     slot_linear,
+    sparse24_decode_linear,
 )
 from sparsetorch.graph import from_edge_index, to_edge_index
 from sparsetorch.functional import (
@@ -66,6 +68,7 @@ from sparsetorch.tuning import clear_tuning, save_tuning_cache, set_tuning_cache
 __all__ = [
     "ACTIVATIONS", "BitmapWeight", "CSR", "Csr16Weight", "DENSE_CROSSOVER", "MatrixInfo", "SlotWeight", "SpmmPlan", "analyze", "bitmap_linear",
     "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "csr16_linear", "slot_linear",
+    "Sparse24DecodeWeight", "sparse24_decode_linear",
     "div", "from_dense", "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu",
     "scale", "scale_cols", "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index",
     "to_scipy", "to_torch", "transpose", "validate_csr",

@@ -109,6 +109,15 @@ def samples(rng, device):
         yield ops.slot_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), S.offsets, S.entries, 9), dict(
             bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="gelu", banded=banded)
 
+    # sparse24_decode_linear (tests/test_sparse24_decode.py has the rest): a 2:4 bfloat16 weight, leading batch dims
+    from sparsetorch.pruned.sparse24 import prune_2to4_mask
+    from sparsetorch.pruned.sparse24_decode import Sparse24DecodeWeight
+
+    w = torch.randn(32, 64, device=device)
+    D = Sparse24DecodeWeight((w * prune_2to4_mask(w)).to(torch.bfloat16))
+    yield ops.sparse24_decode_linear, (torch.randn(2, 3, 64, device=device, dtype=torch.bfloat16), D.values, D.meta, 32,
+                                       64), dict(bias=torch.randn(32, device=device, dtype=torch.bfloat16),
+                                                 activation="gelu")
 
 # Device- or library-specific ops, checked in their own test files: the 2:4 ops (CUDA with cuSPARSELt only;
 # sparse24_linear's opcheck is in tests/test_sparse24.py, the others are not traced: eager-only helpers).

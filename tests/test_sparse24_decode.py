@@ -5,8 +5,7 @@ combination against a float64 product, and the argument errors."""
 import pytest
 import torch
 
-from sparsetorch.pruned.sparse24_decode import (META_LAYOUTS, TILE_K, pack_sparse24_decode, packed_ktiles,
-                                                unpack_sparse24_decode)
+from sparsetorch.pruned.sparse24_decode import TILE_K, pack_sparse24_decode, packed_ktiles, unpack_sparse24_decode
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -28,16 +27,15 @@ def random_24(m, k, dtype, seed=0, fill=2):
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("shape", [(16, 32), (48, 96), (256, 512), (32, 800), (64, 2048)])
-@pytest.mark.parametrize("layout", META_LAYOUTS)
-def test_round_trip(dtype, shape, layout):
+def test_round_trip(dtype, shape):
     w = random_24(*shape, dtype, seed=shape[0] + shape[1])
-    values, meta = pack_sparse24_decode(w, layout)
+    values, meta = pack_sparse24_decode(w)
     m, k = shape
     ktp = packed_ktiles(k)
     assert ktp % 8 == 0 and ktp * TILE_K >= k
     assert values.shape == (m // 16, ktp, 32, 8) and values.dtype == dtype
     assert meta.shape == (m // 16, ktp // 8, 32, 4) and meta.dtype == torch.int32
-    assert torch.equal(unpack_sparse24_decode(values, meta, shape, layout), w)
+    assert torch.equal(unpack_sparse24_decode(values, meta, shape), w)
 
 
 @pytest.mark.parametrize("fill", [0, 1, None])
@@ -147,8 +145,6 @@ def test_errors():
         pack_sparse24_decode(torch.zeros(32, 64))
     with pytest.raises(ValueError, match="weight: expected a tensor"):
         pack_sparse24_decode([[0.0] * 64] * 32)
-    with pytest.raises(ValueError, match="meta_layout"):
-        pack_sparse24_decode(w, "other")
     values, meta = pack_sparse24_decode(w)
     with pytest.raises(ValueError, match="values: expected shape"):
         unpack_sparse24_decode(values[:1], meta, (32, 64))
@@ -160,3 +156,218 @@ def test_errors():
     broken[0, 0, 0, 0] = 0  # nibble 0b0000: two equal positions
     with pytest.raises(ValueError, match="meta: a chunk's metadata"):
         unpack_sparse24_decode(values, broken, (32, 64))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The op (sparsetorch::sparse24_decode_linear) and Sparse24DecodeWeight: the CPU reference here, the CUDA kernel
+# against float64 below (skipped without a GPU).
+
+import torch.nn.functional as F  # noqa: E402
+
+import sparsetorch as st  # noqa: E402
+from sparsetorch.pruned import Sparse24DecodeWeight, sparse24_decode_linear  # noqa: E402
+
+ops = torch.ops.sparsetorch
+ACTS = ["none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]
+
+
+def act_ref(z, name, slope=0.01):
+    return {"none": lambda v: v, "relu": torch.relu, "leaky_relu": lambda v: F.leaky_relu(v, slope), "gelu": F.gelu,
+            "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "silu": F.silu, "sigmoid": torch.sigmoid,
+            "tanh": torch.tanh}[name](z)
+
+
+def reference(x, w, bias, act, slope=0.01):
+    z = x.double() @ w.double().t()
+    if bias is not None:
+        z = z + bias.double()
+    return act_ref(z, act, slope)
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape,lead", [((16, 32), (1,)), ((48, 96), (3,)), ((64, 800), (2, 5)), ((32, 256), (17,))])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
+def test_op_cpu_reference(dtype, shape, lead, act):
+    m, k = shape
+    w = random_24(m, k, dtype, seed=m + k, fill=None)
+    W = Sparse24DecodeWeight(w)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*lead, k, generator=g).to(dtype)
+    bias = torch.randn(m, generator=g).to(dtype)
+    y = W(x, bias, act)
+    assert y.shape == (*lead, m) and y.dtype == dtype
+    assert rel_err(y, reference(x, w, bias, act)) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+    # the op's float32 result, rounded once: the same as the float32 product of the dense weight
+    want = act_ref(F.linear(x.float(), w.float(), bias.float()), act).to(dtype)
+    assert torch.allclose(y.float(), want.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_op_cpu_noncontiguous_and_empty():
+    w = random_24(32, 64, torch.bfloat16, seed=5)
+    W = Sparse24DecodeWeight(w)
+    wide = torch.randn(6, 128).to(torch.bfloat16)
+    x = wide[:, ::2]  # stride 2 in the last dimension
+    assert not x.is_contiguous()
+    assert torch.equal(W(x), W(x.contiguous()))
+    xt = torch.randn(64, 5).to(torch.bfloat16).t()  # (5, 64), column-major
+    assert torch.equal(W(xt), W(xt.contiguous()))
+    assert W(torch.empty(0, 64, dtype=torch.bfloat16)).shape == (0, 32)
+    assert W(torch.empty(2, 0, 64, dtype=torch.bfloat16)).shape == (2, 0, 32)
+    # non-contiguous packed arrays are accepted (copied)
+    v2 = W.values.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not v2.is_contiguous()
+    assert torch.equal(ops.sparse24_decode_linear(x, v2, W.meta, 32, 64), W(x))
+
+
+def test_weight_forms_and_set_values():
+    w = random_24(48, 128, torch.float16, seed=7, fill=None)
+    W = Sparse24DecodeWeight.from_dense(w)
+    assert W.shape == (48, 128) and W.dtype == torch.float16
+    assert W.nbytes == W.values.numel() * 2 + W.meta.numel() * 4
+    assert W.nbytes == 48 * 256 * 9 // 8  # 1.125 bytes per position, K = 128 padded to 8 k-tiles (256 columns)
+    assert torch.equal(unpack_sparse24_decode(W.values, W.meta, W.shape), w)
+    C = Sparse24DecodeWeight.from_csr(w.float().to_sparse_csr(), dtype=torch.float16)
+    assert torch.equal(unpack_sparse24_decode(C.values, C.meta, C.shape), w)
+    assert C.split is not None and C.nbytes > W.nbytes
+    x = torch.randn(3, 128).to(torch.float16)
+    assert torch.equal(C(x), W(x))
+    # new values in CSR order (the split's), and a new dense weight
+    csr = st.from_dense(w.float())
+    C2 = Sparse24DecodeWeight.from_csr(csr, dtype=torch.float16)
+    new = (csr.values * 3).to(torch.float16)
+    C2.set_values(new)
+    assert torch.equal(unpack_sparse24_decode(C2.values, C2.meta, C2.shape), (w.float() * 3).to(torch.float16))
+    w2 = random_24(48, 128, torch.float16, seed=8)
+    W.set_values(w2)
+    assert torch.equal(unpack_sparse24_decode(W.values, W.meta, W.shape), w2)
+    with pytest.raises(ValueError, match=r"values: expected \(\d+,\) in the CSR's order"):
+        C2.set_values(new[:-1])
+    with pytest.raises(ValueError, match="values: expected a dense weight of shape"):
+        W.set_values(w2[:16])
+    with pytest.raises(ValueError, match="values: expected torch.float16"):
+        W.set_values(w2.float())
+    with pytest.raises(ValueError, match="weight: not 2:4"):
+        W.set_values(torch.ones(48, 128, dtype=torch.float16))
+
+
+def test_weight_errors():
+    dense = torch.ones(32, 64)
+    with pytest.raises(ValueError, match=r"weight: not 2:4: \d+ entries are outside the 2:4 part"):
+        Sparse24DecodeWeight.from_csr(dense.to_sparse_csr(), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="weight: .*multiple of 16"):
+        Sparse24DecodeWeight.from_csr(torch.zeros(24, 64).to_sparse_csr(), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="weight: dtype torch.float32"):
+        Sparse24DecodeWeight.from_csr(torch.zeros(32, 64).to_sparse_csr())
+    W = Sparse24DecodeWeight(random_24(32, 64, torch.bfloat16))
+    with pytest.raises(TypeError, match="x: expected torch.bfloat16"):
+        W(torch.randn(2, 64))
+    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 64\)"):
+        W(torch.randn(2, 32).to(torch.bfloat16))
+
+
+def test_op_argument_errors():
+    w = random_24(32, 64, torch.bfloat16)
+    values, meta = pack_sparse24_decode(w)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    op = ops.sparse24_decode_linear
+    with pytest.raises(TypeError, match="x: expected bfloat16 or float16"):
+        op(x.float(), values, meta, 32, 64)
+    with pytest.raises(TypeError, match="values: expected BFloat16"):
+        op(x, values.half(), meta, 32, 64)
+    with pytest.raises(TypeError, match="meta: expected int32"):
+        op(x, values, meta.long(), 32, 64)
+    with pytest.raises(ValueError, match="out_features: expected a positive multiple of 16"):
+        op(x, values, meta, 24, 64)
+    with pytest.raises(ValueError, match="in_features: expected a positive multiple of 32"):
+        op(x, values, meta, 32, 48)
+    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 320\)"):
+        op(x, values, meta, 32, 64 + 32 * 8)
+    with pytest.raises(ValueError, match=r"values: expected shape \(2, 8, 32, 8\)"):
+        op(x, values[:1], meta, 32, 64)
+    with pytest.raises(ValueError, match=r"meta: expected shape \(2, 1, 32, 4\)"):
+        op(x, values, meta[:, :, :16], 32, 64)
+    with pytest.raises(ValueError, match=r"values: expected shape \(4, 8, 32, 8\)"):
+        op(x, values, meta, 64, 64)
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        op(x, values, meta, 32, 64, torch.zeros(31, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bias"):
+        op(x, values, meta, 32, 64, torch.zeros(32))
+    with pytest.raises(ValueError, match="activation"):
+        op(x, values, meta, 32, 64, None, "swish")
+    broken = meta.clone()
+    broken[0, 0, 0, 0] = 0  # nibble 0b0000: two equal positions
+    with pytest.raises(ValueError, match="meta: row 0, k-tile 0, chunk 0: metadata nibble 0"):
+        op(x, values, broken, 32, 64)
+    padded = values.clone()
+    padded[0, 7, 0, 0] = 1.0  # k-tile 7 is padding past in_features = 64
+    with pytest.raises(ValueError, match="values: row 0 holds a nonzero at column 224, in the padding"):
+        op(x, padded, meta, 32, 64)
+
+
+def test_op_fake_shape():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    w = random_24(32, 64, torch.bfloat16)
+    values, meta = pack_sparse24_decode(w)
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(2, 3, 64).to(torch.bfloat16))
+        y = ops.sparse24_decode_linear(x, mode.from_tensor(values), mode.from_tensor(meta), 32, 64)
+        assert y.shape == (2, 3, 32) and y.dtype == torch.bfloat16
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape", [(16, 32), (48, 96), (256, 512), (64, 800), (1024, 4096), (4096, 1024)])
+def test_op_cuda_against_float64(dtype, shape):
+    m, k = shape
+    w = random_24(m, k, dtype, seed=m * 7 + k, fill=None).cuda()
+    W = Sparse24DecodeWeight(w)
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    g = torch.Generator().manual_seed(m + k)
+    for n in list(range(1, 18)) + [23, 31, 32, 33, 47, 63, 64, 65, 130]:
+        x = torch.randn(n, k, generator=g).to(dtype).cuda()
+        for act, with_bias in ((ACTS[n % len(ACTS)], True), ("none", False)):
+            bias = torch.randn(m, generator=g).to(dtype).cuda() if with_bias else None
+            y = W(x, bias, act, 0.05)
+            assert y.shape == (n, m)
+            err = rel_err(y, reference(x, w, bias, act, 0.05))
+            assert err < tol, (n, act, with_bias, err)
+
+
+@needs_cuda
+def test_op_cuda_layouts_and_determinism():
+    w = random_24(512, 1024, torch.bfloat16, seed=3).cuda()
+    W = Sparse24DecodeWeight(w)
+    wide = torch.randn(4, 5, 2048, device="cuda").to(torch.bfloat16)
+    x = wide[..., ::2]  # leading batch dims, non-contiguous
+    bias = torch.randn(512, device="cuda").to(torch.bfloat16)
+    y = W(x, bias, "gelu_tanh")
+    assert y.shape == (4, 5, 512)
+    assert rel_err(y, reference(x, w, bias, "gelu_tanh")) < 1e-2
+    assert torch.equal(y, W(x.contiguous(), bias, "gelu_tanh"))
+    xt = torch.randn(1024, 9, device="cuda").to(torch.bfloat16).t()  # column-major
+    assert torch.equal(W(xt), W(xt.contiguous()))
+    first = W(x, bias)
+    for _ in range(3):
+        assert torch.equal(W(x, bias), first)  # split-k sums in a fixed order
+    # CPU reference and CUDA kernel agree (both round one float32-accumulated sum)
+    cpu = Sparse24DecodeWeight(w.cpu())(x.cpu(), bias.cpu())
+    assert rel_err(first.cpu(), cpu.double()) < 1e-2
+
+
+@needs_cuda
+def test_op_cuda_opcheck_and_compile():
+    w = random_24(64, 256, torch.float16, seed=4).cuda()
+    W = Sparse24DecodeWeight(w)
+    x = torch.randn(5, 256, device="cuda").to(torch.float16)
+    torch.library.opcheck(ops.sparse24_decode_linear, (x, W.values, W.meta, 64, 256),
+                          dict(bias=torch.randn(64, device="cuda").to(torch.float16), activation="silu"))
+    f = torch.compile(lambda v: sparse24_decode_linear(v, W, None, "relu"), fullgraph=True)
+    assert torch.equal(f(x), W(x, None, "relu"))

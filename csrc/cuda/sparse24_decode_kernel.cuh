@@ -36,16 +36,24 @@
 //          pair p = 4 b + w (tile 2p + (t >> 1), role t & 1)
 // A warp's tiles of one row tile are consecutive 512-byte pieces: its stream is contiguous.
 //
-// Work split: a block of `warps` warps takes warps * RT row tiles (16 rows each) over one K-split of
-// steps_per_split steps of U k-tiles. The block first issues its warps' first A loads, then stages its
-// slice of x (NT * 8 tokens, zero-padded, x's columns [k0, k0 + slice)) in shared memory once (rows padded
-// by 16 bytes: ldmatrix's 8 rows fall in 8 different bank groups), then every warp streams its row tiles:
-// the loads of step s + 1 (RT * U 16-byte loads per lane, ld.global.nc.L1::no_allocate: read once) are
-// issued before the mma of step s. Splits among blocks (blockIdx.y) keep all SMs streaming when M is small
-// (the down projection, 4096 rows = 256 row tiles) and bound the x slice in shared memory; their fp32
-// partial sums go to a workspace and are added in split order 0, 1, .. (deterministic) either by the block
-// that finishes last for its row group (a counter per row group, reset by that block) or by a second
-// kernel. Bias and activation are applied in the final write.
+// Work split (both variants): a block of `warps` warps takes warps * RT row tiles (16 rows each) over one K-split
+// of steps_per_split steps of U k-tiles, and stages its slice of x (NT * 8 tokens, zero-padded, x's columns
+// [k0, k0 + slice)) in shared memory once (rows padded by 16 bytes: ldmatrix's 8 rows fall in 8 different bank
+// groups) while its first weight loads are in flight. Splits among blocks (blockIdx.y) keep all SMs streaming
+// when M is small (the down projection, 4096 rows = 256 row tiles) and bound the x slice in shared memory;
+// their fp32 partial sums go to a workspace and are added in split order 0, 1, .. (deterministic) either by
+// the block that finishes last for its row group (a counter per row group, reset by that block) or by a
+// second kernel. Bias and activation are applied in the final write.
+//
+// Variant 1 (the default, sparse24_decode_ring_kernel): the weight goes through a per-warp cp.async ring in
+// shared memory (S stages of RT x U tiles, S - 1 in flight), and per k-tile the NT x fragments are loaded
+// once (ldmatrix) for all RT row tiles: NT * 512 / RT bytes of x per 512-byte A tile (N = 16: 512 in the first
+// kernel at RT = 2, 256 at RT = 4; the ring's own traffic, 512 in and 512 out, is well within the SM's shared
+// memory bandwidth at the HBM rate). The bytes in flight cost no registers, so RT and the depth are free to grow,
+// and blocks of 4 x RT row tiles stage each x slice for twice the rows. Its split rule keeps every block resident (floor of
+// blocks_per_sm * SMs / row groups), so no tail wave. Variant 0 (sparse24_decode_kernel, the first kernel,
+// kept for the probe's comparison): A double-buffered in registers, one step (RT * U 16-byte loads per lane,
+// ld.global.nc.L1::no_allocate) issued before the mma of the previous one.
 //
 // Bounds: row tiles past M/16 are clamped for loading and never written; tokens >= N read zeros from the
 // staged x and are never written; x columns >= K are staged as zeros. The packed arrays must be exactly
@@ -59,6 +67,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+
+#include "cuda/cp_async.cuh"
 
 #ifndef SPARSE24_DECODE_ORDERED_METADATA
 // mma.sp::ordered_metadata (PTX 8.5+): the ISA's recommended form (the unordered one "may have substantially
@@ -74,6 +84,7 @@ constexpr int kTileK = 32;        // original columns per mma.sp k-step
 constexpr int kTilePad = 8;       // packed k-tiles are padded to a multiple of 8 (one metadata block)
 constexpr int kMaxThreads = 256;  // at most 8 warps per block
 constexpr int kMaxTokens = 64;
+constexpr int kMaxDevices = 64;  // per-device launch state (shared-memory opt-in)
 
 // Activation codes: the values of sparsetorch::Activation (common/activation.h), same semantics.
 enum ActCode : int { kNone = 0, kRelu, kLeakyRelu, kGelu, kGeluTanh, kSilu, kSigmoid, kTanh };
@@ -197,12 +208,97 @@ __device__ __forceinline__ void reduce_rows(const Params& p, int splits, int r0,
   }
 }
 
+// x's slice: rows 0 .. NT*8-1 (tokens >= n zero), columns k0 .. k0 + cols - 1 (>= k zero), rows cols + 8
+// apart; 16 bytes a copy, four copies in flight per thread. The caller synchronizes the block.
+template <int NT>
+__device__ __forceinline__ void stage_x(const Params& p, uint16_t* xs, int64_t cols, int64_t k0) {
+  const int64_t xstride = cols + 8;
+  const int64_t pieces_per_row = cols / 8, pieces = pieces_per_row * NT * 8;
+  constexpr int kLoads = 4;
+  for (int64_t i0 = threadIdx.x; i0 < pieces; i0 += kLoads * blockDim.x) {
+    uint4 v[kLoads];
+#pragma unroll
+    for (int q = 0; q < kLoads; ++q) {
+      const int64_t i = i0 + q * blockDim.x;
+      const int64_t row = i / pieces_per_row, c = (i % pieces_per_row) * 8;
+      v[q] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < pieces && row < p.n && k0 + c < p.k) v[q] = __ldg(reinterpret_cast<const uint4*>(p.x + row * p.ldx + k0 + c));
+    }
+#pragma unroll
+    for (int q = 0; q < kLoads; ++q) {
+      const int64_t i = i0 + q * blockDim.x;
+      if (i < pieces) {
+        const int64_t row = i / pieces_per_row, c = (i % pieces_per_row) * 8;
+        *reinterpret_cast<uint4*>(xs + row * xstride + c) = v[q];
+      }
+    }
+  }
+}
+
+// The end of a block: its warp's sums acc (row tiles tile0 .. tile0 + RT - 1, NT * 8 tokens) go to out (one
+// split) or to this split's partials; with last-block reduction, the block that arrives last for its row
+// group (rows_per_block rows from blockIdx.x * rows_per_block) adds all splits in split order and writes out.
+template <typename T, int NT, int RT>
+__device__ __forceinline__ void finish(const Params& p, const float (&acc)[RT][NT][4], int tile0, bool active,
+                                       int rows_per_block) {
+  __shared__ int last_flag;
+  const int lane = threadIdx.x & 31;
+  const int row_tiles = p.m >> 4;
+  const int g = lane >> 2, t = lane & 3;
+  const int splits = gridDim.y;
+  if (splits == 1) {
+    if (active) {
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        if (tile0 + r >= row_tiles) continue;
+        const int row = (tile0 + r) * 16 + g;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int n = 8 * j + 2 * t + (c & 1);
+            if (n < p.n) store_out<T>(p, n, row + 8 * (c >> 1), acc[r][j][c]);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // Split-k: this split's partial sums, then (last-block mode) the row group's last block adds all splits.
+  if (active) {
+    float* part = p.partials + static_cast<int64_t>(blockIdx.y) * p.n * p.m;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      if (tile0 + r >= row_tiles) continue;
+      const int row = (tile0 + r) * 16 + g;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int n = 8 * j + 2 * t + (c & 1);
+          if (n < p.n) part[static_cast<int64_t>(n) * p.m + row + 8 * (c >> 1)] = acc[r][j][c];
+        }
+      }
+    }
+  }
+  if (!p.last_block_reduces) return;
+  __threadfence();  // this block's partials are visible device-wide before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last_flag = atomicAdd(p.counters + blockIdx.x, 1) == splits - 1;
+  __syncthreads();
+  if (!last_flag) return;
+  __threadfence();
+  const int r0 = blockIdx.x * rows_per_block;
+  reduce_rows<T>(p, splits, r0, min(p.m - r0, rows_per_block), threadIdx.x, blockDim.x);
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next call
+}
+
 template <typename T, int NT, int RT, int U>
 __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Params p) {
   static_assert(U == 2 || U == 4 || U == 8, "U: k-tiles per step, a divisor of the 8-tile metadata block");
   constexpr int MW = U / 2;  // metadata words per lane per step and row tile
   extern __shared__ __align__(16) uint16_t xs[];
-  __shared__ int last_flag;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int row_tiles = p.m >> 4;
   const int tile0 = (blockIdx.x * warps + warp) * RT;
@@ -242,33 +338,9 @@ __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Para
   };
   if (active && nsteps > 0) load_step(0, a, e);  // in flight while x is staged
 
-  // x's slice: rows 0 .. NT*8-1 (tokens >= n zero), columns k0 .. k0 + cols - 1 (>= k zero), 16 bytes a copy,
-  // four copies in flight per thread.
   const int64_t cols = slice_cols(p.steps_per_split, U);
   const int64_t xstride = cols + 8;
-  const int64_t k0 = static_cast<int64_t>(step0) * U * kTileK;
-  {
-    const int64_t pieces_per_row = cols / 8, pieces = pieces_per_row * NT * 8;
-    constexpr int kLoads = 4;
-    for (int64_t i0 = threadIdx.x; i0 < pieces; i0 += kLoads * blockDim.x) {
-      uint4 v[kLoads];
-#pragma unroll
-      for (int q = 0; q < kLoads; ++q) {
-        const int64_t i = i0 + q * blockDim.x;
-        const int64_t row = i / pieces_per_row, c = (i % pieces_per_row) * 8;
-        v[q] = make_uint4(0u, 0u, 0u, 0u);
-        if (i < pieces && row < p.n && k0 + c < p.k) v[q] = __ldg(reinterpret_cast<const uint4*>(p.x + row * p.ldx + k0 + c));
-      }
-#pragma unroll
-      for (int q = 0; q < kLoads; ++q) {
-        const int64_t i = i0 + q * blockDim.x;
-        if (i < pieces) {
-          const int64_t row = i / pieces_per_row, c = (i % pieces_per_row) * 8;
-          *reinterpret_cast<uint4*>(xs + row * xstride + c) = v[q];
-        }
-      }
-    }
-  }
+  stage_x<NT>(p, xs, cols, static_cast<int64_t>(step0) * U * kTileK);
   __syncthreads();
 
   float acc[RT][NT][4];
@@ -317,54 +389,145 @@ __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Para
     }
   }
 
-  const int g = lane >> 2, t = lane & 3;
-  const int splits = gridDim.y;
-  if (splits == 1) {
-    if (active) {
+  finish<T, NT, RT>(p, acc, tile0, active, warps * RT * 16);
+}
+
+// Bytes of one warp's ring: S stages of RT row tiles x U k-tiles (values, 512 bytes a tile) plus their metadata
+// (U / 2 words per lane per row tile).
+__host__ __device__ inline int64_t ring_warp_bytes(int rt, int u, int stages) {
+  return int64_t{stages} * rt * (int64_t{u} * 512 + int64_t{u / 2} * 128);
+}
+
+// The ring kernel (variant 1). The same grid, x slice and epilogue as sparse24_decode_kernel, another loop:
+//  - The weight stream goes through shared memory with cp.async (16 bytes per lane per tile, .cg: L2 only)
+//    into a per-warp ring of S stages; a stage is one step (U k-tiles) of the warp's RT row tiles. S - 1
+//    steps are in flight while one is multiplied, without holding them in registers: the bytes in flight
+//    per warp ((S - 1) * RT * U * 512) no longer cost registers, so RT can grow.
+//  - Per k-tile the x fragments (NT ldmatrix.x4) are loaded once and used for all RT row tiles (the first
+//    kernel's B traffic from shared memory, NT * 512 bytes per 512 bytes of A at RT = 1, drops by RT); each
+//    A fragment is read from the ring (one conflict-free 16-byte ld.shared per lane) just before its mma.
+//  - Every lane copies and later reads only its own 16-byte pieces, so a cp.async.wait_group of the lane
+//    is all the synchronization the ring needs (a __syncwarp orders a stage's last reads before it is
+//    refilled).
+// Shared memory: the x slice (block_smem) then warps x ring_warp_bytes(RT, U, S).
+template <typename T, int NT, int RT, int U, int S>
+__global__ void __launch_bounds__(kMaxThreads) sparse24_decode_ring_kernel(const Params p) {
+  static_assert(U == 2 || U == 4 || U == 8, "U: k-tiles per step, a divisor of the 8-tile metadata block");
+  static_assert(S >= 2 && S <= 8, "S: ring stages");
+  constexpr int MW = U / 2;                   // metadata words per lane per step and row tile
+  constexpr int kStageA = RT * U * 32;        // 16-byte pieces per warp per stage
+  constexpr int kStageM = RT * 32 * MW;       // metadata words per warp per stage
+  extern __shared__ __align__(16) uint16_t xs[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int row_tiles = p.m >> 4;
+  const int tile0 = (blockIdx.x * warps + warp) * RT;
+  const bool active = tile0 < row_tiles;  // warp-uniform
+  const int total_steps = p.ktp / U;
+  const int step0 = blockIdx.y * p.steps_per_split;
+  const int nsteps = min(p.steps_per_split, total_steps - step0);
+  const int64_t cols = slice_cols(p.steps_per_split, U);
+  const int64_t xstride = cols + 8;
+
+  // This warp's ring, after the x slice (whose bytes are a multiple of 16).
+  char* ring_base = reinterpret_cast<char*>(xs) + int64_t{NT} * 8 * xstride * 2 +
+                    static_cast<int64_t>(warp) * ring_warp_bytes(RT, U, S);
+  uint4* ring_a = reinterpret_cast<uint4*>(ring_base);                          // [S][RT][U][32 lanes]
+  uint32_t* ring_m = reinterpret_cast<uint32_t*>(ring_base + int64_t{S} * kStageA * 16);  // [S][RT][32 lanes][MW]
+
+  const uint4* vp[RT];
+  const uint32_t* mp[RT];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const int64_t tile = min(tile0 + r, row_tiles - 1);  // past the end: re-read the last tile, never written
+    vp[r] = p.values + (tile * p.ktp + static_cast<int64_t>(step0) * U) * 32 + lane;
+    mp[r] = p.meta + tile * (p.ktp / 8) * 128 + lane * 4;
+  }
+  // Step s of the split into its ring stage s % S (this lane's pieces only).
+  auto issue = [&](int s) {
+    const int slot = s % S;
+    uint4* da = ring_a + slot * kStageA + lane;
+    uint32_t* dm = ring_m + slot * kStageM + lane * MW;
+    const int pair0 = ((step0 + s) * U) >> 1;  // first tile pair of the step (absolute)
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) cp_async_16(da + (r * U + u) * 32, vp[r] + (s * U + u) * 32);
+      const uint32_t* mq = mp[r] + (pair0 >> 2) * 128 + (pair0 & 3);
+      if constexpr (MW == 4) {
+        cp_async_16(dm + r * 32 * MW, mq);
+      } else if constexpr (MW == 2) {
+        cp_async_8(dm + r * 32 * MW, mq);
+      } else {
+        cp_async_4(dm + r * 32 * MW, mq);
+      }
+    }
+  };
+  if (active) {
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < nsteps) issue(s);
+      cp_async_commit();  // one group per step, empty past the end: the wait counts stay uniform
+    }
+  }
+  stage_x<NT>(p, xs, cols, static_cast<int64_t>(step0) * U * kTileK);  // while the first steps land
+  __syncthreads();
+
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
+
+  if (active) {
+    const uint32_t xs_base = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+    const uint32_t lane_off = static_cast<uint32_t>(((lane & 7) * xstride + 8 * (lane >> 3)) * 2);
+    for (int s = 0; s < nsteps; ++s) {
+      __syncwarp();  // the stage refilled next, (s - 1) % S, was read by all lanes in the last iteration
+      if (s + S - 1 < nsteps) issue(s + S - 1);
+      cp_async_commit();
+      cp_async_wait<S - 1>();  // step s has landed (for this lane's pieces, the only ones it reads)
+      const int slot = s % S;
+      const uint4* ca = ring_a + slot * kStageA + lane;
+      const uint32_t* cm = ring_m + slot * kStageM + lane * MW;
+      uint32_t e[RT][MW];
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
-        if (tile0 + r >= row_tiles) continue;
-        const int row = (tile0 + r) * 16 + g;
+        if constexpr (MW == 4) {
+          const uint4 w = *reinterpret_cast<const uint4*>(cm + r * 32 * MW);
+          e[r][0] = w.x, e[r][1] = w.y, e[r][2] = w.z, e[r][3] = w.w;
+        } else if constexpr (MW == 2) {
+          const uint2 w = *reinterpret_cast<const uint2*>(cm + r * 32 * MW);
+          e[r][0] = w.x, e[r][1] = w.y;
+        } else {
+          e[r][0] = cm[r * 32 * MW];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int kt = s * U + u;  // k-tile within the slice
+        uint32_t b[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
+          ldmatrix_x4(b[j], xs_base + lane_off + static_cast<uint32_t>((8 * j * xstride + kt * kTileK) * 2));
+        }
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int n = 8 * j + 2 * t + (c & 1);
-            if (n < p.n) store_out<T>(p, n, row + 8 * (c >> 1), acc[r][j][c]);
+        for (int r = 0; r < RT; ++r) {
+          const uint4 a = ca[(r * U + u) * 32];
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if (u & 1) {
+              mma_sp<T, 1>(acc[r][j], a, b[j], e[r][u >> 1]);
+            } else {
+              mma_sp<T, 0>(acc[r][j], a, b[j], e[r][u >> 1]);
+            }
           }
         }
       }
     }
-    return;
+    cp_async_wait<0>();  // nothing of this lane in flight when the block's shared memory is reused
   }
 
-  // Split-k: this split's partial sums, then (last-block mode) the row group's last block adds all splits.
-  if (active) {
-    float* part = p.partials + static_cast<int64_t>(blockIdx.y) * p.n * p.m;
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-      if (tile0 + r >= row_tiles) continue;
-      const int row = (tile0 + r) * 16 + g;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int n = 8 * j + 2 * t + (c & 1);
-          if (n < p.n) part[static_cast<int64_t>(n) * p.m + row + 8 * (c >> 1)] = acc[r][j][c];
-        }
-      }
-    }
-  }
-  if (!p.last_block_reduces) return;
-  __threadfence();  // this block's partials are visible device-wide before its arrival is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last_flag = atomicAdd(p.counters + blockIdx.x, 1) == splits - 1;
-  __syncthreads();
-  if (!last_flag) return;
-  __threadfence();
-  const int r0 = blockIdx.x * warps * RT * 16;
-  reduce_rows<T>(p, splits, r0, min(p.m - r0, warps * RT * 16), threadIdx.x, blockDim.x);
-  if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next call
+  finish<T, NT, RT>(p, acc, tile0, active, warps * RT * 16);
 }
 
 // The second kernel of the two-kernel mode: all rows.
@@ -378,19 +541,21 @@ __global__ void __launch_bounds__(256) sparse24_decode_reduce_kernel(const Param
 // ---------------------------------------------------------------------------------------------------
 // Host side.
 
-// How a call is cut. Zero fields are chosen by plan().
+// How a call is cut. Zero fields are chosen by plan() (the defaults of the variant and token tiles).
 struct Config {
-  int warps = 4;            // warps per block (1..8)
-  int rt = 0;               // row tiles per warp: 1 or 2 (0: 2 for N <= 32, else 1)
-  int u = 4;                // k-tiles per step: 2, 4 or 8
+  int variant = 1;          // 1: the ring kernel; 0: the first kernel (A double-buffered in registers)
+  int warps = 0;            // warps per block (1..8)
+  int rt = 0;               // row tiles per warp
+  int u = 0;                // k-tiles per step: 2, 4 or 8
+  int stages = 0;           // ring stages (variant 1)
   int splits = 0;           // K-splits (0: from the grid, below)
   int last_block_reduces = 1;
-  int blocks_per_sm = 4;    // the grid plan aims at about this many blocks per SM
-  int64_t max_smem = 100 * 1024;  // x slice bound per block (2 blocks per SM at least)
+  int blocks_per_sm = 0;    // the grid plan aims at about this many blocks per SM
+  int64_t max_smem = 0;     // shared memory bound per block (x slice + ring)
 };
 
 struct Plan {
-  int nt = 1, rt = 2, u = 4, warps = 4;
+  int variant = 1, nt = 1, rt = 2, u = 4, stages = 0, warps = 4;
   int row_groups = 0, splits = 1, steps_per_split = 0, ktp = 0;
   int64_t smem = 0;
   int64_t workspace_bytes = 0;  // counters (256-byte aligned) + partials
@@ -400,46 +565,90 @@ struct Plan {
 inline int tokens_tiles(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 inline int packed_ktiles(int64_t k) { return static_cast<int>(((k / kTileK) + kTilePad - 1) / kTilePad * kTilePad); }
 
+// The ring kernel's defaults per token tiles (compiled in every build): rt, u, stages, warps. Each keeps 8
+// tile-pieces (4 KB) per warp per stage, (S - 1) stages in flight: 8 KB per warp at S = 3, 12 KB at S = 4;
+// RT = 4 reuses every x fragment for 4 row tiles from N = 9 on (N <= 8: RT = 2, U = 4, one more stage).
+struct RingShape {
+  int rt, u, stages, warps;
+};
+inline RingShape ring_default(int nt) { return nt == 1 ? RingShape{2, 4, 4, 4} : RingShape{4, 2, 3, 4}; }
+
+inline int64_t plan_smem(const Plan& pl, int sps) {
+  int64_t bytes = block_smem(pl.nt, sps, pl.u);
+  if (pl.variant == 1) bytes += int64_t{pl.warps} * ring_warp_bytes(pl.rt, pl.u, pl.stages);
+  return bytes;
+}
+
 // m % 16 == 0, k % 32 == 0, 1 <= n <= 64 (checked by the caller).
+//
+// Split rule. Variant 1: blocks of warps * rt row tiles; splits = floor(sms * blocks_per_sm / row_groups)
+// (at least 1): every block is resident at once (2 per SM fit the default shared memory bound), so equal
+// blocks share the memory system and end together (no tail wave), and the fp32 partials stay at
+// splits * n * m * 4 bytes (the 4096 x 14336 down projection at N = 16: 16 splits, 4 MB, in L2). The split
+// count grows only when the x slice would not fit max_smem. Variant 0: the first kernel's rule (ceil of 4
+// blocks per SM, 100 KB), kept for comparison.
 inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   Plan pl;
+  pl.variant = cfg.variant == 0 ? 0 : 1;
   pl.nt = tokens_tiles(n);
-  pl.rt = cfg.rt > 0 ? cfg.rt : (n <= 32 ? 2 : 1);
-  pl.u = cfg.u;
-  pl.warps = std::max(1, std::min(cfg.warps, kMaxThreads / 32));
   pl.ktp = packed_ktiles(k);
+  int bps = cfg.blocks_per_sm;
+  int64_t max_smem = cfg.max_smem;
+  if (pl.variant == 1) {
+    const RingShape d = ring_default(pl.nt);
+    pl.rt = cfg.rt > 0 ? cfg.rt : d.rt;
+    pl.u = cfg.u > 0 ? cfg.u : d.u;
+    pl.stages = cfg.stages > 0 ? cfg.stages : d.stages;
+    pl.warps = cfg.warps > 0 ? cfg.warps : d.warps;
+    if (bps <= 0) bps = 2;
+    if (max_smem <= 0) max_smem = 113 * 1024;
+  } else {
+    pl.rt = cfg.rt > 0 ? cfg.rt : (n <= 32 ? 2 : 1);
+    pl.u = cfg.u > 0 ? cfg.u : 4;
+    pl.stages = 0;
+    pl.warps = cfg.warps > 0 ? cfg.warps : 4;
+    if (bps <= 0) bps = 4;
+    if (max_smem <= 0) max_smem = 100 * 1024;
+  }
+  pl.warps = std::max(1, std::min(pl.warps, kMaxThreads / 32));
   const int row_tiles = m / 16;
   pl.row_groups = (row_tiles + pl.warps * pl.rt - 1) / (pl.warps * pl.rt);
   const int total_steps = pl.ktp / pl.u;
   int splits = cfg.splits;
   if (splits <= 0) {
-    const int64_t want = int64_t{std::max(1, cfg.blocks_per_sm)} * std::max(1, sms);
-    splits = static_cast<int>(std::min<int64_t>(total_steps, std::max<int64_t>(1, (want + pl.row_groups - 1) / pl.row_groups)));
+    const int64_t want = int64_t{bps} * std::max(1, sms);
+    splits = pl.variant == 1 ? static_cast<int>(std::max<int64_t>(1, want / pl.row_groups))
+                             : static_cast<int>(std::max<int64_t>(1, (want + pl.row_groups - 1) / pl.row_groups));
   }
   splits = std::max(1, std::min(splits, total_steps));
   int sps = (total_steps + splits - 1) / splits;
-  while (sps > 1 && block_smem(pl.nt, sps, pl.u) > cfg.max_smem) {
+  while (sps > 1 && plan_smem(pl, sps) > max_smem) {
     ++splits;
     sps = (total_steps + splits - 1) / splits;
   }
   pl.steps_per_split = sps;
   pl.splits = (total_steps + sps - 1) / sps;  // no empty split
-  pl.smem = block_smem(pl.nt, sps, pl.u);
+  pl.smem = plan_smem(pl, sps);
   pl.counters_bytes = (int64_t{pl.row_groups} * 4 + 255) / 256 * 256;
   pl.workspace_bytes = pl.splits > 1 ? pl.counters_bytes + int64_t{pl.splits} * n * m * 4 : 0;
   return pl;
 }
 
-template <typename T, int NT, int RT, int U>
-inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_t stream) {
-  auto* kernel = sparse24_decode_kernel<T, NT, RT, U>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in; set once per size bound (host cost).
-  static int64_t allowed = 48 * 1024;
-  if (pl.smem > allowed) {
-    cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pl.smem));
+// Launches kernel on the plan's grid; above 48 KB of dynamic shared memory a kernel must opt in, once per
+// kernel, device and size bound (host cost). Kernel: one instantiation per call site (the static below).
+template <typename T, typename Kernel>
+inline cudaError_t launch_grid(Kernel kernel, int64_t (&allowed)[kMaxDevices], const Plan& pl, const Params& prm,
+                               cudaStream_t stream) {
+  if (pl.smem > 48 * 1024) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    allowed = pl.smem;
+    if (device < 0 || device >= kMaxDevices || pl.smem > allowed[device]) {
+      err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(pl.smem));
+      if (err != cudaSuccess) return err;
+      if (device >= 0 && device < kMaxDevices) allowed[device] = pl.smem;
+    }
   }
   kernel<<<dim3(static_cast<unsigned>(pl.row_groups), static_cast<unsigned>(pl.splits)), pl.warps * 32,
            static_cast<size_t>(pl.smem), stream>>>(prm);
@@ -449,8 +658,27 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
   return cudaGetLastError();
 }
 
+template <typename T, int NT, int RT, int U>
+inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_t stream) {
+  static int64_t allowed[kMaxDevices] = {};
+  return launch_grid<T>(sparse24_decode_kernel<T, NT, RT, U>, allowed, pl, prm, stream);
+}
+
+template <typename T, int NT, int RT, int U, int S>
+inline cudaError_t launch_ring(const Plan& pl, const Params& prm, cudaStream_t stream) {
+  static int64_t allowed[kMaxDevices] = {};
+  return launch_grid<T>(sparse24_decode_ring_kernel<T, NT, RT, U, S>, allowed, pl, prm, stream);
+}
+
+#ifndef SPARSE24_DECODE_ALL_CONFIGS
+// The library build compiles the ring kernel's defaults (ring_default) only; the probe defines
+// SPARSE24_DECODE_ALL_CONFIGS to also compile the first kernel (variant 0, RT 1/2 x U 2/4/8) and the ring
+// alternatives below, for comparison and tuning.
+#define SPARSE24_DECODE_ALL_CONFIGS 0
+#endif
+
 template <typename T, int RT, int U>
-inline cudaError_t launch_nt(const Plan& pl, const Params& prm, cudaStream_t stream) {
+inline cudaError_t launch_first_nt(const Plan& pl, const Params& prm, cudaStream_t stream) {
   switch (pl.nt) {
     case 1: return launch_planned<T, 1, RT, U>(pl, prm, stream);
     case 2: return launch_planned<T, 2, RT, U>(pl, prm, stream);
@@ -459,20 +687,48 @@ inline cudaError_t launch_nt(const Plan& pl, const Params& prm, cudaStream_t str
   }
 }
 
-#ifndef SPARSE24_DECODE_ALL_CONFIGS
-// The library build compiles RT in {1, 2} with U = 4; the probe defines SPARSE24_DECODE_ALL_CONFIGS to
-// also compile U = 2 and U = 8 for tuning.
-#define SPARSE24_DECODE_ALL_CONFIGS 0
+template <typename T, int NT>
+inline cudaError_t launch_ring_nt(const Plan& pl, const Params& prm, cudaStream_t stream) {
+#define SP24D_RING(RT_, U_, S_) \
+  if (pl.rt == RT_ && pl.u == U_ && pl.stages == S_) return launch_ring<T, NT, RT_, U_, S_>(pl, prm, stream);
+  if constexpr (NT == 1) {
+    SP24D_RING(2, 4, 4)
+  } else {
+    SP24D_RING(4, 2, 3)
+  }
+#if SPARSE24_DECODE_ALL_CONFIGS
+  SP24D_RING(1, 4, 4)
+  SP24D_RING(2, 2, 3)
+  SP24D_RING(2, 4, 3)
+  SP24D_RING(2, 8, 3)
+  SP24D_RING(4, 2, 2)
+  SP24D_RING(4, 2, 4)
+  SP24D_RING(4, 4, 3)
+  if constexpr (NT == 1) { SP24D_RING(4, 2, 3) } else { SP24D_RING(2, 4, 4) }
+  if constexpr (NT <= 2) { SP24D_RING(8, 2, 3) SP24D_RING(8, 2, 2) }
 #endif
+#undef SP24D_RING
+  return cudaErrorInvalidValue;
+}
 
 template <typename T>
 inline cudaError_t launch_typed(const Plan& pl, const Params& prm, cudaStream_t stream) {
+  if (pl.variant == 1) {
+    switch (pl.nt) {
+      case 1: return launch_ring_nt<T, 1>(pl, prm, stream);
+      case 2: return launch_ring_nt<T, 2>(pl, prm, stream);
+      case 4: return launch_ring_nt<T, 4>(pl, prm, stream);
+      default: return launch_ring_nt<T, 8>(pl, prm, stream);
+    }
+  }
 #if SPARSE24_DECODE_ALL_CONFIGS
-  if (pl.u == 2) return pl.rt == 1 ? launch_nt<T, 1, 2>(pl, prm, stream) : launch_nt<T, 2, 2>(pl, prm, stream);
-  if (pl.u == 8) return pl.rt == 1 ? launch_nt<T, 1, 8>(pl, prm, stream) : launch_nt<T, 2, 8>(pl, prm, stream);
+  if (pl.rt == 1 || pl.rt == 2) {
+    if (pl.u == 2) return pl.rt == 1 ? launch_first_nt<T, 1, 2>(pl, prm, stream) : launch_first_nt<T, 2, 2>(pl, prm, stream);
+    if (pl.u == 4) return pl.rt == 1 ? launch_first_nt<T, 1, 4>(pl, prm, stream) : launch_first_nt<T, 2, 4>(pl, prm, stream);
+    if (pl.u == 8) return pl.rt == 1 ? launch_first_nt<T, 1, 8>(pl, prm, stream) : launch_first_nt<T, 2, 8>(pl, prm, stream);
+  }
 #endif
-  if (pl.u != 4) return cudaErrorInvalidValue;
-  return pl.rt == 1 ? launch_nt<T, 1, 4>(pl, prm, stream) : launch_nt<T, 2, 4>(pl, prm, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace sp24d

@@ -7,6 +7,8 @@ classes below are for callers who want one form by itself:
     SlotWeight, slot_linear       the same tiles, each value stored with its fragment slot (slots.py)
     Csr16Weight, csr16_linear     CSR with value and 16-bit column in one word, few tokens (csr16.py)
     Sparse24Weight, prune_2to4_mask   2:4 on sparse tensor cores plus a CSR residual (sparse24.py)
+    Sparse24DecodeWeight, sparse24_decode_linear   a pure 2:4 weight in mma.sp register order, few tokens
+                                  (sparse24_decode.py)
 
 Which weights to keep (wanda.py; SparseLinear.from_dense uses the same mask):
 
@@ -20,8 +22,9 @@ from sparsetorch.pruned.bitmap import BitmapWeight, bitmap_linear
 from sparsetorch.pruned.csr16 import Csr16Weight, csr16_linear
 from sparsetorch.pruned.slots import SlotWeight, slot_linear
 from sparsetorch.pruned.sparse24 import Sparse24Split, Sparse24Weight, prune_2to4_mask
+from sparsetorch.pruned.sparse24_decode import Sparse24DecodeWeight, sparse24_decode_linear
 from sparsetorch.pruned.wanda import input_norms, prune_mask, wanda_prune
 
 __all__ = ["BitmapWeight", "bitmap_linear", "Csr16Weight", "csr16_linear", "SlotWeight", "slot_linear",
-           "Sparse24Split", "Sparse24Weight", "prune_2to4_mask",
+           "Sparse24Split", "Sparse24Weight", "prune_2to4_mask", "Sparse24DecodeWeight", "sparse24_decode_linear",
            "input_norms", "prune_mask", "wanda_prune"]

@@ -23,21 +23,23 @@ position, at K a multiple of 256), against 2 dense.
 """
 from __future__ import annotations
 
-from typing import Tuple
+import sys
+from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES"]
+__all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES",
+           "Sparse24DecodeWeight", "sparse24_decode_linear", "DECODE_MAX_TOKENS"]
+
+# Tokens up to which the form is worth timing against dense in SparseLinear (H100, bf16, 14336 x 4096 and
+# 4096 x 14336: the first kernel ran 1.5-1.6x dense at N <= 4, 1.1-1.2x at 16, 0.8x at 32; the ring kernel's
+# numbers are for the device probe, .probe/sp24). The op itself takes any N.
+DECODE_MAX_TOKENS = 32
 
 TILE_K = 32  # original columns per mma.sp k-step
 TILE_PAD = 8  # k-tiles per metadata block: packed k-tiles are padded to a multiple
 DTYPES = (torch.bfloat16, torch.float16)
 _PAD_NIBBLE = 0b0100  # idx0 = 0, idx1 = 1: valid metadata for an all-zero chunk
-# Which thread of a metadata pair holds what (the PTX figure for m16n8k32 .f16/.bf16; see the module doc).
-# "rows_in_halves": role r holds chunks 4r..4r+3 of rows g (bits 15:0) and g+8 (bits 31:16). The alternative
-# "row_per_thread" (role r holds all 8 chunks of row g + 8r) exists only so that a device probe can tell the
-# two apart; the kernel is the same for both.
-META_LAYOUTS = ("rows_in_halves", "row_per_thread")
 
 
 def packed_ktiles(in_features: int) -> int:
@@ -68,14 +70,12 @@ def _check_weight(weight: torch.Tensor) -> None:
         raise ValueError(f"weight: {reason}")
 
 
-def pack_sparse24_decode(weight: torch.Tensor, meta_layout: str = "rows_in_halves") -> Tuple[torch.Tensor, torch.Tensor]:
+def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(values, meta) of a 2:4 weight (out_features x in_features, bfloat16/float16) in the decode kernel's
     layout. Raises ValueError naming ``weight`` if it is not 2:4 (a group of 4 consecutive columns of a row
     with more than 2 nonzeros; NaN counts as nonzero) or its shape/dtype does not fit (out_features a
     multiple of 16, in_features a multiple of 32). Torch ops only: runs on the weight's device."""
     _check_weight(weight)
-    if meta_layout not in META_LAYOUTS:
-        raise ValueError(f"meta_layout: expected one of {META_LAYOUTS}, got {meta_layout!r}")
     w = weight.detach()
     m, k = w.shape
     kt, ktp = k // TILE_K, packed_ktiles(k)
@@ -108,30 +108,23 @@ def pack_sparse24_decode(weight: torch.Tensor, meta_layout: str = "rows_in_halve
     # meta: nibbles as (R, h, g, KTP/2 pairs, s tile-in-pair, r role, j) with chunk = 4 r + j.
     n7 = nibs.reshape(r16, 2, 8, ktp // 2, 2, 2, 4)
     j_shift = 4 * torch.arange(4, device=dev)
-    if meta_layout == "rows_in_halves":
-        # word(lane = 4 g + 2 s + r) = sum_j nib(h=0, r, j) << 4j + nib(h=1, r, j) << (16 + 4j)
-        h_shift = torch.tensor([0, 16], device=dev).view(1, 2, 1, 1, 1, 1, 1)
-        words = (n7 << (h_shift + j_shift)).sum(dim=(1, 6))  # (R, g, P, s, r)
-    else:
-        # word(lane = 4 g + 2 s + r) = row g + 8 r, chunk c (0..7) in bits 4c+3:4c
-        c_shift = torch.cat([j_shift, j_shift + 16]).view(2, 4)  # role r' of the chunk -> shift
-        per_row = (n7 << c_shift.view(1, 1, 1, 1, 1, 2, 4)).sum(dim=(5, 6))  # (R, h, g, P, s)
-        words = per_row.permute(0, 2, 3, 4, 1)  # (R, g, P, s, h): h plays the role
+    # word(lane = 4 g + 2 s + r) = sum_j nib(h=0, r, j) << 4j + nib(h=1, r, j) << (16 + 4j): the role-r thread holds
+    # chunks 4r .. 4r+3 of rows g (bits 15:0) and g+8 (bits 31:16) (checked on an H100, 2026-11-27: the other
+    # reading of the PTX figure, role r = row g + 8r with all 8 chunks, gave 0.85 relative error).
+    h_shift = torch.tensor([0, 16], device=dev).view(1, 2, 1, 1, 1, 1, 1)
+    words = (n7 << (h_shift + j_shift)).sum(dim=(1, 6))  # (R, g, P, s, r)
     words = words.permute(0, 2, 1, 3, 4).reshape(r16, ktp // 2, 32)  # (R, P, lane = 4 g + 2 s + r)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     meta = words.reshape(r16, ktp // 8, 4, 32).permute(0, 1, 3, 2).contiguous()  # (R, B, lane, w)
     return vals, meta
 
 
-def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape, meta_layout: str = "rows_in_halves"
-                           ) -> torch.Tensor:
+def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> torch.Tensor:
     """The dense weight (shape) that the decode kernel multiplies, reconstructed by reading the packed arrays
     the way the kernel's lanes do and placing each value where mma.sp puts it (the PTX register mapping):
     for each lane and register, its row and compressed column; for the chunk, the metadata word of the
     thread that the tile's sparsity selector names. Raises ValueError on shapes that do not match and on
     metadata the hardware does not define (idx0 >= idx1)."""
-    if meta_layout not in META_LAYOUTS:
-        raise ValueError(f"meta_layout: expected one of {META_LAYOUTS}, got {meta_layout!r}")
     if len(tuple(shape)) != 2:
         raise ValueError(f"shape: expected (out_features, in_features), got {tuple(shape)}")
     m, k = int(shape[0]), int(shape[1])
@@ -156,10 +149,7 @@ def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape, meta
             h = reg & 1
             # Metadata of (row, chunk) for every tile: the selector of tile kt is kt & 1; its threads are
             # t' = 2 (kt & 1) + role in quad g; the word for pair kt >> 1 sits in block (kt >> 3), word (kt >> 1) & 3.
-            if meta_layout == "rows_in_halves":
-                role, shift = chunk // 4, 4 * (chunk % 4) + 16 * h
-            else:
-                role, shift = h, 4 * chunk
+            role, shift = chunk // 4, 4 * (chunk % 4) + 16 * h
             lane_m = 4 * g + 2 * (tiles & 1) + role  # (KTP,)
             word = mw[:, tiles >> 3, lane_m, (tiles >> 1) & 3]  # (R, KTP)
             nib = (word >> shift) & 0xF
@@ -174,3 +164,119 @@ def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape, meta
     if bool((dense[:, k:] != 0).any()):
         raise ValueError("values: the padding past in_features holds nonzeros")
     return dense[:, :k].contiguous()
+
+
+class Sparse24DecodeWeight:
+    """A 2:4-pruned weight W (out_features, in_features; bfloat16/float16; out_features % 16 == 0, in_features %
+    32 == 0) packed for :func:`sparse24_decode_linear` (the mma.sp decode kernel on CUDA, a float32 reference on
+    the CPU): 1.125 bytes per position against dense's 2.
+
+    Made from a dense 2:4 weight (the constructor, :meth:`from_dense`), from a :class:`Sparse24Split` of a CSR
+    pattern and its values (:meth:`from_split`: the split must have no residual) or from anything
+    :func:`sparsetorch.as_csr` takes (:meth:`from_csr`). Holds ``values`` and ``meta`` (pack_sparse24_decode) and,
+    when made from a split, the split (for :meth:`set_values` in CSR order)."""
+
+    def __init__(self, weight: torch.Tensor):
+        _check_weight(weight)
+        self.shape = (int(weight.shape[0]), int(weight.shape[1]))
+        self.dtype, self.device = weight.dtype, weight.device
+        self.split = None
+        with torch.no_grad():
+            self.values, self.meta = pack_sparse24_decode(weight)
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor) -> "Sparse24DecodeWeight":
+        return cls(weight)
+
+    @classmethod
+    def from_split(cls, split, values: torch.Tensor) -> "Sparse24DecodeWeight":
+        """From a :class:`sparsetorch.pruned.Sparse24Split` and the CSR's values (CSR order). ValueError naming
+        ``weight`` when the pattern is not 2:4 (the split has a residual: the decode form holds none)."""
+        if split.residual_nnz:
+            raise ValueError(f"weight: not 2:4: {split.residual_nnz} entries are outside the 2:4 part (groups of 4 "
+                             "consecutive columns holding more than 2 entries); the 2:4 decode form has no residual")
+        with torch.no_grad():
+            w = cls(split.dense24(values.detach()))
+        w.split = split
+        return w
+
+    @classmethod
+    def from_csr(cls, weight, dtype: Optional[torch.dtype] = None, device=None) -> "Sparse24DecodeWeight":
+        """From anything :func:`sparsetorch.as_csr` takes; ``dtype`` converts the values, ``device`` places a SciPy
+        weight (torch tensors are not moved)."""
+        from sparsetorch.csr import as_csr
+        from sparsetorch.pruned.sparse24 import Sparse24Split
+
+        w = as_csr(weight, device=device)
+        if len(w.shape) != 2:
+            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
+        values = w.values.detach()
+        if dtype is not None:
+            values = values.to(dtype)
+        reason = decode_applies(tuple(w.shape), values.dtype)
+        if reason is not None:
+            raise ValueError(f"weight: {reason}")
+        return cls.from_split(Sparse24Split(w.crow_indices, w.col_indices, tuple(w.shape)), values)
+
+    @property
+    def nbytes(self) -> int:
+        """Packed values and metadata (plus the split's pattern when made from one)."""
+        held = self.values.numel() * self.values.element_size() + self.meta.numel() * self.meta.element_size()
+        return held + (self.split.nbytes if self.split is not None else 0)
+
+    def set_values(self, values: torch.Tensor) -> None:
+        """New values, repacked in place: the CSR's values (CSR order) for a weight made from a CSR or split,
+        else a dense 2:4 weight of the same shape (its pattern may differ)."""
+        if values.dtype != self.dtype:
+            raise ValueError(f"values: expected {self.dtype} (the weight's), got {values.dtype}")
+        with torch.no_grad():
+            if self.split is not None:
+                nnz = self.split.col.shape[-1]
+                if values.dim() != 1 or values.numel() != nnz:
+                    raise ValueError(f"values: expected ({nnz},) in the CSR's order, got {tuple(values.shape)}")
+                dense = self.split.dense24(values.detach())
+            else:
+                if tuple(values.shape) != self.shape:
+                    raise ValueError(f"values: expected a dense weight of shape {self.shape}, got {tuple(values.shape)}")
+                dense = values.detach()
+            v, m = pack_sparse24_decode(dense)
+            self.values.copy_(v)
+            self.meta.copy_(m)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x."""
+        if x.dtype != self.dtype:
+            raise TypeError(f"x: expected {self.dtype} (the weight's dtype), got {x.dtype}")
+        if x.dim() < 1 or x.shape[-1] != self.shape[1]:
+            raise ValueError(f"x: expected shape (..., {self.shape[1]}) for a weight of shape {self.shape}, "
+                             f"got {tuple(x.shape)}")
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: str = "none",
+                 negative_slope: float = 0.01) -> torch.Tensor:
+        return sparse24_decode_linear(x, self, bias, activation, negative_slope)
+
+
+def sparse24_decode_linear(x: torch.Tensor, weight: Sparse24DecodeWeight, bias: Optional[torch.Tensor] = None,
+                           activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
+    """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the layer
+    differentiates through its CSR)."""
+    from sparsetorch._ops import ops
+
+    weight.check_input(x)
+    return ops.sparse24_decode_linear(x, weight.values, weight.meta, weight.shape[0], weight.shape[1], bias, activation,
+                                      float(negative_slope))
+
+
+def _sparse24_decode_linear_fake(x, values, meta, out_features, in_features, bias=None, activation="none",
+                                 negative_slope=0.01):
+    torch._check(x.dtype in DTYPES, lambda: f"x: expected bfloat16 or float16, got {x.dtype}")
+    torch._check(values.dtype == x.dtype, lambda: f"values: expected {x.dtype} (x's dtype), got {values.dtype}")
+    torch._check(meta.dtype == torch.int32, lambda: f"meta: expected int32, got {meta.dtype}")
+    torch._check(x.shape[-1] == in_features, lambda: f"x: expected shape (..., {in_features}), got {tuple(x.shape)}")
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+# The fake kernel needs the op's schema (sparsetorch._C, loaded by sparsetorch._ops). The device probe loads this
+# file alone (no extension): then nothing is registered.
+if "sparsetorch._ops" in sys.modules:
+    torch.library.register_fake("sparsetorch::sparse24_decode_linear")(_sparse24_decode_linear_fake)

@@ -1,0 +1,86 @@
+// sparse24_decode_linear on CUDA: the mma.sp kernel of cuda/sparse24_decode_kernel.cuh (design, packed layout
+// and bounds there). This file prepares the operands: x as (tokens, in_features) rows that 16-byte loads can
+// read (copied only when not already so), values / meta contiguous and 16-byte aligned (copied otherwise),
+// and runs the tokens 64 at a time (the kernel's bound). The split-k workspace comes from the caching
+// allocator; its counters are cleared by one memset on the stream per launch that splits.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/activation.h"
+#include "common/sparse24_decode_checks.h"
+#include "cuda/cuda_utils.h"
+#include "cuda/sparse24_decode_kernel.cuh"
+
+namespace sparsetorch {
+namespace cuda {
+namespace {
+
+static_assert(static_cast<int>(Activation::None) == sp24d::kNone && static_cast<int>(Activation::Relu) == sp24d::kRelu &&
+                  static_cast<int>(Activation::LeakyRelu) == sp24d::kLeakyRelu &&
+                  static_cast<int>(Activation::Gelu) == sp24d::kGelu &&
+                  static_cast<int>(Activation::GeluTanh) == sp24d::kGeluTanh &&
+                  static_cast<int>(Activation::Silu) == sp24d::kSilu &&
+                  static_cast<int>(Activation::Sigmoid) == sp24d::kSigmoid &&
+                  static_cast<int>(Activation::Tanh) == sp24d::kTanh,
+              "the kernel's activation codes are sparsetorch::Activation's");
+
+at::Tensor aligned16(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  if (!is_aligned(c.data_ptr(), 16)) c = c.clone();  // a view that starts mid-allocation
+  return c;
+}
+
+at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& values, const at::Tensor& meta,
+                                       int64_t out_features, int64_t in_features,
+                                       const std::optional<at::Tensor>& bias, c10::string_view activation,
+                                       double negative_slope) {
+  const Sparse24DecodeProblem p =
+      check_sparse24_decode_linear_args(x, values, meta, out_features, in_features, bias);
+  const Activation act = parse_activation(std::string(activation));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(prop->major >= 8, "sparse24_decode_linear: needs a GPU of compute capability 8.0 or newer (mma.sp), got ",
+              prop->major, ".", prop->minor);
+  at::Tensor out = at::empty({p.n, p.m}, x.options());
+  if (p.n == 0) return out.view(p.out_shape);
+
+  const at::Tensor x2 = rows_for_16byte_loads(x, p.n, p.k);  // k % 32 == 0: a copy only for strided / unaligned x
+  const at::Tensor values_c = aligned16(values), meta_c = aligned16(meta);
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const sp24d::Config cfg;  // the defaults (variant 1, the ring kernel)
+  const int sms = prop->multiProcessorCount;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int m = static_cast<int>(p.m), k = static_cast<int>(p.k);
+  // One workspace for the largest chunk: the plan's partials grow with the tokens.
+  const int first = static_cast<int>(std::min<int64_t>(p.n, sp24d::kMaxTokens));
+  int64_t ws_bytes = sp24d::plan(m, first, k, sms, cfg).workspace_bytes;
+  if (p.n > first) ws_bytes = std::max(ws_bytes, sp24d::plan(m, static_cast<int>(p.n % sp24d::kMaxTokens == 0
+                                                                                      ? sp24d::kMaxTokens
+                                                                                      : p.n % sp24d::kMaxTokens),
+                                                              k, sms, cfg).workspace_bytes);
+  const at::Tensor workspace = at::empty({std::max<int64_t>(ws_bytes, 16)}, x.options().dtype(at::kByte));
+  for (int64_t t0 = 0; t0 < p.n; t0 += sp24d::kMaxTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(p.n - t0, sp24d::kMaxTokens));
+    const cudaError_t err = launch_sparse24_decode(
+        bf16, values_c.data_ptr(), meta_c.data_ptr(), static_cast<const char*>(x2.data_ptr()) + t0 * x2.stride(0) * 2,
+        x2.stride(0), bias_c.defined() ? bias_c.data_ptr() : nullptr, static_cast<char*>(out.data_ptr()) + t0 * p.m * 2,
+        p.m, m, n, k, static_cast<int>(act), static_cast<float>(negative_slope), workspace.data_ptr(), workspace.numel(),
+        /*counters_zeroed=*/false, cfg, sms, stream);
+    TORCH_CHECK(err == cudaSuccess, "sparse24_decode_linear: kernel launch failed for a ", p.m, " x ", p.k,
+                " weight and ", n, " tokens: ", cudaGetErrorString(err));
+  }
+  return out.view(p.out_shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("sparse24_decode_linear", &sparse24_decode_linear_cuda); }
+
+}  // namespace cuda
+}  // namespace sparsetorch
