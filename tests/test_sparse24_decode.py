@@ -371,3 +371,34 @@ def test_op_cuda_opcheck_and_compile():
                           dict(bias=torch.randn(64, device="cuda").to(torch.float16), activation="silu"))
     f = torch.compile(lambda v: sparse24_decode_linear(v, W, None, "relu"), fullgraph=True)
     assert torch.equal(f(x), W(x, None, "relu"))
+
+
+@needs_cuda
+def test_layer_runs_a_pure_2to4_weight_on_the_decode_kernel():
+    """SparseLinear(format="2:4") takes the decode kernel up to SPARSE24_DECODE_TOKENS tokens; "auto" times it
+    among the forms; new values reach it after an optimizer step (the layer trains through its CSR)."""
+    from sparsetorch.nn.linear import SPARSE24_DECODE_TOKENS
+
+    torch.manual_seed(6)
+    lin = torch.nn.Linear(512, 256, device="cuda", dtype=torch.bfloat16)
+    layer = st.nn.SparseLinear.from_dense(lin, scheme="2:4", format="2:4", activation="silu")
+    for n in (1, 5, SPARSE24_DECODE_TOKENS):
+        x = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
+        assert layer._forms.route(layer, x) == "2:4 decode"
+        ref = F.silu(x.double() @ layer.to_dense().double().t() + layer.bias.double())
+        with torch.no_grad():
+            assert rel_err(layer(x), ref) < 1e-2, n
+    assert "2:4 decode" in layer.memory()
+    x = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    layer(x).float().square().mean().backward()
+    opt.step()
+    with torch.no_grad():
+        ref = F.silu(x.double() @ layer.to_dense().double().t() + layer.bias.double())
+        assert rel_err(layer(x), ref) < 1e-2  # the packed weight was rebuilt from the stepped values
+    auto = st.nn.SparseLinear.from_dense(lin, scheme="2:4")
+    with torch.no_grad():
+        auto(x[:4])
+    assert "2:4 decode" in auto.route_times[4]
+    unstructured = st.nn.SparseLinear.from_dense(lin, sparsity=0.5, scheme="row", format="2:4")
+    assert unstructured._forms.route(unstructured, x) != "2:4 decode"  # not 2:4: cuSPARSELt with a residual

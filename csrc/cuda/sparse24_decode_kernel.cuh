@@ -671,11 +671,22 @@ inline cudaError_t launch_ring(const Plan& pl, const Params& prm, cudaStream_t s
 }
 
 #ifndef SPARSE24_DECODE_ALL_CONFIGS
-// The library build compiles the ring kernel's defaults (ring_default) only; the probe defines
-// SPARSE24_DECODE_ALL_CONFIGS to also compile the first kernel (variant 0, RT 1/2 x U 2/4/8) and the ring
-// alternatives below, for comparison and tuning.
+// The library build compiles what library_config() picks: the first kernel (variant 0) with RT 1/2 x U 4/8.
+// The probe defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and the ring kernel (variant 1) with
+// its alternatives, for comparison and tuning.
 #define SPARSE24_DECODE_ALL_CONFIGS 0
 #endif
+
+// What the library runs. On an H100 (2026-11-27, bf16, the probe's table in docs/performance.md) the first
+// kernel beat the ring kernel at every N: at N = 1 32.7 against 41.5 us (14336 x 4096) and 33.9 against 41.2
+// us (4096 x 14336). U = 8 (more weight loads in flight per lane) was the faster for tall weights (m >= k) at
+// every N, and U = 4 for wide ones from N = 4 on (N = 16: 46.0 against 60.4 us); within 1% below N = 4.
+inline Config library_config(int m, int k) {
+  Config cfg;
+  cfg.variant = 0;
+  cfg.u = m >= k ? 8 : 4;
+  return cfg;
+}
 
 template <typename T, int RT, int U>
 inline cudaError_t launch_first_nt(const Plan& pl, const Params& prm, cudaStream_t stream) {
@@ -714,20 +725,24 @@ inline cudaError_t launch_ring_nt(const Plan& pl, const Params& prm, cudaStream_
 template <typename T>
 inline cudaError_t launch_typed(const Plan& pl, const Params& prm, cudaStream_t stream) {
   if (pl.variant == 1) {
+#if SPARSE24_DECODE_ALL_CONFIGS
     switch (pl.nt) {
       case 1: return launch_ring_nt<T, 1>(pl, prm, stream);
       case 2: return launch_ring_nt<T, 2>(pl, prm, stream);
       case 4: return launch_ring_nt<T, 4>(pl, prm, stream);
       default: return launch_ring_nt<T, 8>(pl, prm, stream);
     }
+#else
+    return cudaErrorInvalidValue;
+#endif
   }
-#if SPARSE24_DECODE_ALL_CONFIGS
   if (pl.rt == 1 || pl.rt == 2) {
+#if SPARSE24_DECODE_ALL_CONFIGS
     if (pl.u == 2) return pl.rt == 1 ? launch_first_nt<T, 1, 2>(pl, prm, stream) : launch_first_nt<T, 2, 2>(pl, prm, stream);
+#endif
     if (pl.u == 4) return pl.rt == 1 ? launch_first_nt<T, 1, 4>(pl, prm, stream) : launch_first_nt<T, 2, 4>(pl, prm, stream);
     if (pl.u == 8) return pl.rt == 1 ? launch_first_nt<T, 1, 8>(pl, prm, stream) : launch_first_nt<T, 2, 8>(pl, prm, stream);
   }
-#endif
   return cudaErrorInvalidValue;
 }
 

@@ -53,10 +53,10 @@ at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& va
   const at::Tensor values_c = aligned16(values), meta_c = aligned16(meta);
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  const sp24d::Config cfg;  // the defaults (variant 1, the ring kernel)
   const int sms = prop->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int m = static_cast<int>(p.m), k = static_cast<int>(p.k);
+  const sp24d::Config cfg = sp24d::library_config(m, k);
   // One workspace for the largest chunk: the plan's partials grow with the tokens.
   const int first = static_cast<int>(std::min<int64_t>(p.n, sp24d::kMaxTokens));
   int64_t ws_bytes = sp24d::plan(m, first, k, sms, cfg).workspace_bytes;

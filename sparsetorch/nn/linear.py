@@ -39,6 +39,7 @@ from sparsetorch.pruned.bitmap import BitmapWeight, bitmap_linear
 from sparsetorch.pruned.csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
 from sparsetorch.pruned.slots import SlotWeight, applies as slots_applies, slot_linear
 from sparsetorch.pruned.sparse24 import MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, sparse24_applies
+from sparsetorch.pruned.sparse24_decode import DECODE_MAX_TOKENS, Sparse24DecodeWeight, decode_applies
 from sparsetorch.pruned.wanda import prune_mask
 
 FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
@@ -49,6 +50,10 @@ CSR16_MAX_TOKENS = 64
 # The slot form is timed up to this many tokens (each 64-token tile reads the weight again; past a few
 # hundred tokens the dense GEMM wins).
 SLOTS_MAX_TOKENS = 512
+# format="2:4" runs a pure 2:4 weight on the decode kernel (mma.sp, pruned/sparse24_decode.py) up to this many
+# tokens and on cuSPARSELt above: on an H100 the decode kernel ran at 1.2-1.66x dense up to N = 16 and below
+# dense from N = 24 (2026-11-27, Llama MLP shapes); "auto" times it up to DECODE_MAX_TOKENS.
+SPARSE24_DECODE_TOKENS = 16
 # A sparse form replaces the dense weight only when it measured at least 5% faster: one measurement
 # per bucket is noisy, and "never slower than dense" is the promise (seen on the H100: bitmap timed at
 # 45.6 us against dense 47.3 us when routing, 58.7 us in the benchmark after).
@@ -133,6 +138,7 @@ class _Forms:
         self.split24 = None
         self.residual24 = None  # entries the 2:4 part cannot hold, once counted
         self.sparse24 = None
+        self.decode24 = None  # the pure 2:4 weight packed for the decode kernel ("2:4 decode")
         self.bitmap = None
         self.csr16 = None
         self.slots = None
@@ -167,6 +173,8 @@ class _Forms:
                     self.dense = layer.weight.to_dense().detach()
                 if self.sparse24 is not None:
                     self.sparse24.set_values(v)
+                if self.decode24 is not None:
+                    self.decode24.set_values(v)
                 if self.bitmap is not None:
                     self.bitmap.set_values(v)
                 if self.csr16 is not None:
@@ -182,6 +190,8 @@ class _Forms:
             return self.dense is not None
         if route == "2:4":
             return self.sparse24 is not None
+        if route == "2:4 decode":
+            return self.decode24 is not None
         if route == "bitmap":
             return self.bitmap is not None
         if route == "csr16":
@@ -206,6 +216,10 @@ class _Forms:
                     self.split24 = Sparse24Split(layer.crow_indices, layer.col_indices,
                                                  (layer.out_features, layer.in_features))
                 self.sparse24 = Sparse24Weight(self.split24, v)
+            elif route == "2:4 decode":
+                if v.device.type != "cuda":
+                    raise ValueError("format '2:4': the decode kernel runs on CUDA")
+                self.decode24 = Sparse24DecodeWeight.from_split(self._split24(layer), v)  # ValueError if not 2:4
             elif route == "bitmap":
                 self.bitmap = _BitmapForm(layer.weight.with_values(v))
             elif route == "csr16":
@@ -215,6 +229,21 @@ class _Forms:
                 self.slots = SlotWeight(layer.crow_indices, layer.col_indices, v, (layer.out_features, layer.in_features))
             elif route == "csr:blocked":
                 self.blocked = SpmmPlan(layer.weight, backend="blocked", validate=False, autotune=False)
+
+    def _split24(self, layer: "SparseLinear") -> Sparse24Split:
+        if self.split24 is None:  # counted once per pattern
+            self.split24 = Sparse24Split(layer.crow_indices, layer.col_indices, (layer.out_features, layer.in_features))
+            self.residual24 = self.split24.residual_nnz
+        return self.split24
+
+    def decode24_applies(self, layer: "SparseLinear", x: torch.Tensor) -> bool:
+        """Whether the 2:4 decode kernel can run this weight on x: CUDA, bf16/fp16, out % 16, in % 32, a pure 2:4
+        pattern."""
+        if not x.is_cuda or decode_applies((layer.out_features, layer.in_features), layer.values.dtype) is not None:
+            return False
+        if self.residual24 is None:
+            self._split24(layer)
+        return self.residual24 == 0
 
     # -- choosing --
 
@@ -228,11 +257,11 @@ class _Forms:
         else:  # densify is left out: the dense form keeps what it re-expands per call
             routes = ["csr:" + r for r in _autotune_candidates(csr, x.shape[0], 2) if r != "densify"]
         routes.append("dense")
+        if x.shape[0] <= DECODE_MAX_TOKENS and self.decode24_applies(layer, x):
+            routes.append("2:4 decode")
         if sparse24_applies((layer.out_features, layer.in_features), csr.dtype, x.device) is None:
-            if self.residual24 is None:  # counted once per pattern
-                self.split24 = Sparse24Split(layer.crow_indices, layer.col_indices,
-                                             (layer.out_features, layer.in_features))
-                self.residual24 = self.split24.residual_nnz
+            if self.residual24 is None:
+                self._split24(layer)
             if self.residual24 <= MAX_RESIDUAL_DENSITY * layer.out_features * layer.in_features:
                 routes.append("2:4")
             else:
@@ -249,6 +278,8 @@ class _Forms:
         return routes
 
     def route(self, layer: "SparseLinear", x: torch.Tensor) -> str:
+        if layer.format == "2:4" and x.shape[0] <= SPARSE24_DECODE_TOKENS and self.decode24_applies(layer, x):
+            return "2:4 decode"
         if layer.format != "auto":
             return "csr:" + layer.backend if layer.format == "csr" else layer.format
         bucket = _bucket(x.shape[0])
@@ -291,8 +322,12 @@ class _Forms:
         used = set(self.routes.values())
         if "dense" not in used:
             self.dense = None
+        if "2:4 decode" not in used:
+            self.decode24 = None
         if "2:4" not in used:
-            self.sparse24 = self.split24 = None  # the split (a byte per entry and more) is rebuilt if needed
+            self.sparse24 = None
+            if self.decode24 is None:
+                self.split24 = None  # the split (a byte per entry and more) is rebuilt if needed
         if "bitmap" not in used:
             self.bitmap = None
         if "csr16" not in used:
@@ -315,6 +350,8 @@ class _Forms:
             return F_torch.linear(x, self.dense, bias) if act == "none" else ops.linear(x, self.dense, bias, act, slope)
         if route == "2:4":
             return self.sparse24(x, bias, act, slope, bucket)
+        if route == "2:4 decode":
+            return self.decode24(x, bias, act, slope)
         if route == "bitmap":
             return self.bitmap(x, bias, act, slope)
         if route == "csr16":
@@ -353,8 +390,12 @@ class _Forms:
             call = lambda a: ops.sparse24_linear.default(a, *args)  # noqa: E731
             if bucket not in w.algs:  # captured before any search: the runner would pin the default algorithm
                 return call
-        elif route in ("bitmap", "slots", "csr16"):  # the op below autograd: no torch.library wrapper per call
-            if route == "bitmap":
+        elif route in ("bitmap", "slots", "csr16", "2:4 decode"):  # the op below autograd: no wrapper per call
+            if route == "2:4 decode":
+                w = self.decode24
+                op, args = ops.sparse24_decode_linear.default, (w.values, w.meta, w.shape[0], w.shape[1], bias, act,
+                                                                 slope)
+            elif route == "bitmap":
                 w = self.bitmap.weight
                 op, args = ops.bitmap_linear.default, (w.bitmaps, w.offsets, w.values, w.shape[0], bias, act, slope)
             elif route == "slots":
@@ -379,6 +420,8 @@ class _Forms:
             out["2:4"] = self.sparse24.nbytes
         elif self.split24 is not None:
             out["2:4 split"] = self.split24.nbytes
+        if self.decode24 is not None:
+            out["2:4 decode"] = self.decode24.nbytes
         if self.bitmap is not None:
             out["bitmap"] = self.bitmap.nbytes
         if self.slots is not None:
