@@ -125,3 +125,105 @@ def test_product_through_the_layout(rng):
 def test_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         bad()
+
+
+# --- the CUDA kernel's control flow, emulated at group granularity -------------------------------------
+# Stage planning (the 32-wide ballot over prefetched offsets, copies clamped to the stage and the blob),
+# the group walk by bitmap popcounts, the band flushes and the last-arriver fixed-order reduction, with the
+# warps run one after another in a random order; each group's product uses the decode proven above.
+import random  # noqa: E402
+
+INT_MAX = 2**31 - 1
+
+
+def run(w, x, total_warps, stages, stage_bytes):
+    """max |y - x @ W^T| of the emulated launch (float64)."""
+    m,k=w.shape; n=x.shape[0]
+    blob,off=bm2.pack(w); off=off.tolist(); b16=blob.view(torch.int16)
+    bands=-(-m//64); chunks=-(-k//64); units=bands*chunks
+    dense=bm2.unpack(blob, torch.tensor(off,dtype=torch.int32), (m,k), w.dtype).double()  # per-group decode proven elsewhere
+    mp,kp=bands*64,chunks*64
+    D=torch.zeros(mp,kp,dtype=torch.float64); D[:m,:k]=dense
+    X=torch.zeros(n,kp,dtype=torch.float64); X[:,:k]=x.double()
+    ub=lambda ww: ww*units//total_warps
+    owner=lambda u: ((u+1)*total_warps-1)//units
+    partial={}; counters=[0]*bands; y=torch.full((n,m),float('nan'),dtype=torch.float64)
+    cap16=stage_bytes//16; blob_units=len(b16)//8
+    def flush(acc, band, wv):
+        fu=band*chunks; lu=fu+chunks-1
+        which=0 if ub(wv)//chunks==band else 1
+        partial[(wv,which)]=acc.clone()
+        wf,wl=owner(fu),owner(lu)
+        if wf!=wl:
+            old=counters[band]; counters[band]+=1
+            if old!=wl-wf: return
+        z=torch.zeros(64,n,dtype=torch.float64)
+        for ww in range(wf,wl+1):
+            wh=0 if ub(ww)//chunks==band else 1
+            z+=partial[(ww,wh)]
+        rows=min(64,m-band*64)
+        y[:,band*64:band*64+rows]=z[:rows].t()
+        if wf!=wl: counters[band]=0
+    order=list(range(total_warps)); random.shuffle(order)   # warps run in any order
+    # run warps one after another in random order (the reduction must not depend on it)
+    for wv in order:
+        u0,u1=ub(wv),ub(wv+1); gbase=4*u0; ng=4*(u1-u0)
+        pa=0; pa_off=off[gbase] if ng>0 else 0
+        win=[off[gbase+1+l] if l<ng else INT_MAX for l in range(32)]
+        stage_data=[None]*stages; hdr=[None]*stages
+        def issue(s):
+            nonlocal pa,pa_off,win
+            fits=[(l<ng-pa and win[l]>=pa_off and win[l]-pa_off<=cap16) for l in range(32)]
+            nn=32 if all(fits) else fits.index(False)
+            if nn==0: nn=1
+            end=win[nn-1]
+            src=min(max(pa_off,0),blob_units); by16=min(max(end-pa_off,0),min(cap16,blob_units-src))
+            stage_data[s]=b16[src*8:(src+by16)*8].clone(); hdr[s]=(nn,by16*16)
+            pa+=nn; pa_off=end
+            win=[off[gbase+pa+1+l] if l<ng-pa else INT_MAX for l in range(32)]
+        for s in range(stages):
+            if pa<ng: issue(s)
+        acc=torch.zeros(64,n,dtype=torch.float64); cur=-1; done=0; kk=0; ngroups=0
+        while done<ng:
+            s=kk%stages; nn,by=hdr[s]; st=stage_data[s]; ptr=0; ok=True
+            for i in range(nn):
+                rel=done+i; unit=u0+rel//4; sub=rel%4
+                if sub==0:
+                    band=unit//chunks
+                    if band!=cur:
+                        if cur>=0: flush(acc,cur,wv); acc.zero_()
+                        cur=band
+                    col=(unit%chunks)*64
+                if not ok or ptr+128>by: ok=False; continue
+                words=st[ptr//2:ptr//2+64].view(torch.int32).to(torch.int64)&0xffffffff
+                total=int(bm2._popcount(words).sum())
+                if ptr+128+2*total>by: ok=False; continue
+                # the group's decoded tile times x (decode mapping proven by unpack)
+                r0=band*64+16*sub
+                acc[16*sub:16*sub+16]+=D[r0:r0+16,col:col+64]@X[:,col:col+64].t()
+                ptr+=128+((2*total+15)&~15); ngroups+=1
+            done+=nn
+            if pa<ng: issue(s)
+            kk+=1
+        if cur>=0: flush(acc,cur,wv)
+        assert ngroups==ng, (ngroups,ng)
+    assert all(c==0 for c in counters)
+    ref=x.double()@w.double().t()
+    return (y-ref).abs().max().item()
+
+
+@pytest.mark.parametrize("shape,density", [((16, 16), 0.5), ((48, 96), 1.0), ((128, 384), 0.1), ((128, 1024), 0.5),
+                                           ((64, 256), 0.0)])
+def test_kernel_control_flow_emulation(shape, density):
+    torch.manual_seed(0)
+    random.seed(0)
+    m, k = shape
+    w = torch.randn(m, k).to(torch.bfloat16)
+    w[torch.rand(m, k) >= density] = 0
+    x = torch.randn(3, k).to(torch.bfloat16)
+    units = -(-m // 64) * -(-k // 64)
+    for total_warps in sorted({1, 3, 5, units}):
+        if total_warps > units:
+            continue
+        for stages, stage_bytes in ((2, 2304), (4, 4096)):
+            assert run(w, x, total_warps, stages, stage_bytes) < 1e-9

@@ -446,9 +446,12 @@ inline Plan make_plan(int m, int k, int n, const Config& c, int sms, int smem_pe
     pl.grid = 0;
     return pl;
   }
-  int per_sm = c.blocks_per_sm > 0 ? c.blocks_per_sm : smem_per_sm / (pl.smem + 1024);
+  // Blocks per SM: as many as shared memory allows, at most 16 warps (the registers of the NT <= 2 kernels,
+  // ~128 per thread), or the configured number if that fits.
+  const int fit = smem_per_sm / (pl.smem + 1024);
+  int per_sm = c.blocks_per_sm > 0 ? c.blocks_per_sm : (16 / c.warps > 0 ? 16 / c.warps : 1);
+  per_sm = per_sm > fit ? fit : per_sm;
   per_sm = per_sm < 1 ? 1 : per_sm;
-  if (c.blocks_per_sm <= 0 && per_sm * c.warps > 16) per_sm = 16 / c.warps > 0 ? 16 / c.warps : 1;
   int64_t warps = static_cast<int64_t>(sms) * per_sm * c.warps / pl.tiles;
   if (warps < 1) warps = 1;
   if (warps > units) warps = units;
