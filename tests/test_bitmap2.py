@@ -154,6 +154,8 @@ def run(w, x, total_warps, stages, stage_bytes):
         which=0 if ub(wv)//chunks==band else 1
         partial[(wv,which)]=acc.clone()
         wf,wl=owner(fu),owner(lu)
+        if wf==wl:   # the warp holds the whole band: y straight from its registers
+            rows=min(64,m-band*64); y[:,band*64:band*64+rows]=acc[:rows].t(); return
         if wf!=wl:
             old=counters[band]; counters[band]+=1
             if old!=wl-wf: return
@@ -184,16 +186,20 @@ def run(w, x, total_warps, stages, stage_bytes):
         for s in range(stages):
             if pa<ng: issue(s)
         acc=torch.zeros(64,n,dtype=torch.float64); cur=-1; done=0; kk=0; ngroups=0
+        nb,nc=(u0//chunks,u0%chunks) if ng>0 else (0,0)   # (band, chunk) of the next unit: advanced per unit
         while done<ng:
             s=kk%stages; nn,by=hdr[s]; st=stage_data[s]; ptr=0; ok=True
             for i in range(nn):
                 rel=done+i; unit=u0+rel//4; sub=rel%4
                 if sub==0:
-                    band=unit//chunks
+                    band,chunk=nb,nc
+                    nc+=1
+                    if nc==chunks: nc=0; nb+=1
+                    assert (band,chunk)==(unit//chunks,unit%chunks)
                     if band!=cur:
                         if cur>=0: flush(acc,cur,wv); acc.zero_()
                         cur=band
-                    col=(unit%chunks)*64
+                    col=chunk*64
                 if not ok or ptr+128>by: ok=False; continue
                 words=st[ptr//2:ptr//2+64].view(torch.int32).to(torch.int64)&0xffffffff
                 total=int(bm2._popcount(words).sum())
