@@ -172,6 +172,59 @@ def test_products_split_by_sender_match_single_process():
     assert counts == [counts[0]] * 3 and counts[0] > 10
 
 
+def _exchange_dtype_worker(rank, world, split_by_sender):
+    if split_by_sender:  # the copy engines' per-sender products, over the all-to-all
+        from sparsetorch.distributed.transport import AllToAll
+        AllToAll.finish_from = lambda self, pending, p: self.finish(pending)
+    rng = np.random.default_rng(77)
+    a = random_csr(rng, 60, 60, 0.15, empty_rows=0.1)
+    D = DistributedCSR.from_global(st.from_scipy(a, dtype=torch.float32), dense_fraction=0.0)
+    B = torch.from_numpy(rng.standard_normal((60, 8))).float()
+    W = torch.from_numpy(rng.standard_normal((60, 8)))
+    A_ref = torch.from_numpy(a.toarray()).requires_grad_()
+    B_ref = B.double().clone().requires_grad_()
+    ((A_ref @ B_ref) * W).sum().backward()
+    exact = st.spmm(D, D.local_cols(B))
+    sent_exact = D.halo_plan.stats["forward_bytes_sent"]
+    D.exchange_dtype = torch.bfloat16
+    assert D.to(torch.float64).exchange_dtype == torch.bfloat16  # shared with derived matrices
+    rv = D.remote.values.detach().clone().requires_grad_()
+    B_r = D.local_cols(B).clone().requires_grad_()
+    y = st.spmm(D.with_values(D.local.values, rv), B_r)
+    assert y.dtype == torch.float32
+    (y.double() * D.local_rows(W)).sum().backward()
+    _close(y, D.local_rows(A_ref.detach() @ B_ref.detach()), torch.bfloat16, "forward, bf16 exchange")
+    _close(B_r.grad, D.local_cols(B_ref.grad), torch.bfloat16, "grad B, bf16 exchange")
+    (rr, rc) = _entry_positions(D)[1]
+    _close(rv.grad, A_ref.grad[rr, rc], torch.bfloat16, "grad remote values, bf16 exchange")
+    sent = D.halo_plan.stats["forward_bytes_sent"] - sent_exact
+    assert 2 * sent == sent_exact, (sent, sent_exact)  # half the bytes of the exact exchange
+    if D.halo_size:  # rows were received: the bf16 product differs from the exact one
+        assert not torch.equal(y.detach(), exact)
+    D.exchange_dtype = None
+    torch.testing.assert_close(st.spmm(D, D.local_cols(B)), exact, rtol=0, atol=0)
+    try:
+        D.exchange_dtype = torch.float16 if rank == 0 else torch.bfloat16
+    except ValueError as e:
+        assert "different dtypes" in str(e)
+    else:
+        raise AssertionError("mismatched exchange_dtype was accepted")
+    try:
+        D.exchange_dtype = torch.int8
+    except ValueError as e:
+        assert "exchange_dtype" in str(e)
+    else:
+        raise AssertionError("an integer exchange_dtype was accepted")
+    return 1
+
+
+@pytest.mark.parametrize("split_by_sender", [False, True])
+def test_exchange_dtype_halves_the_bytes_within_its_rounding(split_by_sender):
+    """DistributedCSR.exchange_dtype = torch.bfloat16 on float32: forward and backward against float64 within
+    bf16 rounding, half the bytes, exact again with None; ranks that disagree raise on every rank."""
+    assert spawn(_exchange_dtype_worker, 3, split_by_sender, backend="gloo", timeout=60) == [1, 1, 1]
+
+
 @pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("transport", ["all_to_all", "copy_engine"])

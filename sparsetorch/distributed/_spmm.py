@@ -72,7 +72,7 @@ def product(matrix, B: torch.Tensor, v_local: torch.Tensor, v_remote: torch.Tens
     plan = matrix.halo_plan
     exchanging = plan.active and B.shape[1] > 0
     if exchanging:
-        halo, pending = plan.start(B)
+        halo, pending = plan.start(B, plan.exchange_dtype)
     local = matrix.local if v_local is matrix.local.values else matrix.local.with_values(v_local)
     remote = matrix.remote if v_remote is matrix.remote.values else matrix.remote.with_values(v_remote)
     has_remote = remote.col_indices.numel() > 0
@@ -84,6 +84,7 @@ def product(matrix, B: torch.Tensor, v_local: torch.Tensor, v_remote: torch.Tens
     parts = _sender_parts(matrix) if has_remote and len(plan.senders) > 1 and plan.per_sender else None
     if parts is None:
         plan.finish(pending)
+        halo = halo.to(B.dtype)  # rows moved in a narrower exchange_dtype back to B's (else the same tensor)
         if has_remote:
             F.spmm(remote, halo, alpha=alpha, beta=1.0, out=z, bias=bias, activation=act,
                    negative_slope=negative_slope, backend=_route(matrix, "remote", remote, halo, backend),
@@ -93,11 +94,12 @@ def product(matrix, B: torch.Tensor, v_local: torch.Tensor, v_remote: torch.Tens
         plan.finish_from(pending, p)
         last = i == len(parts) - 1
         part = CSR(crow_p, col_p, remote.values.index_select(0, entries), (z.shape[0], hi - lo))
-        F.spmm(part, halo[lo:hi], alpha=alpha, beta=1.0, out=z, bias=bias if last else None,
+        rows = halo[lo:hi].to(B.dtype)
+        F.spmm(part, rows, alpha=alpha, beta=1.0, out=z, bias=bias if last else None,
                activation=act if last else "none", negative_slope=negative_slope,
-               backend=_route(matrix, f"remote from {p}", part, halo[lo:hi], backend), policy=policy)
+               backend=_route(matrix, f"remote from {p}", part, rows, backend), policy=policy)
     plan.finish(pending)
-    return z, halo
+    return z, halo.to(B.dtype)
 
 
 def _sender_parts(matrix):
@@ -134,7 +136,8 @@ class DistributedSpmm(torch.autograd.Function):
         need_b, need_vl, need_vr = ctx.needs_input_grad[:3]
         ctx.matrix, ctx.alpha, ctx.beta, ctx.backend = matrix, alpha, beta, backend
         ctx.exchanging = halo is not None
-        if need_vr and halo is not None and matrix.halo_plan.halo_is_transient:
+        if need_vr and halo is not None and matrix.halo_plan.halo_is_transient and halo.dtype == B.dtype \
+                and matrix.halo_plan.exchange_dtype in (None, B.dtype):
             halo = halo.clone()  # the transport's buffer is reused by the next exchange
         ctx.save_for_backward(B if need_vl else None, halo if need_vr else None,
                               v_local if need_b else None, v_remote if need_b else None)
@@ -156,11 +159,12 @@ class DistributedSpmm(torch.autograd.Function):
                     g_halo = F.spmm(remote_t, g, alpha=alpha, backend=_route(matrix, "remote_t", remote_t, g, backend))
                 else:
                     g_halo = g.new_zeros((plan.halo_size, g.shape[1]))
-                back, pending = plan.start_reverse(g_halo)
+                back, pending = plan.start_reverse(g_halo, plan.exchange_dtype)
             local_t = _transposed(matrix, "local", matrix.local, v_local)
             g_b = F.spmm(local_t, g, alpha=alpha, backend=_route(matrix, "local_t", local_t, g, backend))
             if ctx.exchanging:
                 plan.finish(pending)
+                back = back.to(g_b.dtype)
                 if plan.sends_whole_block:
                     g_b += back  # every row came back, in order: a dense add
                 elif plan.send_size:

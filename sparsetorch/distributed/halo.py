@@ -13,7 +13,7 @@ writes between GPUs of one host.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -96,6 +96,9 @@ class HaloPlan:
         max_rows = max(max(s[0], s[1]) for s in sizes)
         self.transport = make_transport(comm, transport, max_rows) if self.active else make_transport(
             comm, "all_to_all", 0)
+        # The dtype the products' rows move in (DistributedCSR.exchange_dtype; None: B's own). Degree
+        # vectors and other exact exchanges (:meth:`exchange`) always move in their own dtype.
+        self.exchange_dtype: Optional[torch.dtype] = None
         self.stats: Dict[str, int] = {}
         self.reset_stats()
 
@@ -119,22 +122,24 @@ class HaloPlan:
         """The received rows live in the transport's buffer until the next exchange of this plan."""
         return self.transport.name == "copy_engine"
 
-    def start(self, b_block: torch.Tensor) -> Tuple[torch.Tensor, object]:
-        """Begin receiving the halo rows of B; returns (halo rows, pending). Call :meth:`finish` before
-        reading the rows; the product of the local columns can run in between."""
+    def start(self, b_block: torch.Tensor, dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, object]:
+        """Begin receiving the halo rows of B, moved in ``dtype`` (default: B's); returns (halo rows, in
+        that dtype; pending). Call :meth:`finish` before reading the rows; the product of the local columns
+        can run in between."""
         n = b_block.shape[1]
         send = b_block.contiguous() if self.sends_whole_block else b_block.index_select(0, self.send_index)
+        send = send if dtype is None else send.to(dtype)
         recv, pending = self.transport.start(send, self.counts, "halo exchange of B")
-        self._count("forward", self.halo_size, self.send_size, n * b_block.element_size())
+        self._count("forward", self.halo_size, self.send_size, n * send.element_size())
         return recv, pending
 
-    def start_reverse(self, grad_halo: torch.Tensor) -> Tuple[torch.Tensor, object]:
-        """Begin sending the gradients of the halo rows back to their owners; returns (the gradient
-        rows this rank's block receives, in ``send_index`` order; pending)."""
+    def start_reverse(self, grad_halo: torch.Tensor, dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, object]:
+        """Begin sending the gradients of the halo rows back to their owners, in ``dtype`` (default:
+        theirs); returns (the gradient rows this rank's block receives, in ``send_index`` order; pending)."""
         n = grad_halo.shape[1]
-        recv, pending = self.transport.start(grad_halo.contiguous(), self.counts_reverse,
-                                             "halo exchange of the gradient of B")
-        self._count("backward", self.send_size, self.halo_size, n * grad_halo.element_size())
+        send = grad_halo.contiguous() if dtype is None else grad_halo.to(dtype).contiguous()
+        recv, pending = self.transport.start(send, self.counts_reverse, "halo exchange of the gradient of B")
+        self._count("backward", self.send_size, self.halo_size, n * send.element_size())
         return recv, pending
 
     @property

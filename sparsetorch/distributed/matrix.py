@@ -239,6 +239,27 @@ class DistributedCSR:
         """Distinct rows of B this rank receives per product."""
         return self.halo_plan.halo_size
 
+    @property
+    def exchange_dtype(self) -> Optional[torch.dtype]:
+        """The dtype the rows of B and their gradients move in between the ranks in a product: None (the
+        default) moves them in B's dtype, exactly; ``torch.bfloat16`` or ``torch.float16`` halves an fp32
+        exchange, rounding the received rows (products still sum in B's dtype; the local part is exact).
+        Shared with the matrices derived from this one; every rank must set the same (checked: a
+        collective on the control group)."""
+        return self.halo_plan.exchange_dtype
+
+    @exchange_dtype.setter
+    def exchange_dtype(self, dtype: Optional[torch.dtype]) -> None:
+        choices = (None, torch.float16, torch.bfloat16, torch.float32, torch.float64)
+        if dtype not in choices:
+            raise ValueError(f"exchange_dtype: expected None, torch.float16, torch.bfloat16, torch.float32 or "
+                             f"torch.float64, got {dtype!r}")
+        codes = self.comm.all_gather_ints([choices.index(dtype)], "setting exchange_dtype")
+        if len({c[0] for c in codes}) > 1:
+            raise ValueError("exchange_dtype: the ranks set different dtypes: " +
+                             ", ".join(f"rank {r}: {choices[c[0]]}" for r, c in enumerate(codes)))
+        self.halo_plan.exchange_dtype = dtype
+
     def exchange_bytes(self, n: int, dtype: Optional[torch.dtype] = None) -> int:
         """Bytes this rank receives per product with a B of width n (within 1.05x of the partition's
         minimum with the default ``dense_fraction``: :meth:`halo_volume`)."""

@@ -1,6 +1,8 @@
-"""distributed: strong scaling of SpMM and of a 2-layer GCN training step from 1 to 2 GPUs (NCCL, one
+"""distributed: strong scaling of SpMM and of a 2-layer GCN training step from 1 to 2+ GPUs (NCCL, one
 process per GPU) on a synthetic power-law graph of >= 100M stored entries, generated on the GPUs.
 
+Rank counts: SPARSETORCH_BENCH_DIST_RANKS (default 2). Per rank count: the default transport, the other
+one (CUDA), and the default with B's rows moved in bf16 (``DistributedCSR.exchange_dtype``).
 Per case: time (the slowest rank's median), bytes each rank receives per product against the
 partition's minimum (its distinct remote rows x n x element size, counted from its block, apart from
 the exchange plan), peak memory per rank. Also the all-to-all bandwidth between the GPUs (measured
@@ -226,7 +228,7 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
 
 
 def _exchange_only(plan, b):
-    recv, pending = plan.start(b)
+    recv, pending = plan.start(b, plan.exchange_dtype)  # as a product moves the rows
     plan.finish(pending)
     return recv
 
@@ -339,19 +341,28 @@ def _worker(rank, world, cfg) -> dict:
     _save_partial(cfg, rank, res)
     _log(rank, start, f"1 GPU: GCN step {gcn1['seconds'] * 1e3:.2f} ms, peak {_gib(gcn1['peak'])} GiB")
 
-    # 2 GPUs: each rank generates only its rows; the default transport (the headline rows), then
-    # NCCL's all-to-all where the default is the copy engines
+    # 2+ GPUs: each rank generates only its rows; the default transport (the headline rows), then the
+    # other transport (CUDA), then the default with B's rows moved in bf16 (exchange_dtype)
     _sync(world_group, device)
     t0 = time.perf_counter()
     block = power_law_block(N, cfg["degree"], rows=(r0, r1), seed=cfg["seed"], device=device, degrees=degrees)
     res["generate_block_s"] = time.perf_counter() - t0
     res["min_rows"] = _remote_rows(block, r0, r1)
     res["block_entries"] = block.col_indices.numel()
-    for key, transport in (("two", "auto"), ("two_all_to_all", "all_to_all")):
-        if key == "two_all_to_all" and res["two"]["transport"] == "all_to_all":
-            break  # the default already was the all-to-all
+    for key, transport, exchange_dtype in (("two", "auto", None), ("two_other", None, None),
+                                           ("two_bf16", "auto", torch.bfloat16)):
+        if key == "two_other":
+            if device.type != "cuda":
+                continue  # CPU ranks have the all-to-all only
+            transport = "all_to_all" if res["two"]["transport"] == "copy_engine" else "copy_engine"
         t0 = time.perf_counter()
-        two = DistributedCSR.from_blocks(block, transport=transport)
+        try:
+            two = DistributedCSR.from_blocks(block, transport=transport)
+        except RuntimeError as e:  # copy engines asked for where the GPUs cannot map each other's memory
+            res[f"{key}_skipped"] = str(e)[:200]
+            continue
+        if exchange_dtype is not None:
+            two.exchange_dtype = exchange_dtype
         res["build_s"] = time.perf_counter() - t0
         res["halo_rows"] = two.halo_size
         spmm2 = _spmm_cases(cfg, two, world_group, device, (r0, r1), reference=reference)
@@ -359,7 +370,8 @@ def _worker(rank, world, cfg) -> dict:
              ", ".join(f"n={n} {v['seconds'] * 1e3:.2f} ms" for n, v in spmm2.items()))
         _free(device)
         gcn2 = _gcn_case(cfg, two, (r0, r1), world_group, device, steps=3, reps=cfg["reps"])
-        res[key] = {"spmm": spmm2, "gcn": gcn2, "transport": two.halo_plan.transport.name}
+        res[key] = {"spmm": spmm2, "gcn": gcn2, "transport": two.halo_plan.transport.name,
+                    "label": _impl(world, two.halo_plan.transport.name) + (", B rows in bf16" if exchange_dtype else "")}
         del two
         _free(device)
         _save_partial(cfg, rank, res)
@@ -425,8 +437,8 @@ def _total_peak(rec: dict):
 
 
 def _two_keys(r0: dict) -> List[str]:
-    """The 2-GPU runs present: the default transport, then the all-to-all if it was not the default."""
-    return [k for k in ("two", "two_all_to_all") if k in r0]
+    """The multi-GPU runs present: the default transport, the other one, the default with a bf16 exchange."""
+    return [k for k in ("two", "two_other", "two_bf16") if k in r0]
 
 
 def _impl(world: int, transport: str) -> str:
@@ -474,7 +486,7 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
             two = [r[key]["spmm"][n] for r in results]
             t2 = two[0]["seconds"]
             received = [t["bytes_received"] for t in two]
-            rows.append({**base, "impl": _impl(world, r0[key]["transport"]), "time_ms": t2 * 1e3, "GBps": float("nan"),
+            rows.append({**base, "impl": r0[key]["label"], "time_ms": t2 * 1e3, "GBps": float("nan"),
                          "GFLOPs": flops / t2 / 1e9, "floor_ms": floor2 * 1e3, "of_floor": floor2 / t2,
                          "rel_err": two[0].get("rel_err", float("nan")), "transport": r0[key]["transport"],
                          "scaling": best1 / t2, "loop_time_ms": two[0]["loop_s"] * 1e3,
@@ -521,7 +533,7 @@ def _rows(ctx: Context, cfg: dict, results: List[dict]) -> List[dict]:
         loss_diff = max(abs(a - b) / abs(a) for a, b in zip(one["losses"], two[0]["losses"]))
         received = [t["exchange"]["forward_bytes_received"] for t in two]
         minimum = [r["min_rows"] * 4 * sum(exchanged_widths) for r in results]
-        rows.append({**base, "impl": _impl(world, r0[key]["transport"]), "time_ms": two[0]["seconds"] * 1e3,
+        rows.append({**base, "impl": r0[key]["label"], "time_ms": two[0]["seconds"] * 1e3,
                      "GBps": float("nan"), "GFLOPs": float("nan"), "floor_ms": f2 * 1e3,
                      "of_floor": f2 / two[0]["seconds"], "rel_err": loss_diff, "transport": r0[key]["transport"],
                      "scaling": one["seconds"] / two[0]["seconds"], "loop_time_ms": two[0]["loop_s"] * 1e3,
