@@ -45,15 +45,18 @@
 // the block that finishes last for its row group (a counter per row group, reset by that block) or by a
 // second kernel. Bias and activation are applied in the final write.
 //
-// Variant 1 (the default, sparse24_decode_ring_kernel): the weight goes through a per-warp cp.async ring in
+// Variant 0 (sparse24_decode_kernel, the first kernel, what the library runs: library_config below): A
+// double-buffered in registers, one step (RT * U 16-byte loads per lane, ld.global.nc.L1::no_allocate) issued
+// before the mma of the previous one.
+//
+// Variant 1 (sparse24_decode_ring_kernel, compiled only for benchmarks/sparse24_decode_probe, slower at every N
+// on the H100: docs/performance.md): the weight goes through a per-warp cp.async ring in
 // shared memory (S stages of RT x U tiles, S - 1 in flight), and per k-tile the NT x fragments are loaded
 // once (ldmatrix) for all RT row tiles: NT * 512 / RT bytes of x per 512-byte A tile (N = 16: 512 in the first
 // kernel at RT = 2, 256 at RT = 4; the ring's own traffic, 512 in and 512 out, is well within the SM's shared
 // memory bandwidth at the HBM rate). The bytes in flight cost no registers, so RT and the depth are free to grow,
 // and blocks of 4 x RT row tiles stage each x slice for twice the rows. Its split rule keeps every block resident (floor of
-// blocks_per_sm * SMs / row groups), so no tail wave. Variant 0 (sparse24_decode_kernel, the first kernel,
-// kept for the probe's comparison): A double-buffered in registers, one step (RT * U 16-byte loads per lane,
-// ld.global.nc.L1::no_allocate) issued before the mma of the previous one.
+// blocks_per_sm * SMs / row groups), so no tail wave.
 //
 // Bounds: row tiles past M/16 are clamped for loading and never written; tokens >= N read zeros from the
 // staged x and are never written; x columns >= K are staged as zeros. The packed arrays must be exactly
@@ -585,8 +588,8 @@ inline int64_t plan_smem(const Plan& pl, int sps) {
 // (at least 1): every block is resident at once (2 per SM fit the default shared memory bound), so equal
 // blocks share the memory system and end together (no tail wave), and the fp32 partials stay at
 // splits * n * m * 4 bytes (the 4096 x 14336 down projection at N = 16: 16 splits, 4 MB, in L2). The split
-// count grows only when the x slice would not fit max_smem. Variant 0: the first kernel's rule (ceil of 4
-// blocks per SM, 100 KB), kept for comparison.
+// count grows only when the x slice would not fit max_smem. Variant 0 (the library's): ceil of 4 blocks per SM
+// over the row groups, x slices up to 100 KB (it measured faster than the variant 1 rule with this kernel).
 inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   Plan pl;
   pl.variant = cfg.variant == 0 ? 0 : 1;
