@@ -237,12 +237,12 @@ def main():
                                plan, dtype)
     cfgs = [dict(RING), dict(variant=0, u=8), dict(variant=0, rt=1), dict(variant=0, u=2, splits=3),
             dict(splits=1), dict(splits=3), dict(last_block=0, splits=5), dict(warps=8), dict(warps=2, splits=7),
-            dict(bps=1), dict(bps=4), dict(max_smem=200 * 1024)]
-    cfgs += [dict(rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS]
+            dict(bps=1), dict(bps=4), dict(max_smem=200 * 1024), dict(variant=0, rt=4, u=2), dict(variant=0, rt=4, u=4)]
+    cfgs += [dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS]
     for (m, k) in [(4096, 14336), (14336, 4096), (256, 512), (16, 32)]:
         w = make_weight(m, k, torch.bfloat16, gen)
         v, mt = packer.pack_sparse24_decode(w)
-        for cfg in cfgs + [dict(rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS_SMALL_N]:
+        for cfg in cfgs + [dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS_SMALL_N]:
             small_only = cfg.get("rt") == 8
             for n in ((1, 16) if small_only else (1, 16, 33)):
                 err, g_ok, plan = check_one(run, w, v, mt, n, torch.bfloat16, "silu", True, gen, cfg=cfg)
@@ -287,9 +287,10 @@ def main():
     log(f"copy ceiling: {copy_gbs:.0f} GB/s (256 MB read + written)")
     del src, dst
     timing = []
-    alts = [dict(variant=0, u=8), dict(bps=1), dict(bps=3), dict(bps=4), dict(warps=2), dict(warps=8),
-            dict(max_smem=200 * 1024), dict(last_block=0)]
-    alts += [dict(rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS]
+    alts = [dict(variant=0, u=8), dict(variant=0, u=4), dict(variant=0, rt=4, u=2), dict(variant=0, rt=4, u=4),
+            dict(bps=1), dict(bps=3), dict(bps=4), dict(warps=2), dict(warps=8), dict(max_smem=200 * 1024),
+            dict(last_block=0)]
+    alts += [dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS]
     log(f"{'N':>3} {'shape':>12} {'dense':>7} {'lib':>7} {'x':>5} {'ring':>7} {'x':>5} {'GB/s':>6} {'%copy':>6}  plan | best alt")
     for (m, k) in [(14336, 4096), (4096, 14336)]:
         w = make_weight(m, k, torch.bfloat16, gen)
@@ -305,7 +306,7 @@ def main():
             t_prev = bench(fp)
             best = (t_ours, {})
             alt_times = {}
-            for cfg in alts + ([dict(rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS_SMALL_N] if n <= 16 else []):
+            for cfg in alts + ([dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS_SMALL_N] if n <= 16 else []):
                 try:
                     fa, pa = run.fn(v, mt, x, out, m, n, k, **cfg)
                     ta = bench(fa)

@@ -739,6 +739,11 @@ inline cudaError_t launch_typed(const Plan& pl, const Params& prm, cudaStream_t 
     return cudaErrorInvalidValue;
 #endif
   }
+#if SPARSE24_DECODE_ALL_CONFIGS
+  // RT = 4: each x fragment serves 4 row tiles (half the x traffic of RT = 2 from N = 9 on; untested on a GPU)
+  if (pl.rt == 4 && pl.u == 2) return launch_first_nt<T, 4, 2>(pl, prm, stream);
+  if (pl.rt == 4 && pl.u == 4) return launch_first_nt<T, 4, 4>(pl, prm, stream);
+#endif
   if (pl.rt == 1 || pl.rt == 2) {
 #if SPARSE24_DECODE_ALL_CONFIGS
     if (pl.u == 2) return pl.rt == 1 ? launch_first_nt<T, 1, 2>(pl, prm, stream) : launch_first_nt<T, 2, 2>(pl, prm, stream);
