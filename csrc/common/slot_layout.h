@@ -24,7 +24,7 @@
 //    words a lane reads back are 32 apart and the read-and-zero is one conflict-free atomic exchange per
 //    word instead of a 16-byte load and a 16-byte store.
 // (Measured in a harness, H100, 11008 x 4096, 90%, N = 16: 27.8 -> 22.4 us; on 4096 x 11008, with half as
-// many work units as strips, the variant costs 2-12%: benchmarks/results/nvidia-h100-80gb-hbm3/slots_l1_diagnosis.)
+// many work units as strips, the variant costs 2-12%: benchmarks/results/nvidia-h100-80gb-hbm3/slots_l1_diagnosis@a742d0f.)
 #pragma once
 
 #include <cstdint>

@@ -29,7 +29,7 @@
 // took it to 27.3 us (95%: 31.1 -> 23.8 us; 50-70%, one group per stage: unchanged). Dense F.linear:
 // 37 us; floors 5.0 us (90%) and 17 us (50%). Tried and dropped: an L2 bulk prefetch 8 groups ahead
 // (earlier: 7-16% slower); the scatter loop taking two bits per trip (-2.5% .. +1.8%, noise).
-// The standalone harness benchmarks/bitmap_kernel_bench.cu times kernel variants (SPARSETORCH_BITMAP_STAGES,
+// The standalone harness benchmarks/bitmap_kernel_bench.cu@a742d0f times kernel variants (SPARSETORCH_BITMAP_STAGES,
 // groups per stage) against cuBLAS in one nvcc build.
 //
 // Bounds: whatever the bitmaps and offsets hold, a batch's copy is clamped to the values array and to at

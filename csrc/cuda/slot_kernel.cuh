@@ -32,7 +32,7 @@
 // sets, and the tile is read back and zeroed by atomic exchanges of its lane-consecutive words. At N <= 16
 // on a weight of many strips x's per-group fragments are a quarter and the tile reset a tenth of the
 // plain kernel's time, bound by L1 wavefronts (slots_l1_diagnosis in the results). Measured, H100, 90%
-// (benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded): 11008 x 4096 N = 16 29.3 -> 24.7 us, N = 32 on
+// (benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded@a742d0f): 11008 x 4096 N = 16 29.3 -> 24.7 us, N = 32 on
 // 8192 x 4096 34.8 -> 23.2; with half as many work units it is slower where strips are few (4096 x 11008
 // N = 16 26.9 -> 29.6), so the layout is chosen per weight (sparsetorch/_slots.py).
 //
