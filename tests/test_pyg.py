@@ -12,14 +12,13 @@ import torch
 import sparsetorch as st
 import sparsetorch._autograd as st_autograd
 import sparsetorch._transpose as st_transpose
-from _helpers import DATA_DIR
+from _helpers import DATA_DIR, HAS_PLANETOID
 
 pyg = pytest.importorskip("torch_geometric")
 pyg_nn = pytest.importorskip("torch_geometric.nn")
 from torch_geometric.data import Data  # noqa: E402
 from torch_geometric.utils import to_torch_csr_tensor, to_undirected  # noqa: E402
 
-HAS_PLANETOID = os.path.isdir(os.path.join(DATA_DIR, "planetoid"))
 
 
 def _graph(n=60, edges=240, seed=0, undirected=True, device="cpu"):

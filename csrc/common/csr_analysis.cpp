@@ -220,13 +220,9 @@ bool cacheable(const at::Tensor& crow, const at::Tensor& col) {
   return !crow.is_inference() && !col.is_inference() && crow.has_storage() && col.has_storage();
 }
 
-std::shared_ptr<const CsrAnalysis> compute(const at::Tensor& crow, const at::Tensor& col, int64_t ncols) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("sparsetorch::csr_stats", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
-  const CsrShape s = check_csr_components(crow, col, nullptr);
-  const at::Tensor raw = op.call(crow, col, ncols).to(at::kCPU);  // on CUDA: the one sync
-  TORCH_INTERNAL_ASSERT(raw.numel() == csr_stats::kLength && raw.scalar_type() == at::kLong);
+// The analysis of a matrix of shape s from its statistics vector (raw: a contiguous CPU int64 vector of
+// csr_stats::kLength values).
+std::shared_ptr<CsrAnalysis> make_analysis(const CsrShape& s, int64_t ncols, const at::Tensor& raw) {
   auto a = std::make_shared<CsrAnalysis>();
   a->batch = s.batch;
   a->batched = s.batched;
@@ -235,6 +231,16 @@ std::shared_ptr<const CsrAnalysis> compute(const at::Tensor& crow, const at::Ten
   a->nnz_stride = s.nnz_stride;
   std::memcpy(a->raw.data(), raw.data_ptr<int64_t>(), sizeof(int64_t) * csr_stats::kLength);
   return a;
+}
+
+std::shared_ptr<const CsrAnalysis> compute(const at::Tensor& crow, const at::Tensor& col, int64_t ncols) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("sparsetorch::csr_stats", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
+  const CsrShape s = check_csr_components(crow, col, nullptr);
+  const at::Tensor raw = op.call(crow, col, ncols).to(at::kCPU).contiguous();  // on CUDA: the one sync
+  TORCH_INTERNAL_ASSERT(raw.numel() == csr_stats::kLength && raw.scalar_type() == at::kLong);
+  return make_analysis(s, ncols, raw);
 }
 
 }  // namespace
@@ -272,15 +278,7 @@ void store_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t n
               raw.sizes(), " ", raw.scalar_type(), " on ", raw.device());
   if (!cacheable(crow, col)) return;
   const CsrShape s = check_csr_components(crow, col, nullptr);
-  auto a = std::make_shared<CsrAnalysis>();
-  a->batch = s.batch;
-  a->batched = s.batched;
-  a->m = s.m;
-  a->ncols = ncols;
-  a->nnz_stride = s.nnz_stride;
-  const at::Tensor r = raw.contiguous();
-  std::memcpy(a->raw.data(), r.data_ptr<int64_t>(), sizeof(int64_t) * csr_stats::kLength);
-  cache().insert(make_key(crow, col, ncols), crow, col, std::move(a));
+  cache().insert(make_key(crow, col, ncols), crow, col, make_analysis(s, ncols, raw.contiguous()));
 }
 
 void clear_csr_analysis_cache() { cache().clear(); }

@@ -71,18 +71,9 @@ struct CsrAnalysis {
   // The defect of an invalid matrix, as the message of the ValueError ops raise ("" when valid).
   std::string defect(const char* what) const;
 
-  // Routes measured for this matrix (csrc/cuda/spmm_autotune.cu): per B shape key, kSeenOnce after the
-  // first call with that key, then the fastest route's SpmmBackend value once measured. Kept with the
-  // analysis, so it is dropped with it (an in-place change of the indices, a freed matrix).
-  static constexpr int kSeenOnce = -1;
-  struct Measured {
-    std::mutex mutex;
-    std::map<std::vector<int64_t>, int> routes;
-  };
-  std::shared_ptr<Measured> measured = std::make_shared<Measured>();
-
   // Device buffers a route makes from the pattern alone (the split route's unit plan, spmm_split.cu),
-  // keyed by the route's parameters; dropped with the analysis like the measured routes.
+  // keyed by the route's parameters; kept with the analysis, so dropped with it (an in-place change of the
+  // indices, a freed matrix). Tuned routes live apart, keyed by the matrix's signature (spmm_tuning.h).
   struct Derived {
     std::mutex mutex;
     std::map<std::vector<int64_t>, at::Tensor> buffers;
