@@ -372,6 +372,19 @@ def _failing_case(rank, case):
                 b.data[-1] = 0
                 b.eliminate_zeros()
             DistributedCSR.from_global(st.from_scipy(b, dtype=torch.float64))
+        elif case == "other_values":  # same pattern, one value differs on rank 1
+            b = a.copy()
+            if rank == 1:
+                b.data[3] += 1.0
+            DistributedCSR.from_global(st.from_scipy(b, dtype=torch.float64))
+        elif case == "other_pattern":  # same sizes, rank 1's last entry in another column
+            b = a.copy()
+            if rank == 1:
+                row = np.searchsorted(b.indptr, b.nnz - 1, side="right") - 1
+                free = sorted(set(range(20)) - set(b.indices[b.indptr[row]:b.indptr[row + 1]].tolist()))
+                b.indices[-1] = free[0]
+                b.sort_indices()
+            DistributedCSR.from_global(st.from_scipy(b, dtype=torch.float64))
         elif case == "other_columns":  # from_blocks: rank 1's block has another number of columns
             block = a[rank * 10:(rank + 1) * 10]
             if rank == 1:
@@ -396,6 +409,7 @@ def test_bad_input_on_one_rank_raises_on_every_rank():
     expected = [("bad_block", "ValueError", "rank 1"), ("bad_b", "ValueError", "rank 0"),
                 ("bad_width", "ValueError", "rank 1: (5, 8)"),
                 ("other_shape", "ValueError", "rank 1: (21, 21,"), ("other_entries", "ValueError", "rank 1: (20, 20,"),
+                ("other_values", "ValueError", "fingerprints"), ("other_pattern", "ValueError", "fingerprints"),
                 ("other_columns", "ValueError", "rank 1: 22")]
     got = spawn(_failing_worker, 2, [case for case, _, _ in expected], backend="gloo", timeout=20)
     for rank, results in enumerate(got):

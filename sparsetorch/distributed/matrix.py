@@ -39,6 +39,27 @@ def _row_block(a: CSR, start: int, end: int) -> CSR:
                (end - start, a.shape[1]))
 
 
+_P = 2147483647  # 2^31 - 1: every product below stays under 2^62
+
+
+def _fingerprint(a: CSR, chunk: int = 1 << 24) -> List[int]:
+    """Three ints that differ, all but surely, when two matrices of the same sizes differ in their row
+    pointers, columns or values (bit patterns): sum_i w_i x_i mod p with p = 2^31 - 1 and w_i = 48271 i mod p,
+    in exact int64 arithmetic (the same on every device and thread count; sums stay below 2^63 up to 2^32
+    entries per chunk). In chunks, so the temporaries stay small next to the matrix."""
+    out = []
+    for t in (a.crow_indices, a.col_indices, a.values):
+        if t.is_floating_point():  # the values' bit patterns, as integers
+            t = t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+        flat, total = t.reshape(-1), 0
+        for i in range(0, flat.numel(), chunk):
+            x = flat[i:i + chunk].long() % _P
+            w = torch.arange(i + 1, i + 1 + x.numel(), device=x.device, dtype=torch.int64) % _P * 48271 % _P
+            total = (total + int((x * w % _P).sum())) % _P
+        out.append(total)
+    return out
+
+
 class DistributedCSR:
     """A row-partitioned sparse matrix (see the module docstring). Build it with
     :meth:`from_global`, :meth:`scatter` or :meth:`from_blocks`; multiply with ``st.spmm(A, B_r)``
@@ -63,7 +84,8 @@ class DistributedCSR:
                     col_bounds: Optional[Sequence[int]] = None, row_weight: float = 1.0,
                     validate: bool = True, dense_fraction: float = DENSE_FRACTION,
                     transport: str = "auto") -> "DistributedCSR":
-        """Every rank holds the whole matrix ``A`` (anything ``st.as_csr`` takes) and keeps its rows.
+        """Every rank holds the whole matrix ``A`` (anything ``st.as_csr`` takes) and keeps its rows. The
+        ranks check that they hold the same ``A`` (sizes and content fingerprints; ValueError on every rank).
 
         ``row_bounds`` default: blocks balanced by entries (:func:`balanced_row_bounds`, computed on
         rank 0 and broadcast); ``col_bounds`` default: ``row_bounds`` for a square matrix, else an
@@ -84,8 +106,8 @@ class DistributedCSR:
             return a
 
         a = comm.check("DistributedCSR.from_global", load)
-        comm.agree(None, "DistributedCSR.from_global", same=list(a.shape) + [a.col_indices.numel()],
-                   same_name="A's (rows, columns, stored entries)")
+        comm.agree(None, "DistributedCSR.from_global", same=list(a.shape) + [a.col_indices.numel()] + _fingerprint(a),
+                   same_name="A's (rows, columns, stored entries, fingerprints of row pointers, columns and values)")
         rows, cols = a.shape
         if row_bounds is None:
             row_bounds = comm.broadcast_object(
