@@ -190,8 +190,10 @@ def _exchange_dtype_worker(rank, world, split_by_sender):
     assert D.to(torch.float64).exchange_dtype == torch.bfloat16  # shared with derived matrices
     rv = D.remote.values.detach().clone().requires_grad_()
     B_r = D.local_cols(B).clone().requires_grad_()
-    y = st.spmm(D.with_values(D.local.values, rv), B_r)
+    Dv = D.with_values(D.local.values, rv)
+    y = st.spmm(Dv, B_r)
     assert y.dtype == torch.float32
+    assert not split_by_sender or len(D.halo_plan.senders) < 2 or Dv._sender_parts is not None
     (y.double() * D.local_rows(W)).sum().backward()
     _close(y, D.local_rows(A_ref.detach() @ B_ref.detach()), torch.bfloat16, "forward, bf16 exchange")
     _close(B_r.grad, D.local_cols(B_ref.grad), torch.bfloat16, "grad B, bf16 exchange")

@@ -402,3 +402,14 @@ def test_layer_runs_a_pure_2to4_weight_on_the_decode_kernel():
     assert "2:4 decode" in auto.route_times[4]
     unstructured = st.nn.SparseLinear.from_dense(lin, sparsity=0.5, scheme="row", format="2:4")
     assert unstructured._forms.route(unstructured, x) != "2:4 decode"  # not 2:4: cuSPARSELt with a residual
+
+
+@needs_cuda
+def test_op_cuda_broadcast_x():
+    """x with stride-0 rows (an expanded token) is copied for the kernel, which takes rows >= k apart."""
+    w = random_24(64, 128, torch.bfloat16, seed=3, fill=None).cuda()
+    row = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    for x in (row.expand(5, 128), row.expand(2, 3, 128)):
+        y = Sparse24DecodeWeight(w)(x)
+        assert y.shape == (*x.shape[:-1], 64)
+        assert rel_err(y, reference(x, w, None, "none")) < 1e-2

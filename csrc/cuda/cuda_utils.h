@@ -186,7 +186,11 @@ inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintp
 // they may read (a multiple of 8; zeros past k).
 inline at::Tensor rows_for_16byte_loads(const at::Tensor& x, int64_t n, int64_t k) {
   const at::Tensor x2 = x.reshape({n, k});
-  if (k > 0 && k % 8 == 0 && x2.stride(1) == 1 && x2.stride(0) % 8 == 0 && is_aligned(x2.data_ptr(), 16)) return x2;
+  // A view only where rows are k apart or more (a broadcast x, stride 0, is copied: the kernels take ldx >= k).
+  if (k > 0 && k % 8 == 0 && x2.stride(1) == 1 && x2.stride(0) >= k && x2.stride(0) % 8 == 0 &&
+      is_aligned(x2.data_ptr(), 16)) {
+    return x2;
+  }
   at::Tensor padded = at::zeros({n, std::max<int64_t>(8, (k + 7) / 8 * 8)}, x.options());
   padded.narrow(1, 0, k).copy_(x2);
   return padded;

@@ -198,6 +198,8 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
     ctx = Context(device, timer, ceilings, quick, data_root, widths, dtypes, args.layers)
     # The cpu suite runs on the CPU whatever the device; its rows are marked so that the GPU
     # headlines leave them out.
+    if "pruned" in wanted and "decode" in wanted:  # the pruned suite runs the decode suite's jobs itself
+        wanted.remove("decode")
     jobs = [(s, j, s == "cpu" and device.type != "cpu") for s in wanted for j in SUITES[s](ctx)]
     rows = []
     bar = progress(len(jobs))

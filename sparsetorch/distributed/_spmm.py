@@ -99,7 +99,7 @@ def product(matrix, B: torch.Tensor, v_local: torch.Tensor, v_remote: torch.Tens
                activation=act if last else "none", negative_slope=negative_slope,
                backend=_route(matrix, f"remote from {p}", part, rows, backend), policy=policy)
     plan.finish(pending)
-    return z, halo.to(B.dtype)
+    return z, halo  # in the exchange dtype (DistributedSpmm.forward converts what it keeps)
 
 
 def _sender_parts(matrix):
@@ -136,9 +136,11 @@ class DistributedSpmm(torch.autograd.Function):
         need_b, need_vl, need_vr = ctx.needs_input_grad[:3]
         ctx.matrix, ctx.alpha, ctx.beta, ctx.backend = matrix, alpha, beta, backend
         ctx.exchanging = halo is not None
-        if need_vr and halo is not None and matrix.halo_plan.halo_is_transient and halo.dtype == B.dtype \
-                and matrix.halo_plan.exchange_dtype in (None, B.dtype):
-            halo = halo.clone()  # the transport's buffer is reused by the next exchange
+        if need_vr and halo is not None:
+            if halo.dtype != B.dtype:
+                halo = halo.to(B.dtype)  # rows moved in a narrower exchange_dtype: a tensor of its own
+            elif matrix.halo_plan.halo_is_transient:
+                halo = halo.clone()  # the transport's buffer is reused by the next exchange
         ctx.save_for_backward(B if need_vl else None, halo if need_vr else None,
                               v_local if need_b else None, v_remote if need_b else None)
         return z

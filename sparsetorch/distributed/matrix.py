@@ -44,8 +44,8 @@ _P = 2147483647  # 2^31 - 1: every product below stays under 2^62
 
 def _fingerprint(a: CSR, chunk: int = 1 << 24) -> List[int]:
     """Three ints that differ, all but surely, when two matrices of the same sizes differ in their row
-    pointers, columns or values (bit patterns): sum_i w_i x_i mod p with p = 2^31 - 1 and w_i = 48271 i mod p,
-    in exact int64 arithmetic (the same on every device and thread count; sums stay below 2^63 up to 2^32
+    pointers, columns or values (bit patterns): sum_i w_i x_i mod p with p = 2^31 - 1 and weights
+    w_i = 48271 (i mod (p - 1) + 1) mod p, never 0 (period p - 1: tensors below 2^31 entries), in exact int64 arithmetic (the same on every device and thread count; sums stay below 2^63 up to 2^32
     entries per chunk). In chunks, so the temporaries stay small next to the matrix."""
     out = []
     for t in (a.crow_indices, a.col_indices, a.values):
@@ -54,7 +54,7 @@ def _fingerprint(a: CSR, chunk: int = 1 << 24) -> List[int]:
         flat, total = t.reshape(-1), 0
         for i in range(0, flat.numel(), chunk):
             x = flat[i:i + chunk].long() % _P
-            w = torch.arange(i + 1, i + 1 + x.numel(), device=x.device, dtype=torch.int64) % _P * 48271 % _P
+            w = (torch.arange(i, i + x.numel(), device=x.device, dtype=torch.int64) % (_P - 1) + 1) * 48271 % _P
             total = (total + int((x * w % _P).sum())) % _P
         out.append(total)
     return out
@@ -212,7 +212,10 @@ class DistributedCSR:
 
     def _derive(self, local: CSR, remote: CSR) -> "DistributedCSR":
         """The same partition and halo (remote pattern unchanged) with other local/remote parts."""
-        return DistributedCSR(self.comm, self.shape, self.row_bounds, self.col_bounds, local, remote, self.halo_plan)
+        derived = DistributedCSR(self.comm, self.shape, self.row_bounds, self.col_bounds, local, remote,
+                                 self.halo_plan)
+        derived._sender_parts = self._sender_parts  # the pattern's split by sender (_spmm), if built
+        return derived
 
     # --- properties ----------------------------------------------------------------------------
     @property

@@ -420,8 +420,10 @@ class _Forms:
             out["2:4"] = self.sparse24.nbytes
         elif self.split24 is not None:
             out["2:4 split"] = self.split24.nbytes
-        if self.decode24 is not None:
-            out["2:4 decode"] = self.decode24.nbytes
+        if self.decode24 is not None:  # its split is counted above ("2:4" or "2:4 split") when shared
+            shared = self.decode24.split is not None and self.decode24.split is self.split24 and (
+                self.sparse24 is not None or "2:4 split" in out)
+            out["2:4 decode"] = self.decode24.nbytes - (self.split24.nbytes if shared else 0)
         if self.bitmap is not None:
             out["bitmap"] = self.bitmap.nbytes
         if self.slots is not None:

@@ -54,8 +54,13 @@ def _check_sparsity(sparsity, scheme: str) -> float:
         raise ValueError(f"scheme: expected 'global', 'row' or '2:4', got {scheme!r}")
     if sparsity is None:
         return 0.5 if scheme == "2:4" else 0.9
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) <= 1.0:
+    try:
+        value = None if isinstance(sparsity, bool) else float(sparsity)  # numpy scalars, 0-d tensors
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not 0.0 <= value <= 1.0:
         raise ValueError(f"sparsity: expected a fraction in [0, 1], got {sparsity!r}")
+    sparsity = value
     if scheme == "2:4" and sparsity < 0.5:
         raise ValueError(f"sparsity: scheme '2:4' removes at least half of the weights, got {sparsity}")
     return float(sparsity)
