@@ -13,7 +13,7 @@ from sparsetorch.distributed import transport as T
 
 
 class _World:
-    """The signal pads of every rank: counts[(pad owner, channel, source rank)]."""
+    """The signal pads of every rank: counts[(pad owner, channel, source rank)], 0 or 1."""
 
     def __init__(self, size):
         self.size = size
@@ -22,9 +22,12 @@ class _World:
         self.copies = {r: [] for r in range(size)}  # per sender: the receivers, in the order it copied
 
     def put(self, owner, channel, source):
+        """As the hardware's compare-and-swap 0 -> 1: a put waits until the previous one was consumed."""
+        key = (owner, channel, source)
         with self.cond:
-            key = (owner, channel, source)
-            self.counts[key] = self.counts.get(key, 0) + 1
+            if not self.cond.wait_for(lambda: self.counts.get(key, 0) == 0, timeout=10):
+                raise TimeoutError(f"rank {source} put signal {channel} to rank {owner} twice: never consumed")
+            self.counts[key] = 1
             self.cond.notify_all()
 
     def wait(self, owner, channel, source):
@@ -119,18 +122,20 @@ def test_copy_engine_rows_land_in_place_and_signals_pair(fake_cuda_streams, coun
 
         try:
             e._rows = rows_spy
-            recv, pending = e.start(_send_rows(r, counts, n, dtype), counts, "test")
-            senders = list(pending["waiting"])
-            assert senders == T.arrival_order(counts[r], r)
-            if one_sender_at_a_time:
-                for p in senders:
-                    e.finish_from(pending, p)
-                    first = sum(counts[r][:p])
-                    torch.testing.assert_close(recv[first:first + counts[r][p]],
-                                               _expected(r, counts, n, dtype)[first:first + counts[r][p]])
-            e.finish(pending)
-            assert pending["waiting"] == []
-            received[r] = recv.clone()
+            for round_ in range(2):  # two exchanges in a row: the buffer and the signal slots are reused
+                recv, pending = e.start(_send_rows(r, counts, n, dtype) + round_, counts, "test")
+                senders = list(pending["waiting"])
+                assert senders == T.arrival_order(counts[r], r)
+                if one_sender_at_a_time:
+                    for p in senders:
+                        e.finish_from(pending, p)
+                        first = sum(counts[r][:p])
+                        torch.testing.assert_close(recv[first:first + counts[r][p]],
+                                                   _expected(r, counts, n, dtype)[first:first + counts[r][p]] + round_)
+                e.finish(pending)
+                assert pending["waiting"] == []
+                torch.testing.assert_close(recv, _expected(r, counts, n, dtype) + round_)
+            received[r] = recv.clone() - 1
         except Exception as exc:  # noqa: BLE001 - reported below with the rank
             errors.append((r, exc))
 
@@ -144,7 +149,7 @@ def test_copy_engine_rows_land_in_place_and_signals_pair(fake_cuda_streams, coun
         torch.testing.assert_close(received[r], _expected(r, counts, n, dtype))
         # rank r writes to r+1 first, then r+2, ...: no receiver is written by every sender at once
         order = [p for p in ((r + d) % size for d in range(1, size)) if counts[p][r]]
-        assert copied[r] == order
+        assert copied[r] == order * 2
     assert all(v == 0 for v in world.counts.values()), world.counts  # every signal put was waited for once
 
 
