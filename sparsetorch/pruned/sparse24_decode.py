@@ -204,19 +204,14 @@ class Sparse24DecodeWeight:
     def from_csr(cls, weight, dtype: Optional[torch.dtype] = None, device=None) -> "Sparse24DecodeWeight":
         """From anything :func:`sparsetorch.as_csr` takes; ``dtype`` converts the values, ``device`` places a SciPy
         weight (torch tensors are not moved)."""
-        from sparsetorch.csr import as_csr
+        from sparsetorch.pruned.packed import csr_parts
         from sparsetorch.pruned.sparse24 import Sparse24Split
 
-        w = as_csr(weight, device=device)
-        if len(w.shape) != 2:
-            raise ValueError(f"weight: expected a 2-D matrix (out_features, in_features), got shape {tuple(w.shape)}")
-        values = w.values.detach()
-        if dtype is not None:
-            values = values.to(dtype)
-        reason = decode_applies(tuple(w.shape), values.dtype)
+        crow, col, values, shape = csr_parts(weight, dtype, device)
+        reason = decode_applies(shape, values.dtype)
         if reason is not None:
             raise ValueError(f"weight: {reason}")
-        return cls.from_split(Sparse24Split(w.crow_indices, w.col_indices, tuple(w.shape)), values)
+        return cls.from_split(Sparse24Split(crow, col, shape), values)
 
     @property
     def nbytes(self) -> int:
@@ -244,12 +239,11 @@ class Sparse24DecodeWeight:
             self.meta.copy_(m)
 
     def check_input(self, x: torch.Tensor) -> None:
-        """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x."""
-        if x.dtype != self.dtype:
-            raise TypeError(f"x: expected {self.dtype} (the weight's dtype), got {x.dtype}")
-        if x.dim() < 1 or x.shape[-1] != self.shape[1]:
-            raise ValueError(f"x: expected shape (..., {self.shape[1]}) for a weight of shape {self.shape}, "
-                             f"got {tuple(x.shape)}")
+        """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x (the packed forms'
+        check; imported here so the probe can load this file without the built extension)."""
+        from sparsetorch.pruned.packed import PackedWeight
+
+        PackedWeight.check_input(self, x)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: str = "none",
                  negative_slope: float = 0.01) -> torch.Tensor:
