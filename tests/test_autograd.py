@@ -44,10 +44,8 @@ def dense_b(rng, layout, device, dtype=torch.float64, k=5, n=4):
     return randn(rng, *shape, dtype=dtype, device=device)
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("activation", ["none", "gelu", "leaky_relu"])
-def test_spmm_gradcheck(rng, target, layout, activation):
+def _gradcheck_spmm(rng, target, layout, product):
+    """gradcheck of product(a, values, b, c, bias, backend) in every input: values, b, c and bias."""
     device, backend = target
     a = make_a(rng, layout, device)
     b = dense_b(rng, layout, device).requires_grad_()
@@ -55,11 +53,15 @@ def test_spmm_gradcheck(rng, target, layout, activation):
     out_shape = (3, 6, 4) if layout != "single" else (6, 4)
     c = randn(rng, *out_shape, device=device, dtype=torch.float64).requires_grad_()
     bias = randn(rng, 4, device=device, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda v, b, c, bias: product(a, v, b, c, bias, backend), (values, b, c, bias))
 
-    def f(values, b, c, bias):
-        return ops.spmm(a.crow_indices, a.col_indices, values, b, 1.5, c, 0.5, bias, activation, 0.1, backend)
 
-    assert torch.autograd.gradcheck(f, (values, b, c, bias))
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("activation", ["none", "gelu", "leaky_relu"])
+def test_spmm_gradcheck(rng, target, layout, activation):
+    _gradcheck_spmm(rng, target, layout, lambda a, v, b, c, bias, backend: ops.spmm(
+        a.crow_indices, a.col_indices, v, b, 1.5, c, 0.5, bias, activation, 0.1, backend))
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
@@ -68,19 +70,8 @@ def test_spmm_gradcheck(rng, target, layout, activation):
 def test_st_spmm_gradcheck(rng, target, layout, activation):
     """st.spmm records through its own autograd.Function (SpmmFunction), not the op's registered
     autograd: the same gradients, every input and batch layout."""
-    device, backend = target
-    a = make_a(rng, layout, device)
-    b = dense_b(rng, layout, device).requires_grad_()
-    values = a.values.clone().requires_grad_()
-    out_shape = (3, 6, 4) if layout != "single" else (6, 4)
-    c = randn(rng, *out_shape, device=device, dtype=torch.float64).requires_grad_()
-    bias = randn(rng, 4, device=device, dtype=torch.float64).requires_grad_()
-
-    def f(values, b, c, bias):
-        return st.spmm(a.with_values(values), b, alpha=1.5, c=c, beta=0.5, bias=bias, activation=activation,
-                       backend=backend)
-
-    assert torch.autograd.gradcheck(f, (values, b, c, bias))
+    _gradcheck_spmm(rng, target, layout, lambda a, v, b, c, bias, backend: st.spmm(
+        a.with_values(v), b, alpha=1.5, c=c, beta=0.5, bias=bias, activation=activation, backend=backend))
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
