@@ -1,7 +1,7 @@
 """Device probe of the 2:4 decode kernel (csrc/cuda/sparse24_decode_kernel.cuh), for retuning it: build, correctness
 first (float64 reference, guard elements, determinism; exits 2 with the failures before any timing), then timing
-against F.linear and a copy ceiling: what the library runs (library_config), the ring kernel (variant 1), and
-tuning alternatives. Run from the repository root: python3 benchmarks/sparse24_decode_probe/probe.py (about 3
+against F.linear and a copy ceiling: what the library runs (library_config), plan()'s defaults (U = 4), and tuning
+alternatives. Run from the repository root: python3 benchmarks/sparse24_decode_probe/probe.py (about 3
 minutes on an H100, most of it the build of every config; results of 2026-11-27 in
 benchmarks/results/nvidia-h100-80gb-hbm3/sparse24_decode/).
 Writes stdout and, if $OUT is set, $OUT/sp24_probe.json. Needs no built sparsetorch (.so): the packer module
@@ -97,15 +97,13 @@ def make_weight(m, k, dtype, gen):
     return w * mask
 
 
-PLAN_KEYS = ["nt", "rt", "u", "warps", "row_groups", "splits", "steps_per_split", "smem", "ws_bytes", "variant", "stages"]
-CFG_KEYS = ("variant", "warps", "rt", "u", "stages", "splits", "last_block", "bps", "max_smem")
-LIBRARY = {"variant": -1}  # library_config(m, k): the first kernel (variant 0) with U per shape
-RING = {"variant": 1}  # the ring kernel with its defaults
+PLAN_KEYS = ["nt", "rt", "u", "warps", "row_groups", "splits", "steps_per_split", "smem", "ws_bytes"]
+PLAIN = {"library": 0}  # plan()'s defaults (U = 4) instead of library_config(m, k)
 
 
 def cfg_args(cfg):
-    """Config tuple in the binding's order; 0 = the plan's default (variant -1, the library's config, unless given)."""
-    c = dict(variant=-1, warps=0, rt=0, u=0, stages=0, splits=0, last_block=1, bps=0, max_smem=0)
+    """Config in the binding's order; 0 = the default: library_config(m, k) (library=1), else plan()'s."""
+    c = dict(library=1, warps=0, rt=0, u=0, splits=0, last_block=1, bps=0, max_smem=0)
     bad = set(cfg) - set(c)
     if bad:
         raise ValueError(f"unknown config keys {bad}")
@@ -127,11 +125,11 @@ class Runner:
 
     def _args(self, values, meta, x, ldx, bias, out, ldo, m, n, k, act, slope, cfg):
         c = cfg_args(cfg)
-        nb = self.ext.workspace_bytes(m, n, k, c["variant"], c["warps"], c["rt"], c["u"], c["stages"], c["splits"], c["bps"],
+        nb = self.ext.workspace_bytes(m, n, k, c["library"], c["warps"], c["rt"], c["u"], c["splits"], c["bps"],
                                       c["max_smem"], self.sms)
         ws = self.workspace((m, n, k, tuple(sorted(c.items()))), nb)
-        return (values, meta, x, ldx, bias, out, ldo, m, n, k, ACTS[act], slope, ws, True, c["variant"], c["warps"], c["rt"],
-                c["u"], c["stages"], c["splits"], c["last_block"], c["bps"], c["max_smem"], self.sms,
+        return (values, meta, x, ldx, bias, out, ldo, m, n, k, ACTS[act], slope, ws, True, c["library"], c["warps"], c["rt"],
+                c["u"], c["splits"], c["last_block"], c["bps"], c["max_smem"], self.sms,
                 torch.cuda.current_stream().cuda_stream)
 
     def call(self, values, meta, x, ldx, bias, out, ldo, m, n, k, act="none", slope=0.01, **cfg):
@@ -181,12 +179,6 @@ def check_one(run, w, values, meta, n, dtype, act, with_bias, gen, cfg=None, x_s
     return err, g_ok, plan
 
 
-# Ring alternatives compiled in the probe (SPARSE24_DECODE_ALL_CONFIGS; csrc/cuda/sparse24_decode_kernel.cuh,
-# launch_ring_nt): (rt, u, stages). (8, 2, *) only for N <= 16.
-RING_ALTS = [(2, 4, 4), (4, 2, 3), (1, 4, 4), (2, 2, 3), (2, 4, 3), (2, 8, 3), (4, 2, 2), (4, 2, 4), (4, 4, 3)]
-RING_ALTS_SMALL_N = [(8, 2, 3), (8, 2, 2)]
-
-
 def main():
     if not torch.cuda.is_available():
         log("no CUDA device")
@@ -203,7 +195,7 @@ def main():
     tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
     RESULT["criterion"] = "max|y - ref64| / max|ref64| < 1e-2 (bf16), 2e-3 (fp16); guards unchanged; finite"
 
-    # 1. Correctness, before any timing: the default (variant 1, the ring kernel) over shapes, tokens,
+    # 1. Correctness, before any timing: the library's config over shapes, tokens,
     # activations, bias; then every config the timing below uses.
     fails, rows = 0, []
     failed = []
@@ -235,21 +227,19 @@ def main():
                                                     x_scale=1 / 16 if dtype == torch.float16 else 1.0)
                         record({"dtype": str(dtype), "m": m, "k": k, "n": n, "act": act, "bias": with_bias}, err, g_ok,
                                plan, dtype)
-    cfgs = [dict(RING), dict(variant=0, u=8), dict(variant=0, rt=1), dict(variant=0, u=2, splits=3),
-            dict(splits=1), dict(splits=3), dict(last_block=0, splits=5), dict(warps=8), dict(warps=2, splits=7),
-            dict(bps=1), dict(bps=4), dict(max_smem=200 * 1024), dict(variant=0, rt=4, u=2), dict(variant=0, rt=4, u=4)]
-    cfgs += [dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS]
+    cfgs = [dict(PLAIN), dict(u=8), dict(u=4), dict(rt=1), dict(u=2, splits=3), dict(splits=1), dict(splits=3),
+            dict(last_block=0, splits=5), dict(warps=8), dict(warps=2, splits=7), dict(bps=1), dict(bps=4),
+            dict(max_smem=200 * 1024), dict(rt=4, u=2), dict(rt=4, u=4)]
     for (m, k) in [(4096, 14336), (14336, 4096), (256, 512), (16, 32)]:
         w = make_weight(m, k, torch.bfloat16, gen)
         v, mt = packer.pack_sparse24_decode(w)
-        for cfg in cfgs + [dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS_SMALL_N]:
-            small_only = cfg.get("rt") == 8
-            for n in ((1, 16) if small_only else (1, 16, 33)):
+        for cfg in cfgs:
+            for n in (1, 16, 33):
                 err, g_ok, plan = check_one(run, w, v, mt, n, torch.bfloat16, "silu", True, gen, cfg=cfg)
                 record({"dtype": "bf16", "m": m, "k": k, "n": n, "cfg": cfg}, err, g_ok, plan, torch.bfloat16)
-    # Determinism: split-k results bitwise identical across runs (default and previous).
+    # Determinism: split-k results bitwise identical across runs (library config and plain defaults).
     det = True
-    for cfg in (dict(), dict(RING)):
+    for cfg in (dict(), dict(PLAIN)):
         w = make_weight(4096, 14336, torch.bfloat16, gen)
         v, mt = packer.pack_sparse24_decode(w)
         x = torch.randn(16, 14336, generator=gen, device="cuda").to(torch.bfloat16)
@@ -276,7 +266,7 @@ def main():
         dump()
         raise SystemExit(2)
 
-    # 2. Timing: dense, the library's config, the ring kernel, and alternatives.
+    # 2. Timing: dense, the library's config, plan()'s defaults, and alternatives.
     import triton.testing as tt
     bench = lambda f: tt.do_bench(f, warmup=10, rep=40, return_mode="median")
     src = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
@@ -287,11 +277,9 @@ def main():
     log(f"copy ceiling: {copy_gbs:.0f} GB/s (256 MB read + written)")
     del src, dst
     timing = []
-    alts = [dict(variant=0, u=8), dict(variant=0, u=4), dict(variant=0, rt=4, u=2), dict(variant=0, rt=4, u=4),
-            dict(bps=1), dict(bps=3), dict(bps=4), dict(warps=2), dict(warps=8), dict(max_smem=200 * 1024),
-            dict(last_block=0)]
-    alts += [dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS]
-    log(f"{'N':>3} {'shape':>12} {'dense':>7} {'lib':>7} {'x':>5} {'ring':>7} {'x':>5} {'GB/s':>6} {'%copy':>6}  plan | best alt")
+    alts = [dict(u=8), dict(u=4), dict(rt=4, u=2), dict(rt=4, u=4), dict(bps=1), dict(bps=3), dict(bps=2),
+            dict(warps=2), dict(warps=8), dict(max_smem=200 * 1024), dict(last_block=0)]
+    log(f"{'N':>3} {'shape':>12} {'dense':>7} {'lib':>7} {'x':>5} {'plain':>7} {'x':>5} {'GB/s':>6} {'%copy':>6}  plan | best alt")
     for (m, k) in [(14336, 4096), (4096, 14336)]:
         w = make_weight(m, k, torch.bfloat16, gen)
         v, mt = packer.pack_sparse24_decode(w)
@@ -302,11 +290,11 @@ def main():
             t_dense = bench(lambda: F.linear(x, w))
             f, plan = run.fn(v, mt, x, out, m, n, k)
             t_ours = bench(f)
-            fp, plan_prev = run.fn(v, mt, x, out, m, n, k, **RING)
+            fp, plan_prev = run.fn(v, mt, x, out, m, n, k, **PLAIN)
             t_prev = bench(fp)
             best = (t_ours, {})
             alt_times = {}
-            for cfg in alts + ([dict(variant=1, rt=r, u=u, stages=st) for (r, u, st) in RING_ALTS_SMALL_N] if n <= 16 else []):
+            for cfg in alts:
                 try:
                     fa, pa = run.fn(v, mt, x, out, m, n, k, **cfg)
                     ta = bench(fa)
@@ -324,7 +312,7 @@ def main():
             timing.append(rec)
             log(f"{n:>3} {m:>5}x{k:<6} {t_dense*1e3:7.1f} {t_ours*1e3:7.1f} {t_dense/t_ours:5.2f} {t_prev*1e3:7.1f} "
                 f"{t_dense/t_prev:5.2f} {gbs:6.0f} {100*gbs/copy_gbs:6.1f}  rt={plan['rt']} u={plan['u']} "
-                f"S={plan['stages']} w={plan['warps']} splits={plan['splits']} sps={plan['steps_per_split']} smem={plan['smem']} "
+                f"w={plan['warps']} splits={plan['splits']} sps={plan['steps_per_split']} smem={plan['smem']} "
                 f"| best {best[1]} {best[0]*1e3:.1f} us ({t_dense/best[0]:.2f}x)")
             RESULT["timing"] = timing
             dump()

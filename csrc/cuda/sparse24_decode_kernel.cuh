@@ -36,7 +36,7 @@
 //          pair p = 4 b + w (tile 2p + (t >> 1), role t & 1)
 // A warp's tiles of one row tile are consecutive 512-byte pieces: its stream is contiguous.
 //
-// Work split (both variants): a block of `warps` warps takes warps * RT row tiles (16 rows each) over one K-split
+// Work split: a block of `warps` warps takes warps * RT row tiles (16 rows each) over one K-split
 // of steps_per_split steps of U k-tiles, and stages its slice of x (NT * 8 tokens, zero-padded, x's columns
 // [k0, k0 + slice)) in shared memory once (rows padded by 16 bytes: ldmatrix's 8 rows fall in 8 different bank
 // groups) while its first weight loads are in flight. Splits among blocks (blockIdx.y) keep all SMs streaming
@@ -45,18 +45,10 @@
 // the block that finishes last for its row group (a counter per row group, reset by that block) or by a
 // second kernel. Bias and activation are applied in the final write.
 //
-// Variant 0 (sparse24_decode_kernel, the first kernel, what the library runs: library_config below): A
-// double-buffered in registers, one step (RT * U 16-byte loads per lane, ld.global.nc.L1::no_allocate) issued
-// before the mma of the previous one.
-//
-// Variant 1 (sparse24_decode_ring_kernel, compiled only for benchmarks/sparse24_decode_probe, slower at every N
-// on the H100: docs/performance.md): the weight goes through a per-warp cp.async ring in
-// shared memory (S stages of RT x U tiles, S - 1 in flight), and per k-tile the NT x fragments are loaded
-// once (ldmatrix) for all RT row tiles: NT * 512 / RT bytes of x per 512-byte A tile (N = 16: 512 in the first
-// kernel at RT = 2, 256 at RT = 4; the ring's own traffic, 512 in and 512 out, is well within the SM's shared
-// memory bandwidth at the HBM rate). The bytes in flight cost no registers, so RT and the depth are free to grow,
-// and blocks of 4 x RT row tiles stage each x slice for twice the rows. Its split rule keeps every block resident (floor of
-// blocks_per_sm * SMs / row groups), so no tail wave.
+// The loop: A double-buffered in registers, one step (RT * U 16-byte loads per lane,
+// ld.global.nc.L1::no_allocate) issued before the mma of the previous one. A second design (the weight through
+// a per-warp cp.async ring in shared memory, x fragments reused over 4 row tiles) was slower at every N on the
+// H100 (41.5 against 32.7 us at N = 1; docs/performance.md) and is in git history (0eef7c7).
 //
 // Bounds: row tiles past M/16 are clamped for loading and never written; tokens >= N read zeros from the
 // staged x and are never written; x columns >= K are staged as zeros. The packed arrays must be exactly
@@ -71,7 +63,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/cp_async.cuh"
 
 #ifndef SPARSE24_DECODE_ORDERED_METADATA
 // mma.sp::ordered_metadata (PTX 8.5+): the ISA's recommended form (the unordered one "may have substantially
@@ -395,144 +386,6 @@ __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Para
   finish<T, NT, RT>(p, acc, tile0, active, warps * RT * 16);
 }
 
-// Bytes of one warp's ring: S stages of RT row tiles x U k-tiles (values, 512 bytes a tile) plus their metadata
-// (U / 2 words per lane per row tile).
-__host__ __device__ inline int64_t ring_warp_bytes(int rt, int u, int stages) {
-  return int64_t{stages} * rt * (int64_t{u} * 512 + int64_t{u / 2} * 128);
-}
-
-// The ring kernel (variant 1). The same grid, x slice and epilogue as sparse24_decode_kernel, another loop:
-//  - The weight stream goes through shared memory with cp.async (16 bytes per lane per tile, .cg: L2 only)
-//    into a per-warp ring of S stages; a stage is one step (U k-tiles) of the warp's RT row tiles. S - 1
-//    steps are in flight while one is multiplied, without holding them in registers: the bytes in flight
-//    per warp ((S - 1) * RT * U * 512) no longer cost registers, so RT can grow.
-//  - Per k-tile the x fragments (NT ldmatrix.x4) are loaded once and used for all RT row tiles (the first
-//    kernel's B traffic from shared memory, NT * 512 bytes per 512 bytes of A at RT = 1, drops by RT); each
-//    A fragment is read from the ring (one conflict-free 16-byte ld.shared per lane) just before its mma.
-//  - Every lane copies and later reads only its own 16-byte pieces, so a cp.async.wait_group of the lane
-//    is all the synchronization the ring needs (a __syncwarp orders a stage's last reads before it is
-//    refilled).
-// Shared memory: the x slice (block_smem) then warps x ring_warp_bytes(RT, U, S).
-template <typename T, int NT, int RT, int U, int S>
-__global__ void __launch_bounds__(kMaxThreads) sparse24_decode_ring_kernel(const Params p) {
-  static_assert(U == 2 || U == 4 || U == 8, "U: k-tiles per step, a divisor of the 8-tile metadata block");
-  static_assert(S >= 2 && S <= 8, "S: ring stages");
-  constexpr int MW = U / 2;                   // metadata words per lane per step and row tile
-  constexpr int kStageA = RT * U * 32;        // 16-byte pieces per warp per stage
-  constexpr int kStageM = RT * 32 * MW;       // metadata words per warp per stage
-  extern __shared__ __align__(16) uint16_t xs[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int row_tiles = p.m >> 4;
-  const int tile0 = (blockIdx.x * warps + warp) * RT;
-  const bool active = tile0 < row_tiles;  // warp-uniform
-  const int total_steps = p.ktp / U;
-  const int step0 = blockIdx.y * p.steps_per_split;
-  const int nsteps = min(p.steps_per_split, total_steps - step0);
-  const int64_t cols = slice_cols(p.steps_per_split, U);
-  const int64_t xstride = cols + 8;
-
-  // This warp's ring, after the x slice (whose bytes are a multiple of 16).
-  char* ring_base = reinterpret_cast<char*>(xs) + int64_t{NT} * 8 * xstride * 2 +
-                    static_cast<int64_t>(warp) * ring_warp_bytes(RT, U, S);
-  uint4* ring_a = reinterpret_cast<uint4*>(ring_base);                          // [S][RT][U][32 lanes]
-  uint32_t* ring_m = reinterpret_cast<uint32_t*>(ring_base + int64_t{S} * kStageA * 16);  // [S][RT][32 lanes][MW]
-
-  const uint4* vp[RT];
-  const uint32_t* mp[RT];
-#pragma unroll
-  for (int r = 0; r < RT; ++r) {
-    const int64_t tile = min(tile0 + r, row_tiles - 1);  // past the end: re-read the last tile, never written
-    vp[r] = p.values + (tile * p.ktp + static_cast<int64_t>(step0) * U) * 32 + lane;
-    mp[r] = p.meta + tile * (p.ktp / 8) * 128 + lane * 4;
-  }
-  // Step s of the split into its ring stage s % S (this lane's pieces only).
-  auto issue = [&](int s) {
-    const int slot = s % S;
-    uint4* da = ring_a + slot * kStageA + lane;
-    uint32_t* dm = ring_m + slot * kStageM + lane * MW;
-    const int pair0 = ((step0 + s) * U) >> 1;  // first tile pair of the step (absolute)
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) cp_async_16(da + (r * U + u) * 32, vp[r] + (s * U + u) * 32);
-      const uint32_t* mq = mp[r] + (pair0 >> 2) * 128 + (pair0 & 3);
-      if constexpr (MW == 4) {
-        cp_async_16(dm + r * 32 * MW, mq);
-      } else if constexpr (MW == 2) {
-        cp_async_8(dm + r * 32 * MW, mq);
-      } else {
-        cp_async_4(dm + r * 32 * MW, mq);
-      }
-    }
-  };
-  if (active) {
-#pragma unroll
-    for (int s = 0; s < S - 1; ++s) {
-      if (s < nsteps) issue(s);
-      cp_async_commit();  // one group per step, empty past the end: the wait counts stay uniform
-    }
-  }
-  stage_x<NT>(p, xs, cols, static_cast<int64_t>(step0) * U * kTileK);  // while the first steps land
-  __syncthreads();
-
-  float acc[RT][NT][4];
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
-
-  if (active) {
-    const uint32_t xs_base = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
-    const uint32_t lane_off = static_cast<uint32_t>(((lane & 7) * xstride + 8 * (lane >> 3)) * 2);
-    for (int s = 0; s < nsteps; ++s) {
-      __syncwarp();  // the stage refilled next, (s - 1) % S, was read by all lanes in the last iteration
-      if (s + S - 1 < nsteps) issue(s + S - 1);
-      cp_async_commit();
-      cp_async_wait<S - 1>();  // step s has landed (for this lane's pieces, the only ones it reads)
-      const int slot = s % S;
-      const uint4* ca = ring_a + slot * kStageA + lane;
-      const uint32_t* cm = ring_m + slot * kStageM + lane * MW;
-      uint32_t e[RT][MW];
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        if constexpr (MW == 4) {
-          const uint4 w = *reinterpret_cast<const uint4*>(cm + r * 32 * MW);
-          e[r][0] = w.x, e[r][1] = w.y, e[r][2] = w.z, e[r][3] = w.w;
-        } else if constexpr (MW == 2) {
-          const uint2 w = *reinterpret_cast<const uint2*>(cm + r * 32 * MW);
-          e[r][0] = w.x, e[r][1] = w.y;
-        } else {
-          e[r][0] = cm[r * 32 * MW];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int kt = s * U + u;  // k-tile within the slice
-        uint32_t b[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          ldmatrix_x4(b[j], xs_base + lane_off + static_cast<uint32_t>((8 * j * xstride + kt * kTileK) * 2));
-        }
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          const uint4 a = ca[(r * U + u) * 32];
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            if (u & 1) {
-              mma_sp<T, 1>(acc[r][j], a, b[j], e[r][u >> 1]);
-            } else {
-              mma_sp<T, 0>(acc[r][j], a, b[j], e[r][u >> 1]);
-            }
-          }
-        }
-      }
-    }
-    cp_async_wait<0>();  // nothing of this lane in flight when the block's shared memory is reused
-  }
-
-  finish<T, NT, RT>(p, acc, tile0, active, warps * RT * 16);
-}
-
 // The second kernel of the two-kernel mode: all rows.
 template <typename T>
 __global__ void __launch_bounds__(256) sparse24_decode_reduce_kernel(const Params p, int splits) {
@@ -544,21 +397,19 @@ __global__ void __launch_bounds__(256) sparse24_decode_reduce_kernel(const Param
 // ---------------------------------------------------------------------------------------------------
 // Host side.
 
-// How a call is cut. Zero fields are chosen by plan() (the defaults of the variant and token tiles).
+// How a call is cut. Zero fields are chosen by plan() (the defaults per token tiles).
 struct Config {
-  int variant = 1;          // 1: the ring kernel; 0: the first kernel (A double-buffered in registers)
   int warps = 0;            // warps per block (1..8)
   int rt = 0;               // row tiles per warp
   int u = 0;                // k-tiles per step: 2, 4 or 8
-  int stages = 0;           // ring stages (variant 1)
   int splits = 0;           // K-splits (0: from the grid, below)
   int last_block_reduces = 1;
   int blocks_per_sm = 0;    // the grid plan aims at about this many blocks per SM
-  int64_t max_smem = 0;     // shared memory bound per block (x slice + ring)
+  int64_t max_smem = 0;     // shared memory bound per block (the x slice)
 };
 
 struct Plan {
-  int variant = 1, nt = 1, rt = 2, u = 4, stages = 0, warps = 4;
+  int nt = 1, rt = 2, u = 4, warps = 4;
   int row_groups = 0, splits = 1, steps_per_split = 0, ktp = 0;
   int64_t smem = 0;
   int64_t workspace_bytes = 0;  // counters (256-byte aligned) + partials
@@ -568,51 +419,21 @@ struct Plan {
 inline int tokens_tiles(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 inline int packed_ktiles(int64_t k) { return static_cast<int>(((k / kTileK) + kTilePad - 1) / kTilePad * kTilePad); }
 
-// The ring kernel's defaults per token tiles (compiled in every build): rt, u, stages, warps. Each keeps 8
-// tile-pieces (4 KB) per warp per stage, (S - 1) stages in flight: 8 KB per warp at S = 3, 12 KB at S = 4;
-// RT = 4 reuses every x fragment for 4 row tiles from N = 9 on (N <= 8: RT = 2, U = 4, one more stage).
-struct RingShape {
-  int rt, u, stages, warps;
-};
-inline RingShape ring_default(int nt) { return nt == 1 ? RingShape{2, 4, 4, 4} : RingShape{4, 2, 3, 4}; }
-
-inline int64_t plan_smem(const Plan& pl, int sps) {
-  int64_t bytes = block_smem(pl.nt, sps, pl.u);
-  if (pl.variant == 1) bytes += int64_t{pl.warps} * ring_warp_bytes(pl.rt, pl.u, pl.stages);
-  return bytes;
-}
+inline int64_t plan_smem(const Plan& pl, int sps) { return block_smem(pl.nt, sps, pl.u); }
 
 // m % 16 == 0, k % 32 == 0, 1 <= n <= 64 (checked by the caller).
 //
-// Split rule. Variant 1: blocks of warps * rt row tiles; splits = floor(sms * blocks_per_sm / row_groups)
-// (at least 1): every block is resident at once (2 per SM fit the default shared memory bound), so equal
-// blocks share the memory system and end together (no tail wave), and the fp32 partials stay at
-// splits * n * m * 4 bytes (the 4096 x 14336 down projection at N = 16: 16 splits, 4 MB, in L2). The split
-// count grows only when the x slice would not fit max_smem. Variant 0 (the library's): ceil of 4 blocks per SM
-// over the row groups, x slices up to 100 KB.
+// Split rule: blocks of warps * rt row tiles; splits = ceil(blocks_per_sm (4) * sms / row_groups), so every SM
+// streams; more splits only when the x slice would not fit max_smem (100 KB).
 inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   Plan pl;
-  pl.variant = cfg.variant == 0 ? 0 : 1;
   pl.nt = tokens_tiles(n);
   pl.ktp = packed_ktiles(k);
-  int bps = cfg.blocks_per_sm;
-  int64_t max_smem = cfg.max_smem;
-  if (pl.variant == 1) {
-    const RingShape d = ring_default(pl.nt);
-    pl.rt = cfg.rt > 0 ? cfg.rt : d.rt;
-    pl.u = cfg.u > 0 ? cfg.u : d.u;
-    pl.stages = cfg.stages > 0 ? cfg.stages : d.stages;
-    pl.warps = cfg.warps > 0 ? cfg.warps : d.warps;
-    if (bps <= 0) bps = 2;
-    if (max_smem <= 0) max_smem = 113 * 1024;
-  } else {
-    pl.rt = cfg.rt > 0 ? cfg.rt : (n <= 32 ? 2 : 1);
-    pl.u = cfg.u > 0 ? cfg.u : 4;
-    pl.stages = 0;
-    pl.warps = cfg.warps > 0 ? cfg.warps : 4;
-    if (bps <= 0) bps = 4;
-    if (max_smem <= 0) max_smem = 100 * 1024;
-  }
+  const int bps = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : 4;
+  const int64_t max_smem = cfg.max_smem > 0 ? cfg.max_smem : 100 * 1024;
+  pl.rt = cfg.rt > 0 ? cfg.rt : (n <= 32 ? 2 : 1);
+  pl.u = cfg.u > 0 ? cfg.u : 4;
+  pl.warps = cfg.warps > 0 ? cfg.warps : 4;
   pl.warps = std::max(1, std::min(pl.warps, kMaxThreads / 32));
   const int row_tiles = m / 16;
   pl.row_groups = (row_tiles + pl.warps * pl.rt - 1) / (pl.warps * pl.rt);
@@ -620,8 +441,7 @@ inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   int splits = cfg.splits;
   if (splits <= 0) {
     const int64_t want = int64_t{bps} * std::max(1, sms);
-    splits = pl.variant == 1 ? static_cast<int>(std::max<int64_t>(1, want / pl.row_groups))
-                             : static_cast<int>(std::max<int64_t>(1, (want + pl.row_groups - 1) / pl.row_groups));
+    splits = static_cast<int>(std::max<int64_t>(1, (want + pl.row_groups - 1) / pl.row_groups));
   }
   splits = std::max(1, std::min(splits, total_steps));
   int sps = (total_steps + splits - 1) / splits;
@@ -667,26 +487,17 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
   return launch_grid<T>(sparse24_decode_kernel<T, NT, RT, U>, allowed, pl, prm, stream);
 }
 
-template <typename T, int NT, int RT, int U, int S>
-inline cudaError_t launch_ring(const Plan& pl, const Params& prm, cudaStream_t stream) {
-  static int64_t allowed[kMaxDevices] = {};
-  return launch_grid<T>(sparse24_decode_ring_kernel<T, NT, RT, U, S>, allowed, pl, prm, stream);
-}
-
 #ifndef SPARSE24_DECODE_ALL_CONFIGS
-// The library build compiles what library_config() picks: the first kernel (variant 0) with RT 1/2 x U 4/8.
-// The probe defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and the ring kernel (variant 1) with
-// its alternatives, for comparison and tuning.
+// The library build compiles what plan() and library_config() can pick: RT 1/2 x U 4/8. The probe
+// (benchmarks/sparse24_decode_probe) defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and RT = 4.
 #define SPARSE24_DECODE_ALL_CONFIGS 0
 #endif
 
-// What the library runs. On an H100 (2026-11-27, bf16, the probe's table in docs/performance.md) the first
-// kernel beat the ring kernel at every N: at N = 1 32.7 against 41.5 us (14336 x 4096) and 33.9 against 41.2
-// us (4096 x 14336). U = 8 (more weight loads in flight per lane) was the faster for tall weights (m >= k) at
+// What the library runs. On an H100 (2026-11-27, bf16, benchmarks/results/nvidia-h100-80gb-hbm3/
+// sparse24_decode) U = 8 (more weight loads in flight per lane) was the faster for tall weights (m >= k) at
 // every N, and U = 4 for wide ones from N = 4 on (N = 16: 46.0 against 60.4 us); within 1% below N = 4.
 inline Config library_config(int m, int k) {
   Config cfg;
-  cfg.variant = 0;
   cfg.u = m >= k ? 8 : 4;
   return cfg;
 }
@@ -701,44 +512,8 @@ inline cudaError_t launch_first_nt(const Plan& pl, const Params& prm, cudaStream
   }
 }
 
-template <typename T, int NT>
-inline cudaError_t launch_ring_nt(const Plan& pl, const Params& prm, cudaStream_t stream) {
-#define SP24D_RING(RT_, U_, S_) \
-  if (pl.rt == RT_ && pl.u == U_ && pl.stages == S_) return launch_ring<T, NT, RT_, U_, S_>(pl, prm, stream);
-  if constexpr (NT == 1) {
-    SP24D_RING(2, 4, 4)
-  } else {
-    SP24D_RING(4, 2, 3)
-  }
-#if SPARSE24_DECODE_ALL_CONFIGS
-  SP24D_RING(1, 4, 4)
-  SP24D_RING(2, 2, 3)
-  SP24D_RING(2, 4, 3)
-  SP24D_RING(2, 8, 3)
-  SP24D_RING(4, 2, 2)
-  SP24D_RING(4, 2, 4)
-  SP24D_RING(4, 4, 3)
-  if constexpr (NT == 1) { SP24D_RING(4, 2, 3) } else { SP24D_RING(2, 4, 4) }
-  if constexpr (NT <= 2) { SP24D_RING(8, 2, 3) SP24D_RING(8, 2, 2) }
-#endif
-#undef SP24D_RING
-  return cudaErrorInvalidValue;
-}
-
 template <typename T>
 inline cudaError_t launch_typed(const Plan& pl, const Params& prm, cudaStream_t stream) {
-  if (pl.variant == 1) {
-#if SPARSE24_DECODE_ALL_CONFIGS
-    switch (pl.nt) {
-      case 1: return launch_ring_nt<T, 1>(pl, prm, stream);
-      case 2: return launch_ring_nt<T, 2>(pl, prm, stream);
-      case 4: return launch_ring_nt<T, 4>(pl, prm, stream);
-      default: return launch_ring_nt<T, 8>(pl, prm, stream);
-    }
-#else
-    return cudaErrorInvalidValue;
-#endif
-  }
 #if SPARSE24_DECODE_ALL_CONFIGS
   // RT = 4: each x fragment serves 4 row tiles (half the x traffic of RT = 2 from N = 9 on; untested on a GPU)
   if (pl.rt == 4 && pl.u == 2) return launch_first_nt<T, 4, 2>(pl, prm, stream);
