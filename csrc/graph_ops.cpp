@@ -1,7 +1,8 @@
-// Ops of the fresh-graph builder (sparsetorch/_graph_build.py): the builder makes a graph's CSR, its
-// transpose and both row-length statistics in one pass of torch ops and reads them with one
-// device-to-host copy; this op hands the statistics to the analysis cache (common/csr_analysis.h), so
-// the products on the new graph neither re-check nor re-analyse it (no second pass, no second sync).
+// Ops of the fresh-graph builder (sparsetorch/_graph_build.py): _build_graph makes a graph's CSR, its
+// transpose and both row-length statistics in one op (common/graph_build.h; CPU and CUDA kernels) with
+// one device-to-host copy; _csr_analysis_store hands the statistics to the analysis cache
+// (common/csr_analysis.h), so the products on the new graph neither re-check nor re-analyse it (no
+// second pass, no second sync).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -21,6 +22,11 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   // that is valid by construction; on the CPU.
   m.def("_csr_analysis_store(Tensor crow_indices, Tensor col_indices, int ncols, Tensor raw) -> ()",
         &csr_analysis_store_op);
+  // Internal: loops 0..3 and norm 0..2 as in common/graph_build.h. Returns [crow, col, values, crow_t,
+  // col_t, values_t, perm, summary]; summary (CPU int64) = [bad index flag, csr_stats of A, of A^T].
+  m.def(
+      "_build_graph(Tensor src, Tensor dst, Tensor? weights, int n_src, int n_dst, int loops, float fill, int norm, "
+      "ScalarType dtype) -> Tensor[]");
 }
 
 }  // namespace sparsetorch

@@ -2,8 +2,8 @@
 analysis of both, with ONE device-to-host copy.
 
 Mini-batch GNN training meets a new graph every step (a sampled subgraph), so what it costs to turn
-an ``edge_index`` into the matrices the products need is paid every step. The builder does it in one
-pass of torch ops on the graph's device:
+an ``edge_index`` into the matrices the products need is paid every step. The builder is one op,
+``sparsetorch::_build_graph`` (csrc/common/graph_build.h; CPU and CUDA kernels):
 
 1. (no sync) the index range check (clamped indices are used from here on, so nothing reads out of
    bounds whatever the input holds), the self loops to drop, the entries per target and per source,
@@ -13,6 +13,9 @@ pass of torch ops on the graph's device:
    result, and it gives the entry count the sizes below need;
 3. (no sync) one stable sort by target (A = adj_t, rows = targets) and one by source (A^T), the
    values (edge weights, GCN's D^-1/2 (A + I) D^-1/2 or the mean's 1/deg), and the slot map of A^T.
+
+Edge weights that require a gradient take the same steps as torch ops here (``_build_differentiable``),
+so autograd reaches them.
 
 The statistics go to the analysis cache (``sparsetorch::_csr_analysis_store``), so the products on
 the new matrices are neither checked nor analysed again, and A^T goes to the transpose cache
@@ -62,7 +65,8 @@ def _row_stats(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _index_dtype(n_src: int, n_dst: int, entries: int) -> torch.dtype:
-    return torch.int32 if max(n_src, n_dst, entries) < 2**31 - 1 else torch.int64
+    """As the op (common/graph_build.cpp): n + 1 is a sort key and the counts reach ``entries``."""
+    return torch.int32 if max(n_src, n_dst, entries) < 2**31 - 2 else torch.int64
 
 
 def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Tensor], n_src: int, n_dst: int, *,
@@ -85,10 +89,26 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
         raise ValueError(f"norm: expected one of {NORMS}, got {norm!r}")
     if loops is not None and n_src != n_dst:
         raise ValueError(f"{what}: self loops need a square graph, got {n_src} sources and {n_dst} targets")
-    device = src.device
     edges = src.shape[0]
     if edges and (n_src == 0 or n_dst == 0):
         raise IndexError(f"{what}: {edges} edges given for a graph of {n_src} sources and {n_dst} targets")
+    if weights is not None and weights.requires_grad and torch.is_grad_enabled():
+        return _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype, what)
+    if src.dtype != dst.dtype:
+        src, dst = src.long(), dst.long()
+    w = None if weights is None else weights.to(dtype)
+    crow, col, values, crow_t, col_t, values_t, perm, summary = ops._build_graph(
+        src, dst, w, n_src, n_dst, LOOP_MODES.index(loops), float(fill), NORMS.index(norm), dtype)
+    if summary[0]:  # an index out of range: nothing has read the outputs
+        _raise_out_of_range(src.long(), dst.long(), n_src, n_dst, what)
+    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, summary[1:])
+
+
+def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype, what) -> CSR:
+    """build_graph's steps as torch ops, for edge weights that require a gradient (autograd reaches
+    them through the values); the same matrices and the same single sync as the op."""
+    device = src.device
+    edges = src.shape[0]
     nodes = n_dst if loops is not None else 0
     long = torch.int64
 
@@ -124,14 +144,11 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
 
     # --- 3. on the device: sort, values, transpose ---------------------------------------------------
     index_dtype = _index_dtype(n_src, n_dst, edges + nodes)
-    if norm != "gcn" and weights is None and not nodes:
-        return _unweighted(src_c, dst_c, per_target, per_source, n_src, n_dst, norm, dtype, index_dtype,
-                           summary[2:])
-    w = (torch.ones(edges, dtype=dtype, device=device) if weights is None else weights.to(dtype))
+    w = weights.to(dtype)
     if nodes:
         node = torch.arange(nodes, device=device)
         all_src, all_dst = torch.cat([src_c, node]), torch.cat([dst_c, node])
-        if loops == "remaining" and weights is not None and edges:
+        if loops == "remaining" and edges:
             # the weight of each node's last existing loop (deterministic: the largest edge number)
             slot = torch.where(is_loop, dst_c, nodes)
             last = torch.full((nodes + 1,), -1, dtype=long, device=device).scatter_reduce_(
@@ -186,28 +203,6 @@ def _crows(per_target: torch.Tensor, per_source: torch.Tensor, index_dtype: torc
         torch.cumsum(counts, 0, out=crow[1:])
         out.append(crow.to(index_dtype))
     return out
-
-
-def _unweighted(src, dst, per_target, per_source, n_src, n_dst, norm, dtype, index_dtype, stats) -> CSR:
-    """The builder's step 3 for unweighted edges without self loops (SAGE's mean or sum aggregation):
-    every value is 1 or 1/(its row's entries), read off the sorted keys, so no per-edge value is
-    gathered."""
-    sort_dtype = torch.int32 if max(n_src, n_dst) < 2**31 - 1 else torch.int64
-    rows, order = torch.sort(dst.to(sort_dtype), stable=True)
-    sources, order_t = torch.sort(src.to(sort_dtype), stable=True)
-    crow, crow_t = _crows(per_target, per_source, index_dtype)
-    col = src[order].to(index_dtype)
-    col_t = dst[order_t].to(index_dtype)
-    if norm == "mean":
-        inverse_count = 1.0 / per_target.clamp(min=1).to(dtype)
-        values, values_t = inverse_count[rows.long()], inverse_count[col_t.long()]
-    else:
-        values = torch.ones(src.shape[0], dtype=dtype, device=src.device)
-        values_t = values
-    slot = torch.empty_like(order)
-    slot[order] = torch.arange(order.shape[0], device=order.device)
-    perm = slot[order_t].to(index_dtype)
-    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, stats)
 
 
 def _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, stats) -> CSR:

@@ -198,3 +198,75 @@ def test_analysis_store_refuses_a_malformed_vector(device):
     if device == "cuda":
         with pytest.raises(RuntimeError, match="raw must be a CPU int64 vector"):
             ops._csr_analysis_store(a.crow_indices, a.col_indices, 2, good.cuda())
+
+
+def _parts(a):
+    crow_t, col_t, perm = _transpose.transpose_pattern(a.crow_indices, a.col_indices, a.shape[1])
+    return a.crow_indices, a.col_indices, a.values, crow_t, col_t, perm
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[3]}-{c[5]}-{c[0]}x{c[1]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_op_matches_the_differentiable_path(device, rng, case, index_dtype):
+    """The op (sparsetorch::_build_graph) and the torch-op path kept for weights that require a
+    gradient build the same patterns slot by slot (both sorts are stable), the same A^T slot map and
+    the same values."""
+    n_src, n_dst, e, loops, fill, norm, _ = case
+    ei = _edges(rng, max(n_src, 1), max(n_dst, 1), e, device=device, index_dtype=index_dtype)
+    w = torch.rand(e, dtype=torch.float64, device=device)
+    native = build_graph(ei[0], ei[1], w, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
+    steps = build_graph(ei[0], ei[1], w.clone().requires_grad_(), n_src, n_dst, loops=loops, fill=fill, norm=norm,
+                        dtype=torch.float64)
+    for x, y in zip(_parts(native), _parts(steps)):
+        if x.is_floating_point():
+            torch.testing.assert_close(x, y.detach(), rtol=1e-13, atol=1e-15)
+        else:
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("norm", ["gcn", "mean"])
+def test_op_on_a_skewed_graph_and_low_precision(device, rng, dtype, norm):
+    """Rows of very different lengths (one target receives a third of all edges, half the nodes
+    none), many blocks of every kernel, the values in half types against float64 SciPy."""
+    n, e = 3000, 60000
+    src = rng.integers(0, n, e)
+    dst = np.where(rng.random(e) < 0.33, 7, rng.integers(0, n // 2, e))
+    ei = torch.from_numpy(np.stack([src, dst])).to(device)
+    loops = "remaining" if norm == "gcn" else None
+    a = build_graph(ei[0], ei[1], None, n, n, loops=loops, norm=norm, dtype=dtype)
+    ref = _reference(ei[0], ei[1], None, n, n, loops, 1.0, norm)
+    # each value rounded once; repeated edges are separate entries, summed in `dtype` by to_dense
+    tol = {torch.float32: 1e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    np.testing.assert_allclose(st.to_dense(a).double().cpu().numpy(), ref, rtol=tol, atol=tol * 1e-2)
+    crow_t, col_t, perm = _transpose.transpose_pattern(a.crow_indices, a.col_indices, n)
+    at = st.CSR(crow_t, col_t, _transpose.transpose_values(a.values, perm), (n, n))
+    np.testing.assert_allclose(st.to_dense(at).double().cpu().numpy(), ref.T, rtol=tol, atol=tol * 1e-2)
+    stored = ops.csr_analysis(a.crow_indices, a.col_indices, n)
+    assert torch.equal(stored, ops.csr_analysis(a.crow_indices, a.col_indices, n, True))
+
+
+def test_op_checks_its_arguments(device):
+    src = torch.tensor([0, 1, 2], device=device)
+    with pytest.raises(ValueError, match="1-D of one length"):
+        ops._build_graph(src, src[:2], None, 3, 3, 0, 1.0, 0, torch.float32)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        ops._build_graph(src.float(), src.float(), None, 3, 3, 0, 1.0, 0, torch.float32)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        ops._build_graph(src, src.int(), None, 3, 3, 0, 1.0, 0, torch.float32)
+    with pytest.raises(ValueError, match="one value per edge"):
+        ops._build_graph(src, src, torch.ones(2, device=device), 3, 3, 0, 1.0, 0, torch.float32)
+    with pytest.raises(TypeError, match="weights must be of dtype"):
+        ops._build_graph(src, src, torch.ones(3, device=device, dtype=torch.float64), 3, 3, 0, 1.0, 0, torch.float32)
+    with pytest.raises(ValueError, match="square"):
+        ops._build_graph(src, src, None, 3, 4, 1, 1.0, 0, torch.float32)
+    with pytest.raises(ValueError, match="loops must be"):
+        ops._build_graph(src, src, None, 3, 3, 7, 1.0, 0, torch.float32)
+    with pytest.raises(TypeError, match="floating"):
+        ops._build_graph(src, src, None, 3, 3, 0, 1.0, 0, torch.int32)
+    with pytest.raises(ValueError, match=">= 0"):
+        ops._build_graph(src, src, None, -1, 3, 0, 1.0, 0, torch.float32)
+    # A bad index only raises the summary's flag (the caller raises): no output is filled.
+    out = ops._build_graph(torch.tensor([0, 5], device=device), torch.tensor([1, 1], device=device), None, 3, 3, 0,
+                           1.0, 0, torch.float32)
+    assert out[-1][0].item() == 1 and out[-1].device.type == "cpu" and out[1].numel() == 0

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,46 @@ inline int bin_of(int64_t len) {
   int b = 63 - __builtin_clzll(static_cast<unsigned long long>(len));
   return b < kHistBins ? b : kHistBins - 1;
 }
+// Row-length statistics accumulated row by row (a thread's share), merged, then written into a
+// csr_stats vector's [kEntries, kLength) (the defect fields are left alone).
+struct RowStats {
+  int64_t entries = 0, max_row = 0, empty = 0;
+  double sum_sq = 0.0;
+  int64_t rows_hist[kHistBins] = {}, entries_hist[kHistBins] = {};
+
+  void add(int64_t len) {
+    entries += len;
+    max_row = len > max_row ? len : max_row;
+    sum_sq += static_cast<double>(len) * static_cast<double>(len);
+    if (len == 0) {
+      ++empty;
+      return;
+    }
+    const int b = bin_of(len);
+    ++rows_hist[b];
+    entries_hist[b] += len;
+  }
+  void merge(const RowStats& o) {
+    entries += o.entries;
+    max_row = o.max_row > max_row ? o.max_row : max_row;
+    empty += o.empty;
+    sum_sq += o.sum_sq;
+    for (int b = 0; b < kHistBins; ++b) {
+      rows_hist[b] += o.rows_hist[b];
+      entries_hist[b] += o.entries_hist[b];
+    }
+  }
+  void write(int64_t* out) const {
+    out[kEntries] = entries;
+    out[kMaxRow] = max_row;
+    out[kEmptyRows] = empty;
+    std::memcpy(&out[kSumSquares], &sum_sq, sizeof(double));
+    for (int b = 0; b < kHistBins; ++b) {
+      out[kRowHist + b] = rows_hist[b];
+      out[kEntryHist + b] = entries_hist[b];
+    }
+  }
+};
 }  // namespace csr_stats
 
 struct CsrAnalysis {

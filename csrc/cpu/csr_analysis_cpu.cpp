@@ -31,49 +31,20 @@ struct Defect {
   }
 };
 
-struct RowStats {
-  int64_t entries = 0, max_row = 0, empty = 0;
-  double sum_sq = 0.0;
-  int64_t rows_hist[cs::kHistBins] = {}, entries_hist[cs::kHistBins] = {};
-
-  void add(int64_t len) {
-    entries += len;
-    max_row = std::max(max_row, len);
-    sum_sq += static_cast<double>(len) * static_cast<double>(len);
-    if (len == 0) {
-      ++empty;
-      return;
-    }
-    const int b = cs::bin_of(len);
-    ++rows_hist[b];
-    entries_hist[b] += len;
-  }
-  void merge(const RowStats& o) {
-    entries += o.entries;
-    max_row = std::max(max_row, o.max_row);
-    empty += o.empty;
-    sum_sq += o.sum_sq;
-    for (int b = 0; b < cs::kHistBins; ++b) {
-      rows_hist[b] += o.rows_hist[b];
-      entries_hist[b] += o.entries_hist[b];
-    }
-  }
-};
-
 template <typename index_t>
 void analyse(const index_t* crow, const index_t* col, const CsrShape& s, int64_t ncols, int64_t* out) {
   const int64_t m = s.m, L = s.nnz_stride, batches = s.batch;
   const bool exact_nnz = !s.batched;
   std::mutex mutex;
   Defect first;
-  RowStats total;
+  cs::RowStats total;
   auto report = [&](const Defect& d) {
     std::lock_guard<std::mutex> lock(mutex);
     if (d.before(first)) first = d;
   };
   // Rows: spans, monotonicity, crow[0] and crow[m].
   at::parallel_for(0, batches * m + batches, 1 << 14, [&](int64_t begin, int64_t end) {
-    RowStats local;
+    cs::RowStats local;
     Defect found;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / (m + 1), r = i - b * (m + 1);
@@ -112,14 +83,7 @@ void analyse(const index_t* crow, const index_t* col, const CsrShape& s, int64_t
     out[cs::kPos] = first.pos;
     out[cs::kValue] = first.value;
   }
-  out[cs::kEntries] = total.entries;
-  out[cs::kMaxRow] = total.max_row;
-  out[cs::kEmptyRows] = total.empty;
-  std::memcpy(&out[cs::kSumSquares], &total.sum_sq, sizeof(double));
-  for (int b = 0; b < cs::kHistBins; ++b) {
-    out[cs::kRowHist + b] = total.rows_hist[b];
-    out[cs::kEntryHist + b] = total.entries_hist[b];
-  }
+  total.write(out);
 }
 
 at::Tensor csr_stats_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, int64_t ncols) {
