@@ -1,8 +1,7 @@
 // Ops of the fresh-graph builder (sparsetorch/_graph_build.py): _build_graph makes a graph's CSR, its
-// transpose and both row-length statistics in one op (common/graph_build.h; CPU and CUDA kernels) with
-// one device-to-host copy; _csr_analysis_store hands the statistics to the analysis cache
-// (common/csr_analysis.h), so the products on the new graph neither re-check nor re-analyse it (no
-// second pass, no second sync).
+// transpose and both row-length statistics in one op (common/graph_build.h; CPU and CUDA kernels) and
+// records them in the analysis cache (common/csr_analysis.h), so the products on the new graph neither
+// re-check nor re-analyse it; _csr_analysis_store does the recording for the torch-op builder.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -23,10 +22,11 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   m.def("_csr_analysis_store(Tensor crow_indices, Tensor col_indices, int ncols, Tensor raw) -> ()",
         &csr_analysis_store_op);
   // Internal: loops 0..3 and norm 0..2 as in common/graph_build.h. Returns [crow, col, values, crow_t,
-  // col_t, values_t, perm, summary]; summary (CPU int64) = [bad index flag, csr_stats of A, of A^T].
+  // col_t, values_t, perm, summary] and records both matrices' analyses; summary: the CPU int64 vector of
+  // graph_build::kSummaryLength values (on CUDA pinned, and valid only once the check has landed).
   m.def(
       "_build_graph(Tensor src, Tensor dst, Tensor? weights, int n_src, int n_dst, int loops, float fill, int norm, "
-      "ScalarType dtype) -> Tensor[]");
+      "ScalarType dtype, str what) -> Tensor[]");
 }
 
 }  // namespace sparsetorch

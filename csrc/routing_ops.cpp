@@ -18,7 +18,8 @@
 namespace sparsetorch {
 namespace {
 
-AnalysisMode mode_for(bool force) { return force ? AnalysisMode::kForce : AnalysisMode::kCompute; }
+// The real statistics: a pattern whose check is still in flight (PendingCheck) is waited for.
+AnalysisMode mode_for(bool force) { return force ? AnalysisMode::kForce : AnalysisMode::kFinal; }
 
 at::Tensor csr_analysis_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
   const auto a = analyze_csr(crow, col, ncols, mode_for(force));

@@ -1,26 +1,29 @@
 """The fresh-graph builder: from an edge list to a layer's propagation matrix, its transpose and the
-analysis of both, with ONE device-to-host copy.
+analysis of both, without waiting for the GPU.
 
 Mini-batch GNN training meets a new graph every step (a sampled subgraph), so what it costs to turn
-an ``edge_index`` into the matrices the products need is paid every step. The builder is one op,
+an ``edge_index`` into the matrices the products need is paid every step, and a wait for the GPU
+there makes the host's work and the GPU's take turns instead of overlapping. The builder is one op,
 ``sparsetorch::_build_graph`` (csrc/common/graph_build.h; CPU and CUDA kernels):
 
-1. (no sync) the index range check (clamped indices are used from here on, so nothing reads out of
-   bounds whatever the input holds), the self loops to drop, the entries per target and per source,
-   and from those counts the row-length statistics of A and of A^T in the layout of
-   csrc/common/csr_analysis.h;
-2. ONE copy of that small vector to the host: it raises on bad indices before anything uses the
-   result, and it gives the entry count the sizes below need;
-3. (no sync) one stable sort by target (A = adj_t, rows = targets) and one by source (A^T), the
-   values (edge weights, GCN's D^-1/2 (A + I) D^-1/2 or the mean's 1/deg), and the slot map of A^T.
+1. the index range check (clamped indices are used from here on, so nothing reads out of bounds
+   whatever the input holds), the entries per target and per source, and from those counts the
+   row-length statistics of A and of A^T in the layout of csrc/common/csr_analysis.h;
+2. one stable sort by target (A = adj_t, rows = targets) and one by source (A^T), the values (edge
+   weights, GCN's D^-1/2 (A + I) D^-1/2 or the mean's 1/deg), and the slot map of A^T. A dropped self
+   loop stays in its row with value 0, so every size is known on the host without reading the data.
 
-Edge weights that require a gradient take the same steps as torch ops here (``_build_differentiable``),
-so autograd reaches them.
+On the CPU a bad index raises IndexError at once. On CUDA the check's result (with the statistics)
+is copied to pinned memory behind an event (``PendingCheck``): the products route the new matrices
+provisionally until it lands, and a bad index makes every value NaN and raises IndexError at the
+first use of the graph after the check has landed, or at the next graph built.
 
-The statistics go to the analysis cache (``sparsetorch::_csr_analysis_store``), so the products on
-the new matrices are neither checked nor analysed again, and A^T goes to the transpose cache
-(``_transpose.remember_transpose``), so the backward neither sorts nor gathers. Both caches key on
-the new tensors and drop the entries with them.
+Edge weights that require a gradient take the same steps as torch ops here (``_build_differentiable``,
+one sync), so autograd reaches them.
+
+The statistics go to the analysis cache, so the products on the new matrices are neither checked nor
+analysed again, and A^T goes to the transpose cache (``_transpose.remember_transpose``), so the
+backward neither sorts nor gathers. Both caches key on the new tensors and drop the entries with them.
 
 Within a row, entries keep the order of the edge list (the sorts are stable): deterministic, and the
 products accept any column order.
@@ -97,16 +100,15 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
     if src.dtype != dst.dtype:
         src, dst = src.long(), dst.long()
     w = None if weights is None else weights.to(dtype)
-    crow, col, values, crow_t, col_t, values_t, perm, summary = ops._build_graph(
-        src, dst, w, n_src, n_dst, LOOP_MODES.index(loops), float(fill), NORMS.index(norm), dtype)
-    if summary[0]:  # an index out of range: nothing has read the outputs
-        _raise_out_of_range(src.long(), dst.long(), n_src, n_dst, what)
-    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, summary[1:])
+    # The op records both analyses (on CUDA provisional until its check lands; a bad index raises then).
+    crow, col, values, crow_t, col_t, values_t, perm, _ = ops._build_graph(
+        src, dst, w, n_src, n_dst, LOOP_MODES.index(loops), float(fill), NORMS.index(norm), dtype, what)
+    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst)
 
 
 def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype, what) -> CSR:
     """build_graph's steps as torch ops, for edge weights that require a gradient (autograd reaches
-    them through the values); the same matrices and the same single sync as the op."""
+    them through the values): the op's matrices, with one sync (the range check and the statistics)."""
     device = src.device
     edges = src.shape[0]
     nodes = n_dst if loops is not None else 0
@@ -123,28 +125,20 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
         bad = torch.zeros((), dtype=torch.bool, device=device)
         src_c, dst_c = src_l, dst_l
     drop_loops = loops in ("remaining", "fill")
-    if drop_loops:
-        is_loop = src_c == dst_c
-        kept = (~is_loop).long()
-        kept_edges = kept.sum()
-    else:  # every edge counts: a broadcast one, no tensor of ones written
-        kept = torch.ones((), dtype=long, device=device).expand(edges)
-        kept_edges = torch.full((), edges, dtype=long, device=device)
+    is_loop = (src_c == dst_c) if drop_loops else torch.zeros(edges, dtype=torch.bool, device=device)
     start = 1 if nodes else 0  # the self loop of every node
-    per_target = torch.full((n_dst,), start, dtype=long, device=device).scatter_add_(0, dst_c, kept)
-    per_source = torch.full((n_src,), start, dtype=long, device=device).scatter_add_(0, src_c, kept)
-    header = torch.stack([bad.long(), kept_edges])
-    summary = torch.cat([header, _row_stats(per_target), _row_stats(per_source)]).cpu()  # the one sync
-
-    # --- 2. on the host: raise, or learn the sizes -------------------------------------------------
-    bad_flag, kept_edges = summary[:2].tolist()
-    if bad_flag:
+    # A dropped loop stays in its row with value 0 (as the op: every size is edges + nodes).
+    per_target = torch.full((n_dst,), start, dtype=long, device=device).scatter_add_(
+        0, dst_c, torch.ones((), dtype=long, device=device).expand(edges))
+    per_source = torch.full((n_src,), start, dtype=long, device=device).scatter_add_(
+        0, src_c, torch.ones((), dtype=long, device=device).expand(edges))
+    summary = torch.cat([bad.long().reshape(1), _row_stats(per_target), _row_stats(per_source)]).cpu()  # the sync
+    if summary[0]:
         _raise_out_of_range(src_l, dst_l, n_src, n_dst, what)
-    entries = kept_edges + nodes
+    entries = edges + nodes
 
-    # --- 3. on the device: sort, values, transpose ---------------------------------------------------
-    index_dtype = _index_dtype(n_src, n_dst, edges + nodes)
-    w = weights.to(dtype)
+    index_dtype = _index_dtype(n_src, n_dst, entries)
+    w = torch.where(is_loop, torch.zeros((), dtype=dtype, device=device), weights.to(dtype))
     if nodes:
         node = torch.arange(nodes, device=device)
         all_src, all_dst = torch.cat([src_c, node]), torch.cat([dst_c, node])
@@ -153,34 +147,25 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
             slot = torch.where(is_loop, dst_c, nodes)
             last = torch.full((nodes + 1,), -1, dtype=long, device=device).scatter_reduce_(
                 0, slot, torch.arange(edges, device=device), "amax")[:nodes]
-            loop_w = torch.where(last >= 0, w[last.clamp(min=0)], torch.full_like(w[:1], fill))
+            w_in = weights.to(dtype)
+            loop_w = torch.where(last >= 0, w_in[last.clamp(min=0)], torch.full_like(w_in[:1], fill))
         else:
             loop_w = torch.full((nodes,), fill, dtype=dtype, device=device)
         w_all = torch.cat([w, loop_w])
     else:
         all_src, all_dst, w_all = src_c, dst_c, w
-    # Dropped loops sort after every row (key = the row count) and are cut off.
-    if drop_loops:
-        key_t = torch.where(is_loop, n_dst, dst_c)
-        key_s = torch.where(is_loop, n_src, src_c)
-        if nodes:
-            key_t, key_s = torch.cat([key_t, node]), torch.cat([key_s, node])
-    else:
-        key_t, key_s = all_dst, all_src
     sort_dtype = torch.int32 if max(n_src, n_dst) < 2**31 - 1 else long
-    order = torch.sort(key_t.to(sort_dtype), stable=True).indices[:entries]
-    order_t = torch.sort(key_s.to(sort_dtype), stable=True).indices[:entries]
+    order = torch.sort(all_dst.to(sort_dtype), stable=True).indices
+    order_t = torch.sort(all_src.to(sort_dtype), stable=True).indices
 
     if norm == "gcn":
-        w_kept = w_all if not drop_loops else torch.where(torch.cat([is_loop, torch.zeros(nodes, dtype=torch.bool,
-                                                                                            device=device)]),
-                                                          torch.zeros((), dtype=dtype, device=device), w_all)
-        degree = torch.zeros(n_dst, dtype=dtype, device=device).scatter_add(0, all_dst, w_kept)
+        degree = torch.zeros(n_dst, dtype=dtype, device=device).scatter_add(0, all_dst, w_all)
         d = degree.pow(-0.5)
         d = torch.where(torch.isinf(d), torch.zeros((), dtype=dtype, device=device), d)
         value_all = d[all_dst] * w_all * d[all_src]
     elif norm == "mean":
-        value_all = w_all / per_target.clamp(min=1).to(dtype)[all_dst]
+        kept = per_target - torch.zeros(n_dst, dtype=long, device=device).scatter_add_(0, dst_c, is_loop.long())
+        value_all = w_all / kept.clamp(min=1).to(dtype)[all_dst]
     else:
         value_all = w_all
 
@@ -188,12 +173,14 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
     col = all_src[order].to(index_dtype)
     col_t = all_dst[order_t].to(index_dtype)
     values, values_t = value_all[order], value_all[order_t]
-    # A^T's slot t holds the edge order_t[t]; that edge sits in A's slot inverse[order_t[t]].
-    inverse = torch.empty(edges + nodes, dtype=long, device=device)
+    # A^T's slot t holds the entry order_t[t]; that entry sits in A's slot inverse[order_t[t]].
+    inverse = torch.empty(entries, dtype=long, device=device)
     inverse[order] = torch.arange(entries, device=device)
     perm = inverse[order_t].to(index_dtype)  # 1-D values are indexed with it: int32 serves
-
-    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, summary[2:])
+    if not torch.compiler.is_compiling():
+        ops._csr_analysis_store(crow, col, n_src, summary[1:1 + _STATS_LENGTH])
+        ops._csr_analysis_store(crow_t, col_t, n_dst, summary[1 + _STATS_LENGTH:])
+    return _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst)
 
 
 def _crows(per_target: torch.Tensor, per_source: torch.Tensor, index_dtype: torch.dtype):
@@ -205,11 +192,9 @@ def _crows(per_target: torch.Tensor, per_source: torch.Tensor, index_dtype: torc
     return out
 
 
-def _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst, stats) -> CSR:
-    """A's and A^T's analyses into the analysis cache, A^T into the transpose cache; A."""
+def _keep(crow, col, values, crow_t, col_t, values_t, perm, n_src, n_dst) -> CSR:
+    """A^T into the transpose cache; A."""
     if not torch.compiler.is_compiling():
-        ops._csr_analysis_store(crow, col, n_src, stats[:_STATS_LENGTH])
-        ops._csr_analysis_store(crow_t, col_t, n_dst, stats[_STATS_LENGTH:])
         remember_transpose(crow, col, n_src, crow_t, col_t, perm, values, values_t)
     return CSR(crow, col, values, (n_dst, n_src))
 

@@ -129,13 +129,24 @@ def test_out_of_range_indices_raise_before_use(device, bad):
         ei[0, 2] = 3
     else:
         ei[1, 0] = 7
+    before = ei.clone()
+
+    def use(run):  # on CUDA the check lands after the build: the graph's next use raises
+        y = run()
+        if device == "cuda":
+            assert torch.isnan(y).all()  # never a wrong number meanwhile
+            torch.cuda.synchronize()
+            y.sum().backward()  # raises where the backward uses the graph (GCN's A^T product)
+            st.nn.gcn_norm(torch.tensor([[0], [1]], device=device), num_nodes=2)  # else the next graph built
+
     with pytest.raises(IndexError, match="edge_index"):
-        build_graph(ei[0], ei[1], None, 3, 3, loops="remaining", norm="gcn")
+        use(lambda: st.spmm(build_graph(ei[0], ei[1], None, 3, 3, loops="remaining", norm="gcn"),
+                            torch.randn(3, 2, device=device, requires_grad=True)))
     with pytest.raises(IndexError, match="edge_index"):
-        st.nn.GCNConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei)
+        use(lambda: st.nn.GCNConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei))
     with pytest.raises(IndexError, match="edge_index"):
-        st.nn.SAGEConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei)
-    assert ei.shape == (2, 3)  # the caller's tensor is left alone
+        use(lambda: st.nn.SAGEConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei))
+    assert torch.equal(ei, before)  # the caller's tensor is left alone
 
 
 def test_arguments_are_checked():
@@ -249,24 +260,32 @@ def test_op_on_a_skewed_graph_and_low_precision(device, rng, dtype, norm):
 def test_op_checks_its_arguments(device):
     src = torch.tensor([0, 1, 2], device=device)
     with pytest.raises(ValueError, match="1-D of one length"):
-        ops._build_graph(src, src[:2], None, 3, 3, 0, 1.0, 0, torch.float32)
+        ops._build_graph(src, src[:2], None, 3, 3, 0, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(TypeError, match="int32 or int64"):
-        ops._build_graph(src.float(), src.float(), None, 3, 3, 0, 1.0, 0, torch.float32)
+        ops._build_graph(src.float(), src.float(), None, 3, 3, 0, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(TypeError, match="int32 or int64"):
-        ops._build_graph(src, src.int(), None, 3, 3, 0, 1.0, 0, torch.float32)
+        ops._build_graph(src, src.int(), None, 3, 3, 0, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(ValueError, match="one value per edge"):
-        ops._build_graph(src, src, torch.ones(2, device=device), 3, 3, 0, 1.0, 0, torch.float32)
+        ops._build_graph(src, src, torch.ones(2, device=device), 3, 3, 0, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(TypeError, match="weights must be of dtype"):
-        ops._build_graph(src, src, torch.ones(3, device=device, dtype=torch.float64), 3, 3, 0, 1.0, 0, torch.float32)
+        ops._build_graph(src, src, torch.ones(3, device=device, dtype=torch.float64), 3, 3, 0, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(ValueError, match="square"):
-        ops._build_graph(src, src, None, 3, 4, 1, 1.0, 0, torch.float32)
+        ops._build_graph(src, src, None, 3, 4, 1, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(ValueError, match="loops must be"):
-        ops._build_graph(src, src, None, 3, 3, 7, 1.0, 0, torch.float32)
+        ops._build_graph(src, src, None, 3, 3, 7, 1.0, 0, torch.float32, "edge_index")
     with pytest.raises(TypeError, match="floating"):
-        ops._build_graph(src, src, None, 3, 3, 0, 1.0, 0, torch.int32)
+        ops._build_graph(src, src, None, 3, 3, 0, 1.0, 0, torch.int32, "edge_index")
     with pytest.raises(ValueError, match=">= 0"):
-        ops._build_graph(src, src, None, -1, 3, 0, 1.0, 0, torch.float32)
-    # A bad index only raises the summary's flag (the caller raises): no output is filled.
-    out = ops._build_graph(torch.tensor([0, 5], device=device), torch.tensor([1, 1], device=device), None, 3, 3, 0,
-                           1.0, 0, torch.float32)
-    assert out[-1][0].item() == 1 and out[-1].device.type == "cpu" and out[1].numel() == 0
+        ops._build_graph(src, src, None, -1, 3, 0, 1.0, 0, torch.float32, "edge_index")
+    # A bad index raises IndexError naming the first bad edge: on the CPU at once; on CUDA when the check
+    # lands (at the next use of the graph), its values all NaN meanwhile.
+    bad = torch.tensor([0, 5, 7], device=device), torch.tensor([1, 1, 9], device=device)
+    if device == "cpu":
+        with pytest.raises(IndexError, match=r"adj_t: edge 1 \(source 5, target 1\) is out of range"):
+            ops._build_graph(*bad, None, 3, 3, 0, 1.0, 0, torch.float32, "adj_t")
+    else:
+        out = ops._build_graph(*bad, None, 3, 3, 0, 1.0, 0, torch.float32, "adj_t")
+        assert torch.isnan(out[2]).all() and torch.isnan(out[5]).all()
+        torch.cuda.synchronize()
+        with pytest.raises(IndexError, match=r"adj_t: edge 1 \(source 5, target 1\) is out of range"):
+            ops.csr_analysis(out[0], out[1], 3)

@@ -159,6 +159,19 @@ class AnalysisCache {
                             version(col), std::move(analysis), order_.begin()});
   }
 
+  // Swaps a provisional analysis for its final one, if the entry still holds it.
+  void replace(const Key& key, const CsrAnalysis* old, std::shared_ptr<const CsrAnalysis> analysis) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it != map_.end() && it->second.analysis.get() == old) it->second.analysis = std::move(analysis);
+  }
+
+  void remove(const Key& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it != map_.end()) erase(it);
+  }
+
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     map_.clear();
@@ -243,14 +256,137 @@ std::shared_ptr<const CsrAnalysis> compute(const at::Tensor& crow, const at::Ten
   return make_analysis(s, ncols, raw);
 }
 
+// --- checks in flight (PendingCheck) -----------------------------------------------------------
+
+// Every check not yet known to be finished, so that a bad graph nobody multiplies is still reported.
+struct PendingRegistry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<PendingCheck>> checks;
+};
+
+PendingRegistry& registry() {
+  static PendingRegistry* instance = new PendingRegistry();
+  return *instance;
+}
+
+// Checks in flight beyond this are waited for (oldest first): they hold their graphs' edge lists.
+constexpr size_t kMaxPendingChecks = 64;
+
+void report_once(const PendingCheck& check) {
+  if (!const_cast<PendingCheck&>(check).reported.exchange(true)) check.raise_bad_edge();
+}
+
+// Statistics that send a matrix of unknown row lengths to the routes that do not depend on them: all
+// entries in one row (skewed), so "auto" takes the balanced / split / cuSPARSE routes, never the
+// row-per-group kernel, and a half-precision cuSPARSE product sums in float.
+void provisional_stats(int64_t entries, std::array<int64_t, csr_stats::kLength>& raw) {
+  raw.fill(0);
+  raw[csr_stats::kEntries] = entries;
+  raw[csr_stats::kMaxRow] = entries;
+  const double squares = static_cast<double>(entries) * static_cast<double>(entries);
+  std::memcpy(&raw[csr_stats::kSumSquares], &squares, sizeof(double));
+  if (entries > 0) {
+    raw[csr_stats::kRowHist + csr_stats::bin_of(entries)] = 1;
+    raw[csr_stats::kEntryHist + csr_stats::bin_of(entries)] = entries;
+  }
+}
+
+// The final analysis of a provisional one whose check completed without a bad index.
+std::shared_ptr<const CsrAnalysis> finalize(const CsrAnalysis& a) {
+  auto out = std::make_shared<CsrAnalysis>();
+  out->batch = a.batch;
+  out->batched = a.batched;
+  out->m = a.m;
+  out->ncols = a.ncols;
+  out->nnz_stride = a.nnz_stride;
+  std::memcpy(out->raw.data(), a.pending->summary.data_ptr<int64_t>() + a.pending_offset,
+              sizeof(int64_t) * csr_stats::kLength);
+  out->derived = a.derived;  // buffers made from the pattern stay valid
+  return out;
+}
+
+// A cached analysis, with a provisional one resolved if its check has completed (or, wait: once it has).
+std::shared_ptr<const CsrAnalysis> resolve(const Key& key, std::shared_ptr<const CsrAnalysis> a, bool wait) {
+  if (!a->provisional()) return a;
+  const std::shared_ptr<PendingCheck> check = a->pending;
+  const auto capturing = cuda_stream_capturing.load();
+  if (capturing != nullptr && capturing()) return a;
+  if (wait) {
+    check->done.synchronize();
+  } else if (!check->ready()) {
+    return a;
+  }
+  if (check->first_bad_edge() >= 0) {
+    cache().remove(key);
+    check->reported = true;
+    check->raise_bad_edge();
+  }
+  auto final_analysis = finalize(*a);
+  cache().replace(key, a.get(), final_analysis);
+  return final_analysis;
+}
+
 }  // namespace
+
+std::atomic<bool (*)()> cuda_stream_capturing{nullptr};
+
+int64_t PendingCheck::first_bad_edge() const {
+  const int64_t code = summary.data_ptr<int64_t>()[0];
+  return code == 0 ? -1 : src.size(0) - code;
+}
+
+void PendingCheck::raise_bad_edge() const {
+  const int64_t e = first_bad_edge();
+  const int64_t s = src[e].item<int64_t>(), d = dst[e].item<int64_t>();  // the error path: syncs are fine
+  TORCH_CHECK_INDEX(false, what, ": edge ", e, " (source ", s, ", target ", d, ") is out of range for a graph of ",
+                    n_src, " sources and ", n_dst, " targets (found by the graph's check on the GPU, which ran after "
+                    "the graph was built: its matrix holds NaN values, so no product on it returned a number)");
+}
+
+void store_pending_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
+                                const std::shared_ptr<PendingCheck>& check, int64_t offset) {
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.checks.empty() || r.checks.back() != check) r.checks.push_back(check);
+  }
+  if (!cacheable(crow, col)) return;
+  const CsrShape s = check_csr_components(crow, col, nullptr);
+  auto a = std::make_shared<CsrAnalysis>();
+  a->batch = s.batch;
+  a->batched = s.batched;
+  a->m = s.m;
+  a->ncols = ncols;
+  a->nnz_stride = s.nnz_stride;
+  provisional_stats(s.nnz_stride, a->raw);
+  a->pending = check;
+  a->pending_offset = offset;
+  cache().insert(make_key(crow, col, ncols), crow, col, std::move(a));
+}
+
+void poll_pending_checks(bool wait) {
+  std::vector<std::shared_ptr<PendingCheck>> finished;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const size_t must_wait = wait ? r.checks.size()
+                                  : (r.checks.size() > kMaxPendingChecks ? r.checks.size() - kMaxPendingChecks : 0);
+    for (size_t i = 0; i < must_wait; ++i) r.checks[i]->done.synchronize();
+    std::vector<std::shared_ptr<PendingCheck>> still;
+    for (auto& c : r.checks) (c->ready() ? finished : still).push_back(c);
+    r.checks.swap(still);
+  }
+  for (const auto& c : finished) {
+    if (c->first_bad_edge() >= 0) report_once(*c);
+  }
+}
 
 std::shared_ptr<const CsrAnalysis> analyze_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
                                                AnalysisMode mode) {
   std::optional<Key> key;
   if (cacheable(crow, col)) key = make_key(crow, col, ncols);
   if (key && mode != AnalysisMode::kForce) {
-    if (auto hit = cache().find(*key, crow, col)) return hit;
+    if (auto hit = cache().find(*key, crow, col)) return resolve(*key, std::move(hit), mode == AnalysisMode::kFinal);
   }
   if (mode == AnalysisMode::kLookup) return nullptr;
   auto analysis = compute(crow, col, ncols);

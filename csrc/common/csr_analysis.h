@@ -15,8 +15,10 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -89,6 +91,25 @@ struct RowStats {
 };
 }  // namespace csr_stats
 
+// A check whose result arrives later: the fresh-graph builder's on CUDA (common/graph_build.h) copies
+// its summary (the first out-of-range edge, both matrices' statistics) to pinned host memory behind an
+// event instead of waiting for the GPU. Until the event has completed, the two matrices' analyses are
+// provisional (valid by construction, statistics unknown: routed as if skewed, never tuned); the first
+// lookup after it completes replaces them with the real ones, or raises IndexError for a bad index
+// (the builder made every value NaN then, so no product on the graph returned a wrong number).
+struct PendingCheck {
+  at::Tensor summary;  // pinned CPU int64: [edges - first bad edge (0: none), stats of A, stats of A^T]
+  c10::Event done{c10::DeviceType::CUDA};
+  at::Tensor src, dst;  // the edges, read only to name a bad one
+  int64_t n_src = 0, n_dst = 0;
+  std::string what;
+  std::atomic<bool> reported{false};  // its IndexError was raised once
+
+  bool ready() const { return done.query(); }
+  int64_t first_bad_edge() const;  // -1: none (call when ready)
+  [[noreturn]] void raise_bad_edge() const;
+};
+
 struct CsrAnalysis {
   int64_t batch = 1;        // pattern batches (1 for one pattern shared by every batch)
   bool batched = false;     // crow_indices is 2-D
@@ -112,6 +133,12 @@ struct CsrAnalysis {
   // The defect of an invalid matrix, as the message of the ValueError ops raise ("" when valid).
   std::string defect(const char* what) const;
 
+  // Set while the pattern's check is in flight (PendingCheck): `raw` holds provisional statistics, and
+  // the real ones sit at pending->summary[pending_offset ...] once it completes.
+  std::shared_ptr<PendingCheck> pending;
+  int64_t pending_offset = 0;
+  bool provisional() const { return pending != nullptr; }
+
   // Device buffers a route makes from the pattern alone (the split route's unit plan, spmm_split.cu),
   // keyed by the route's parameters; kept with the analysis, so dropped with it (an in-place change of the
   // indices, a freed matrix). Tuned routes live apart, keyed by the matrix's signature (spmm_tuning.h).
@@ -126,6 +153,7 @@ enum class AnalysisMode {
   kLookup,   // only the cache: nullptr when the matrix was not analysed (no device work, no sync)
   kCompute,  // from the cache, else analysed now (one O(nnz) pass and, on CUDA, one sync) and cached
   kForce,    // analysed now whatever the cache holds (validate=True)
+  kFinal,    // as kCompute, but a provisional analysis waits for its check (st.analyze: the real statistics)
 };
 
 // The analysis of the pattern (crow, col) against ncols columns (ncols < 0: columns unchecked).
@@ -147,6 +175,21 @@ std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at:
 // on the CPU); the pattern must be valid by construction and is not checked again. Later ops find
 // the entry as if analyze_csr had computed it. Nothing is stored for tensors that cannot be cached.
 void store_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, const at::Tensor& raw);
+
+// Set by the CUDA build (graph_build_cuda.cu): whether the current CUDA stream is capturing a graph. A
+// check in flight is not queried then (an event query is illegal during capture): the analysis stays
+// provisional until a lookup outside the capture.
+extern std::atomic<bool (*)()> cuda_stream_capturing;
+
+// Records the fresh-graph builder's pattern with its check in flight (see PendingCheck): a provisional
+// analysis now, its statistics at check->summary[offset ...] once the check's event has completed.
+void store_pending_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,
+                                const std::shared_ptr<PendingCheck>& check, int64_t offset);
+
+// Raises the IndexError of every completed check that found a bad index and has not raised yet
+// (the builder calls it for each new graph, so a bad graph is reported by the next one at the latest);
+// wait=true waits for every check in flight first. Drops completed checks.
+void poll_pending_checks(bool wait);
 
 void clear_csr_analysis_cache();
 int64_t csr_analysis_cache_size();

@@ -6,7 +6,8 @@ namespace sparsetorch {
 namespace graph_build {
 
 Problem make_problem(const at::Tensor& src, const at::Tensor& dst, const std::optional<at::Tensor>& weights,
-                     int64_t n_src, int64_t n_dst, int64_t loops, double fill, int64_t norm, at::ScalarType dtype) {
+                     int64_t n_src, int64_t n_dst, int64_t loops, double fill, int64_t norm, at::ScalarType dtype,
+                     c10::string_view what) {
   TORCH_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && src.size(0) == dst.size(0),
                     "_build_graph: src and dst must be 1-D of one length, got shapes ", src.sizes(), " and ",
                     dst.sizes());
@@ -43,17 +44,12 @@ Problem make_problem(const at::Tensor& src, const at::Tensor& dst, const std::op
   p.norm = static_cast<Norm>(norm);
   p.fill = fill;
   p.dtype = dtype;
+  p.what = std::string(what);
   p.nodes = loops == kNoLoops ? 0 : n_dst;
   constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
   // n + 1 is a sort key (the dropped loops'), and the counts reach edges + nodes.
   p.index_dtype = std::max({n_src, n_dst, p.candidates()}) < kIntMax - 1 ? at::kInt : at::kLong;
   return p;
-}
-
-std::vector<at::Tensor> bad_index_result(const at::Tensor& summary_cpu, const Problem& p) {
-  const at::Tensor none = at::empty({0}, p.src.options().dtype(p.index_dtype));
-  const at::Tensor no_values = at::empty({0}, p.src.options().dtype(p.dtype));
-  return {none, none, no_values, none, none, no_values, none, summary_cpu};
 }
 
 }  // namespace graph_build

@@ -1,17 +1,20 @@
 // The fresh-graph builder as one op (sparsetorch::_build_graph; Python: sparsetorch/_graph_build.py):
 // from an edge list to a layer's propagation matrix A = adj_t (n_dst x n_src, rows = targets), its
-// transpose and the row-length statistics of both, with one device-to-host copy of a small vector and
-// no Python between the steps. Mini-batch GNN training meets a new graph every step, so the host cost
-// of these ~20 launches (against ~45 torch ops, each a dispatch and a launch) is paid every step.
+// transpose and the row-length statistics of both, in ~20 launches without waiting for the GPU (the
+// check's result is read when it lands: PendingCheck, common/csr_analysis.h) and without Python between
+// the steps. Mini-batch GNN training meets a new graph every step, so this is paid every step: a wait
+// for the GPU there serialises the host's work with the GPU's.
 //
 // What it computes (the Python builder's definitions, which stay for autograd through edge weights and
 // for torch.compile's tracing):
 //  - edges src[e] -> dst[e], indices checked against n_src / n_dst (clamped before any use, so nothing
-//    reads out of bounds whatever they hold; a bad index only sets the summary's flag);
+//    reads out of bounds whatever they hold). A bad index raises IndexError naming the first bad edge: on
+//    the CPU at once; on CUDA when the check lands, with every value of the matrix NaN meanwhile;
 //  - loops (square graphs): kRemaining drops existing self loops and gives each node one loop weighing its
 //    last existing loop's weight, else `fill` (PyG's add_remaining_self_loops); kFill drops them and
 //    adds loops of weight `fill`; kAdd keeps them and adds loops of weight `fill`. Added loops follow
-//    every edge (entry e = edges + node);
+//    every edge (entry e = edges + node). A dropped loop stays in its row as an entry of value 0, so
+//    every size is edges + nodes, known without reading the data;
 //  - norm: kGcn scales entry (t, s) by d_t d_s with d = (row sums)^-1/2 (0 where the sum is 0);
 //    kMean divides an entry by its row's entry count;
 //  - both matrices keep the edge order within a row (stable), A^T's slot t holds A's slot perm[t].
@@ -20,6 +23,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/csr_analysis.h"
@@ -30,7 +34,7 @@ namespace graph_build {
 enum Loops : int64_t { kNoLoops = 0, kRemaining = 1, kFill = 2, kAdd = 3 };
 enum Norm : int64_t { kNoNorm = 0, kGcn = 1, kMean = 2 };
 
-// The summary the op returns on the CPU: [out-of-range flag, csr_stats of A, csr_stats of A^T].
+// The summary (int64): [edges - the first out-of-range edge (0: none), csr_stats of A, csr_stats of A^T].
 constexpr int64_t kBadIndex = 0;
 constexpr int64_t kStatsA = 1;
 constexpr int64_t kStatsAT = 1 + csr_stats::kLength;
@@ -46,19 +50,17 @@ struct Problem {
   double fill = 1.0;
   at::ScalarType dtype = at::kFloat;
   at::ScalarType index_dtype = at::kInt;  // of the outputs: int32 unless a size needs int64
+  std::string what;                       // the graph's name in errors ("edge_index", "adj_t")
 
-  int64_t candidates() const { return edges + nodes; }  // entries before dropped loops are cut
+  int64_t candidates() const { return edges + nodes; }  // the entries of A and of A^T
   bool drop_loops() const { return loops == kRemaining || loops == kFill; }
   bool loop_weights_from_edges() const { return loops == kRemaining && weights.has_value() && edges > 0; }
 };
 
 // Checks the op's arguments (ValueError / TypeError naming them) and makes them contiguous.
 Problem make_problem(const at::Tensor& src, const at::Tensor& dst, const std::optional<at::Tensor>& weights,
-                     int64_t n_src, int64_t n_dst, int64_t loops, double fill, int64_t norm, at::ScalarType dtype);
-
-// The op's result: [crow, col, values, crow_t, col_t, values_t, perm, summary]. With a bad index only the
-// summary is meaningful (the others are empty): the caller raises before anything reads them.
-std::vector<at::Tensor> bad_index_result(const at::Tensor& summary_cpu, const Problem& p);
+                     int64_t n_src, int64_t n_dst, int64_t loops, double fill, int64_t norm, at::ScalarType dtype,
+                     c10::string_view what);
 
 }  // namespace graph_build
 }  // namespace sparsetorch

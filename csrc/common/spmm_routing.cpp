@@ -179,7 +179,7 @@ ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, c
   ResolvedRoute r{requested, checked_csr(crow, col, p.k, validate || requested == SpmmBackend::Cusparse, "spmm")};
   if (requested != SpmmBackend::Auto) return r;
   r.route = r.rules_route = choose_spmm_route(p, dtype, r.analysis.get());
-  if (r.analysis) {
+  if (r.analysis && !r.analysis->provisional()) {  // a provisional analysis (PendingCheck) is routed by the rules
     // The signature's decided route (common/spmm_tuning.h), where this matrix can take it: a decision
     // (or a cache file) never sends a matrix to a route its own candidates exclude (cuSPARSE on
     // repeated positions, densify beyond its memory bound, ...).

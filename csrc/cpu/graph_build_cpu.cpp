@@ -1,5 +1,6 @@
-// The fresh-graph builder on the CPU (common/graph_build.h): counts, a stable counting sort per side
-// and the values, serially in edge order (O(edges + nodes); the sort is stable by construction).
+// The fresh-graph builder on the CPU (common/graph_build.h): the range check (raising at once), counts, a
+// stable counting sort per side and the values, serially in edge order (O(edges + nodes); the sort is
+// stable by construction); both analyses go to the cache.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -21,13 +22,16 @@ template <typename scalar_t, typename idx_t>
 void build(const gb::Problem& p, const int64_t* src, const int64_t* dst, std::vector<at::Tensor>& out) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t E = p.edges, T = p.candidates();
-  std::vector<int64_t> per_t(p.n_dst, 0), per_s(p.n_src, 0), last_loop(p.loop_weights_from_edges() ? p.n_dst : 0, -1);
-  std::vector<char> kept(T, 1);
+  // per_kept: a row's entries other than dropped loops (the mean's divisor)
+  std::vector<int64_t> per_t(p.n_dst, 0), per_s(p.n_src, 0), per_kept(p.n_dst, 0);
+  std::vector<int64_t> last_loop(p.loop_weights_from_edges() ? p.n_dst : 0, -1);
+  std::vector<char> dropped(T, 0);
   for (int64_t e = 0; e < E; ++e) {
     if (p.drop_loops() && src[e] == dst[e]) {
-      kept[e] = 0;
+      dropped[e] = 1;
       if (!last_loop.empty()) last_loop[dst[e]] = e;
-      continue;
+    } else {
+      ++per_kept[dst[e]];
     }
     ++per_t[dst[e]];
     ++per_s[src[e]];
@@ -35,6 +39,7 @@ void build(const gb::Problem& p, const int64_t* src, const int64_t* dst, std::ve
   for (int64_t node = 0; node < p.nodes; ++node) {
     ++per_t[node];
     ++per_s[node];
+    ++per_kept[node];
   }
   int64_t* summary = out[7].data_ptr<int64_t>();
   cs::RowStats stats_a, stats_at;
@@ -70,6 +75,7 @@ void build(const gb::Problem& p, const int64_t* src, const int64_t* dst, std::ve
   // The weight of candidate entry e (an edge, or node e - E's added loop).
   const scalar_t* w = p.weights ? p.weights->data_ptr<scalar_t>() : nullptr;
   auto weight = [&](int64_t e) -> acc_t {
+    if (dropped[e]) return acc_t(0);
     if (e < E) return w ? static_cast<acc_t>(w[e]) : acc_t(1);
     const int64_t node = e - E;
     if (!last_loop.empty() && last_loop[node] >= 0) return static_cast<acc_t>(w[last_loop[node]]);
@@ -81,14 +87,12 @@ void build(const gb::Problem& p, const int64_t* src, const int64_t* dst, std::ve
   idx_t *col_p = col.data_ptr<idx_t>(), *col_t_p = col_t.data_ptr<idx_t>(), *perm_p = perm.data_ptr<idx_t>();
   std::vector<int64_t> slot_of(T), edge_of(entries);
   for (int64_t e = 0; e < T; ++e) {  // edge order: stable
-    if (!kept[e]) continue;
     const int64_t slot = next[target(e)]++;
     col_p[slot] = static_cast<idx_t>(source(e));
     slot_of[e] = slot;
     edge_of[slot] = e;
   }
   for (int64_t e = 0; e < T; ++e) {
-    if (!kept[e]) continue;
     const int64_t slot = next_t[source(e)]++;
     col_t_p[slot] = static_cast<idx_t>(target(e));
     perm_p[slot] = static_cast<idx_t>(slot_of[e]);
@@ -108,7 +112,7 @@ void build(const gb::Problem& p, const int64_t* src, const int64_t* dst, std::ve
       if (p.norm == gb::kGcn) {
         v[i] = static_cast<scalar_t>(d[r] * x * d[col_p[i]]);
       } else if (p.norm == gb::kMean) {
-        v[i] = static_cast<scalar_t>(x / static_cast<acc_t>(std::max<int64_t>(per_t[r], 1)));
+        v[i] = static_cast<scalar_t>(x / static_cast<acc_t>(std::max<int64_t>(per_kept[r], 1)));
       } else {
         v[i] = static_cast<scalar_t>(x);
       }
@@ -127,30 +131,28 @@ void build(const gb::Problem& p, const int64_t* src, const int64_t* dst, std::ve
 
 std::vector<at::Tensor> build_graph_cpu(const at::Tensor& src_in, const at::Tensor& dst_in,
                                         const std::optional<at::Tensor>& weights, int64_t n_src, int64_t n_dst,
-                                        int64_t loops, double fill, int64_t norm, at::ScalarType dtype) {
-  const gb::Problem p = gb::make_problem(src_in, dst_in, weights, n_src, n_dst, loops, fill, norm, dtype);
-  at::Tensor summary = at::zeros({gb::kSummaryLength}, at::TensorOptions().dtype(at::kLong));
-  // Range check, then clamped copies (never read out of bounds, whatever the input holds).
-  const at::Tensor src = p.src.to(at::kLong).clamp(0, std::max<int64_t>(n_src - 1, 0)).contiguous();
-  const at::Tensor dst = p.dst.to(at::kLong).clamp(0, std::max<int64_t>(n_dst - 1, 0)).contiguous();
-  if (p.edges > 0) {
-    const auto [src_lo, src_hi] = at::aminmax(p.src);
-    const auto [dst_lo, dst_hi] = at::aminmax(p.dst);
-    if (src_lo.item<int64_t>() < 0 || src_hi.item<int64_t>() >= n_src || dst_lo.item<int64_t>() < 0 ||
-        dst_hi.item<int64_t>() >= n_dst) {
-      summary.data_ptr<int64_t>()[gb::kBadIndex] = 1;
-      return gb::bad_index_result(summary, p);
-    }
+                                        int64_t loops, double fill, int64_t norm, at::ScalarType dtype,
+                                        c10::string_view what) {
+  const gb::Problem p = gb::make_problem(src_in, dst_in, weights, n_src, n_dst, loops, fill, norm, dtype, what);
+  const at::Tensor src = p.src.to(at::kLong).contiguous(), dst = p.dst.to(at::kLong).contiguous();
+  const int64_t *s = src.data_ptr<int64_t>(), *d = dst.data_ptr<int64_t>();
+  for (int64_t e = 0; e < p.edges; ++e) {
+    TORCH_CHECK_INDEX(s[e] >= 0 && s[e] < n_src && d[e] >= 0 && d[e] < n_dst, p.what, ": edge ", e, " (source ",
+                      s[e], ", target ", d[e], ") is out of range for a graph of ", n_src, " sources and ", n_dst,
+                      " targets");
   }
   std::vector<at::Tensor> out(8);
-  out[7] = summary;
+  out[7] = at::zeros({gb::kSummaryLength}, at::TensorOptions().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "_build_graph_cpu", [&] {
     if (p.index_dtype == at::kInt) {
-      build<scalar_t, int32_t>(p, src.data_ptr<int64_t>(), dst.data_ptr<int64_t>(), out);
+      build<scalar_t, int32_t>(p, s, d, out);
     } else {
-      build<scalar_t, int64_t>(p, src.data_ptr<int64_t>(), dst.data_ptr<int64_t>(), out);
+      build<scalar_t, int64_t>(p, s, d, out);
     }
   });
+  const at::Tensor summary = out[7];
+  store_csr_analysis(out[0], out[1], n_src, summary.narrow(0, gb::kStatsA, csr_stats::kLength));
+  store_csr_analysis(out[3], out[4], n_dst, summary.narrow(0, gb::kStatsAT, csr_stats::kLength));
   return out;
 }
 

@@ -1,16 +1,19 @@
-// The fresh-graph builder on CUDA (common/graph_build.h): one op, ~20 launches, one device-to-host copy.
+// The fresh-graph builder on CUDA (common/graph_build.h): one op, ~20 launches, and no wait for the GPU.
 //
-//   1. edge_pass: the range flag, clamped sort keys (a dropped loop gets key n, after every row), the
-//      entries per target and per source (atomics), each node's last self loop (atomicMax: the largest
-//      edge number, deterministic);
+//   1. edge_pass: the first out-of-range edge (atomicMax of edges - e), clamped sort keys, the entries
+//      per target and per source (atomics), each node's last self loop (atomicMax: the largest edge
+//      number, deterministic);
 //   2. stats_pass: both matrices' row-length statistics (csr_stats layout) into the summary;
-//   3. ONE copy of the summary to the host: the caller raises on a bad index before anything reads the
-//      outputs, and the entry count sizes them;
-//   4. a stable radix sort of the candidate entries by target (A) and by source (A^T), over only the
-//      bits the node count needs; the row pointers by a scan of the counts;
-//   5. fill_a: A's columns, each candidate's slot in A (`inverse`), the values (GCN: after
-//      gcn_degree, a warp per row summing its weights in a fixed order, so results are deterministic);
-//      fill_at: A^T's columns, perm and values (A's values through perm, bitwise equal).
+//   3. the summary is copied to pinned host memory behind an event (a PendingCheck, common/
+//      csr_analysis.h): the products route provisionally until it lands, and a bad index raises
+//      IndexError at the first lookup after that (or at the next graph built);
+//   4. a stable radix sort of the entries by target (A) and by source (A^T), over only the bits the node
+//      count needs; the row pointers by a scan of the counts;
+//   5. row_scale (GCN: (sum of the row's weights)^-1/2; mean with dropped loops: the kept entries), a warp
+//      per row in a fixed order, so results are deterministic; fill_a: A's columns, each entry's slot in
+//      A (`inverse`), the values, all NaN when an index was out of range; fill_at: A^T's columns, perm
+//      and values (A's values through perm, bitwise equal).
+// The sizes are known on the host without the GPU: a dropped self loop stays in its row with value 0.
 // Every index read is clamped or comes from the sort of clamped keys: nothing reads out of bounds.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -48,17 +51,24 @@ __device__ inline void add_one(int64_t* p) { atomicAdd(reinterpret_cast<unsigned
 __device__ inline void raise_to(int32_t* p, int32_t v) { atomicMax(p, v); }
 __device__ inline void raise_to(int64_t* p, int64_t v) { atomicMax(reinterpret_cast<long long*>(p), static_cast<long long>(v)); }
 
-// Candidate entry e's weight: an edge's (ones without weights), or node e - edges' added loop: its last
-// existing loop's weight (kRemaining with weights; last_loop holds edge + 1, 0 for none), else fill.
+// Entry e's weight: an edge's (ones without weights; 0 for a dropped self loop), or node e - edges' added
+// loop: its last existing loop's weight (kRemaining with weights; last_loop holds edge + 1, 0 for none),
+// else fill.
 template <typename scalar_t, typename idx_t>
 struct Weights {
   using acc_t = at::opmath_type<scalar_t>;
   const scalar_t* w;       // nullptr: ones
   const idx_t* last_loop;  // nullptr: added loops weigh `fill`
+  const idx_t *key_t, *key_s;
   int64_t edges;
+  bool drop_loops;
   acc_t fill;
+  __device__ bool dropped(int64_t e) const { return drop_loops && e < edges && key_t[e] == key_s[e]; }
   __device__ acc_t operator()(int64_t e) const {
-    if (e < edges) return w ? static_cast<acc_t>(w[e]) : acc_t(1);
+    if (e < edges) {
+      if (dropped(e)) return acc_t(0);
+      return w ? static_cast<acc_t>(w[e]) : acc_t(1);
+    }
     if (last_loop) {
       const int64_t last = static_cast<int64_t>(last_loop[e - edges]);
       if (last > 0) return static_cast<acc_t>(w[last - 1]);
@@ -77,18 +87,14 @@ __global__ void edge_pass(const in_t* src, const in_t* dst, int64_t edges, int64
     ids[e] = static_cast<idx_t>(e);
     if (e < edges) {
       int64_t s = static_cast<int64_t>(src[e]), d = static_cast<int64_t>(dst[e]);
-      if (s < 0 || s >= n_src || d < 0 || d >= n_dst) *bad = 1;  // every writer writes 1
+      if (s < 0 || s >= n_src || d < 0 || d >= n_dst) raise_to(bad, edges - e);  // the largest: the first edge
       s = min(max(s, int64_t(0)), n_src - 1);
       d = min(max(d, int64_t(0)), n_dst - 1);
-      const bool dropped = drop_loops && s == d;
-      key_t[e] = static_cast<idx_t>(dropped ? n_dst : d);
-      key_s[e] = static_cast<idx_t>(dropped ? n_src : s);
-      if (dropped) {
-        if (last_loop) raise_to(&last_loop[d], static_cast<idx_t>(e + 1));
-      } else {
-        add_one(&count_t[d]);
-        add_one(&count_s[s]);
-      }
+      key_t[e] = static_cast<idx_t>(d);
+      key_s[e] = static_cast<idx_t>(s);
+      if (last_loop && drop_loops && s == d) raise_to(&last_loop[d], static_cast<idx_t>(e + 1));
+      add_one(&count_t[d]);
+      add_one(&count_s[s]);
     } else {
       const int64_t node = e - edges;
       key_t[e] = key_s[e] = static_cast<idx_t>(node);
@@ -146,23 +152,29 @@ __global__ void stats_pass(const idx_t* count_t, int64_t n_dst, const idx_t* cou
   }
 }
 
-// GCN: d[r] = (sum of row r's weights)^-1/2, 0 where that is infinite. A warp per row, lanes strided
-// over its entries, then a butterfly: a fixed order, so deterministic.
+// Per row of A: GCN's d[r] = (sum of the row's weights)^-1/2, 0 where that is infinite; the mean's divisor
+// (the kept entries, at least 1) where dropped loops sit in the rows. A warp per row, lanes strided over
+// its entries, then a butterfly: a fixed order, so deterministic.
 template <typename scalar_t, typename idx_t>
-__global__ void gcn_degree(int64_t rows, const idx_t* crow, const idx_t* order, Weights<scalar_t, idx_t> weight,
-                           at::opmath_type<scalar_t>* d) {
+__global__ void row_scale(int64_t rows, const idx_t* crow, const idx_t* order, Weights<scalar_t, idx_t> weight,
+                          int64_t norm, at::opmath_type<scalar_t>* d) {
   using acc_t = at::opmath_type<scalar_t>;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     acc_t sum = 0;
     for (int64_t i = static_cast<int64_t>(crow[r]) + lane; i < static_cast<int64_t>(crow[r + 1]); i += 32) {
-      sum += weight(static_cast<int64_t>(order[i]));
+      const int64_t e = static_cast<int64_t>(order[i]);
+      sum += norm == gb::kGcn ? weight(e) : acc_t(weight.dropped(e) ? 0 : 1);
     }
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     if (lane == 0) {
-      const acc_t scale = ::pow(sum, acc_t(-0.5));
-      d[r] = isinf(scale) ? acc_t(0) : scale;
+      if (norm == gb::kGcn) {
+        const acc_t scale = ::pow(sum, acc_t(-0.5));
+        d[r] = isinf(scale) ? acc_t(0) : scale;
+      } else {
+        d[r] = max(sum, acc_t(1));
+      }
     }
   }
 }
@@ -171,8 +183,10 @@ __global__ void gcn_degree(int64_t rows, const idx_t* crow, const idx_t* order, 
 template <typename scalar_t, typename idx_t>
 __global__ void fill_a(int64_t entries, const idx_t* order, const idx_t* row_of, const idx_t* key_s,
                        const idx_t* count_t, Weights<scalar_t, idx_t> weight, int64_t norm,
-                       const at::opmath_type<scalar_t>* d, idx_t* col, idx_t* inverse, scalar_t* values) {
+                       const at::opmath_type<scalar_t>* d, const int64_t* bad, idx_t* col, idx_t* inverse,
+                       scalar_t* values) {
   using acc_t = at::opmath_type<scalar_t>;
+  const bool poisoned = *bad != 0;  // an index was out of range: every value NaN
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < entries;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = static_cast<int64_t>(order[i]);
@@ -184,10 +198,10 @@ __global__ void fill_a(int64_t entries, const idx_t* order, const idx_t* row_of,
     acc_t v = x;
     if (norm == gb::kGcn) {
       v = d[r] * x * d[c];
-    } else if (norm == gb::kMean) {
-      v = x / static_cast<acc_t>(max(static_cast<int64_t>(count_t[r]), int64_t(1)));
+    } else if (norm == gb::kMean) {  // d: the kept entries where loops were dropped, else the row's count
+      v = x / (d ? d[r] : static_cast<acc_t>(max(static_cast<int64_t>(count_t[r]), int64_t(1))));
     }
-    values[i] = static_cast<scalar_t>(v);
+    values[i] = poisoned ? static_cast<scalar_t>(NAN) : static_cast<scalar_t>(v);
   }
 }
 
@@ -243,8 +257,8 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
 
   // Scratch: keys, ids, sorted keys and orders, inverse, the GCN scales, the sorts' and scans' temporaries.
   size_t sort_bytes = 0, sort_t_bytes = 0, scan_bytes = 0, scan_t_bytes = 0;
-  const int bits_t = key_bits(p.drop_loops() ? n_dst : std::max<int64_t>(n_dst - 1, 0));
-  const int bits_s = key_bits(p.drop_loops() ? n_src : std::max<int64_t>(n_src - 1, 0));
+  const int bits_t = key_bits(std::max<int64_t>(n_dst - 1, 0));
+  const int bits_s = key_bits(std::max<int64_t>(n_src - 1, 0));
   const auto count = static_cast<idx_t>(T);
   if (T > 0) {
     C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const key_t*>(nullptr),
@@ -295,11 +309,17 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
     stats_pass<idx_t><<<grid, kThreads, 0, stream>>>(count_t, n_dst, count_s, n_src, summary);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  // 3. the one copy to the host.
-  const at::Tensor summary_cpu = zero_block.narrow(0, at_summary, gb::kSummaryLength * 8).view(at::kLong).cpu();
-  const int64_t* host = summary_cpu.data_ptr<int64_t>();
-  if (host[gb::kBadIndex] != 0) return gb::bad_index_result(summary_cpu, p);
-  const int64_t entries = host[gb::kStatsA + cs::kEntries];
+  // 3. the summary to pinned host memory behind an event: read by the analysis cache once it has landed.
+  auto check = std::make_shared<PendingCheck>();
+  check->summary = at::empty({gb::kSummaryLength}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  check->summary.copy_(zero_block.narrow(0, at_summary, gb::kSummaryLength * 8).view(at::kLong), /*non_blocking=*/true);
+  check->done.record(stream);
+  check->src = p.src;
+  check->dst = p.dst;
+  check->n_src = n_src;
+  check->n_dst = n_dst;
+  check->what = p.what;
+  const int64_t entries = T;  // a dropped loop stays in its row (value 0): the sizes need no data
 
   const auto index_options = p.src.options().dtype(p.index_dtype);
   at::Tensor crow = at::empty({n_dst + 1}, index_options), crow_t = at::empty({n_src + 1}, index_options);
@@ -321,8 +341,7 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
     C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, count_s, crow_t.data_ptr<idx_t>() + 1,
                                                  static_cast<idx_t>(n_src), stream));
   }
-  if (entries == 0) return {crow, col, values, crow_t, col_t, values_t, perm, summary_cpu};
-  {
+  if (entries > 0) {
     size_t bytes = temp_bytes;
     C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, reinterpret_cast<const key_t*>(key_t_in),
                                                    reinterpret_cast<key_t*>(row_of), ids, order, count, 0, bits_t,
@@ -331,36 +350,47 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
     C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, reinterpret_cast<const key_t*>(key_s_in),
                                                    reinterpret_cast<key_t*>(row_of_t), ids, order_t, count, 0,
                                                    bits_s, stream));
-  }
 
-  // 5. A, then A^T.
-  const Weights<scalar_t, idx_t> weight{p.weights ? p.weights->data_ptr<scalar_t>() : nullptr, last_loop, E,
-                                        static_cast<acc_t>(p.fill)};
-  if (p.norm == gb::kGcn) {
-    gcn_degree<scalar_t, idx_t><<<blocks_for(n_dst * 32), kThreads, 0, stream>>>(n_dst, crow.data_ptr<idx_t>(),
-                                                                                 order, weight, d);
+    // 5. A, then A^T.
+    const Weights<scalar_t, idx_t> weight{p.weights ? p.weights->data_ptr<scalar_t>() : nullptr,
+                                          last_loop,
+                                          key_t_in,
+                                          key_s_in,
+                                          E,
+                                          p.drop_loops(),
+                                          static_cast<acc_t>(p.fill)};
+    const bool scaled_rows = p.norm == gb::kGcn || (p.norm == gb::kMean && p.drop_loops());
+    if (scaled_rows) {
+      row_scale<scalar_t, idx_t><<<blocks_for(n_dst * 32), kThreads, 0, stream>>>(
+          n_dst, crow.data_ptr<idx_t>(), order, weight, p.norm, d);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    fill_a<scalar_t, idx_t><<<blocks_for(entries), kThreads, 0, stream>>>(
+        entries, order, row_of, key_s_in, count_t, weight, p.norm, scaled_rows ? d : nullptr,
+        summary + gb::kBadIndex, col.data_ptr<idx_t>(), inverse, values.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    fill_at<scalar_t, idx_t><<<blocks_for(entries), kThreads, 0, stream>>>(
+        entries, order_t, key_t_in, inverse, values.data_ptr<scalar_t>(), col_t.data_ptr<idx_t>(),
+        perm.data_ptr<idx_t>(), values_t.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  fill_a<scalar_t, idx_t><<<blocks_for(entries), kThreads, 0, stream>>>(
-      entries, order, row_of, key_s_in, count_t, weight, p.norm, d, col.data_ptr<idx_t>(), inverse,
-      values.data_ptr<scalar_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  fill_at<scalar_t, idx_t><<<blocks_for(entries), kThreads, 0, stream>>>(
-      entries, order_t, key_t_in, inverse, values.data_ptr<scalar_t>(), col_t.data_ptr<idx_t>(),
-      perm.data_ptr<idx_t>(), values_t.data_ptr<scalar_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {crow, col, values, crow_t, col_t, values_t, perm, summary_cpu};
+  // The workspaces are freed into the caching allocator on this stream: reuse is ordered after the kernels.
+  store_pending_csr_analysis(crow, col, n_src, check, gb::kStatsA);
+  store_pending_csr_analysis(crow_t, col_t, n_dst, check, gb::kStatsAT);
+  return {crow, col, values, crow_t, col_t, values_t, perm, check->summary};
 }
 
 std::vector<at::Tensor> build_graph_cuda(const at::Tensor& src, const at::Tensor& dst,
                                          const std::optional<at::Tensor>& weights, int64_t n_src, int64_t n_dst,
-                                         int64_t loops, double fill, int64_t norm, at::ScalarType dtype) {
-  const gb::Problem p = gb::make_problem(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype);
+                                         int64_t loops, double fill, int64_t norm, at::ScalarType dtype,
+                                         c10::string_view what) {
+  const gb::Problem p = gb::make_problem(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype, what);
   const c10::cuda::CUDAGuard guard(p.src.device());
   TORCH_CHECK(at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None,
-              "sparsetorch: a new graph is built with one device sync (its size and index check), which CUDA "
-              "graph capture does not allow: build the graph's matrix before capturing (st.nn.gcn_norm / "
-              "st.nn.mean_norm, or one call of the layer) and pass it to the captured layers");
+              "sparsetorch: a new graph's check is read back through pinned memory and an event, which CUDA graph "
+              "capture does not allow: build the graph's matrix before capturing (st.nn.gcn_norm / st.nn.mean_norm, "
+              "or one call of the layer) and pass it to the captured layers");
+  poll_pending_checks(/*wait=*/false);  // a bad graph built earlier raises here at the latest
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "_build_graph_cuda", [&] {
     AT_DISPATCH_INDEX_TYPES(p.src.scalar_type(), "_build_graph_cuda", [&] {
@@ -370,6 +400,12 @@ std::vector<at::Tensor> build_graph_cuda(const at::Tensor& src, const at::Tensor
   });
   return out;
 }
+
+// Lets the analysis cache (common code) ask whether a CUDA graph is being captured.
+const bool kCaptureQueryRegistered = [] {
+  cuda_stream_capturing = [] { return at::cuda::currentStreamCaptureStatus() != at::cuda::CaptureStatus::None; };
+  return true;
+}();
 
 }  // namespace
 
