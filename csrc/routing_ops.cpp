@@ -18,18 +18,17 @@
 namespace sparsetorch {
 namespace {
 
-// The real statistics: a pattern whose check is still in flight (PendingCheck) is waited for.
-AnalysisMode mode_for(bool force) { return force ? AnalysisMode::kForce : AnalysisMode::kFinal; }
-
 at::Tensor csr_analysis_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
-  const auto a = analyze_csr(crow, col, ncols, mode_for(force));
+  // The real statistics: a pattern whose check is still in flight (PendingCheck) is waited for.
+  const auto a = analyze_csr(crow, col, ncols, force ? AnalysisMode::kForce : AnalysisMode::kFinal);
   at::Tensor out = at::empty({csr_stats::kLength}, at::TensorOptions().dtype(at::kLong));
   std::memcpy(out.data_ptr<int64_t>(), a->raw.data(), sizeof(int64_t) * csr_stats::kLength);
   return out;
 }
 
 void csr_validate_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
-  const auto a = analyze_csr(crow, col, ncols, mode_for(force));
+  // A provisional analysis (the fresh-graph builder's, check in flight) is valid by construction: no wait.
+  const auto a = analyze_csr(crow, col, ncols, force ? AnalysisMode::kForce : AnalysisMode::kCompute);
   if (!a->valid()) TORCH_CHECK_VALUE(false, a->defect("validate_csr"));
 }
 
@@ -76,7 +75,8 @@ std::tuple<std::string, std::vector<int64_t>> spmm_tuning_signature_op(const at:
                                                                        const at::Tensor& values,
                                                                        const at::Tensor& dense) {
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, std::nullopt, std::nullopt);
-  const auto a = checked_csr(crow, col, p.k, /*validate=*/true, "spmm");
+  checked_csr(crow, col, p.k, /*validate=*/true, "spmm");
+  const auto a = analyze_csr(crow, col, p.k, AnalysisMode::kFinal);  // a signature needs the real statistics
   const tuning::SpmmSignature s = tuning::signature(p, values.scalar_type(), *a, tuning::b_layout(dense),
                                                     tuning::device_id(values.device()));
   return {tuning::device_name(s.device), std::vector<int64_t>(s.f.begin(), s.f.end())};

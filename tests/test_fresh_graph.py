@@ -58,6 +58,8 @@ CASES = [  # (n_src, n_dst, edges, loops, fill, norm, weighted)
     (40, 30, 300, None, 1.0, None, False),
     (50, 20, 300, None, 1.0, "mean", False),
     (20, 50, 100, None, 1.0, "mean", True),
+    (40, 40, 300, "remaining", 1.0, "mean", False),
+    (400, 400, 3000, "fill", 2.0, "mean", True),
     (30, 30, 0, "remaining", 1.0, "gcn", False),
     (7, 9, 0, None, 1.0, "mean", False),
     (0, 0, 0, None, 1.0, None, False),
@@ -222,10 +224,14 @@ def test_op_matches_the_differentiable_path(device, rng, case, index_dtype):
     """The op (sparsetorch::_build_graph) and the torch-op path kept for weights that require a
     gradient build the same patterns slot by slot (both sorts are stable), the same A^T slot map and
     the same values."""
-    n_src, n_dst, e, loops, fill, norm, _ = case
+    n_src, n_dst, e, loops, fill, norm, weighted = case
     ei = _edges(rng, max(n_src, 1), max(n_dst, 1), e, device=device, index_dtype=index_dtype)
     w = torch.rand(e, dtype=torch.float64, device=device)
-    native = build_graph(ei[0], ei[1], w, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
+    if not weighted and (loops != "remaining" or fill == 1.0):  # unweighted: the op's ones, the path's ones
+        native = build_graph(ei[0], ei[1], None, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
+        w = torch.ones(e, dtype=torch.float64, device=device)
+    else:
+        native = build_graph(ei[0], ei[1], w, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
     steps = build_graph(ei[0], ei[1], w.clone().requires_grad_(), n_src, n_dst, loops=loops, fill=fill, norm=norm,
                         dtype=torch.float64)
     for x, y in zip(_parts(native), _parts(steps)):

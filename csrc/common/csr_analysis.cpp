@@ -350,7 +350,12 @@ void store_pending_csr_analysis(const at::Tensor& crow, const at::Tensor& col, i
     std::lock_guard<std::mutex> lock(r.mutex);
     if (r.checks.empty() || r.checks.back() != check) r.checks.push_back(check);
   }
-  if (!cacheable(crow, col)) return;
+  if (!cacheable(crow, col)) {
+    // No lookup will find this pattern (inference tensors): the check is read now, so a bad index raises.
+    check->done.synchronize();
+    if (check->first_bad_edge() >= 0) report_once(*check);
+    return;
+  }
   const CsrShape s = check_csr_components(crow, col, nullptr);
   auto a = std::make_shared<CsrAnalysis>();
   a->batch = s.batch;
@@ -376,9 +381,23 @@ void poll_pending_checks(bool wait) {
     for (auto& c : r.checks) (c->ready() ? finished : still).push_back(c);
     r.checks.swap(still);
   }
+  // One IndexError per call: checks still to report go back to the registry for the next poll.
+  std::shared_ptr<PendingCheck> bad;
+  std::vector<std::shared_ptr<PendingCheck>> later;
   for (const auto& c : finished) {
-    if (c->first_bad_edge() >= 0) report_once(*c);
+    if (c->first_bad_edge() < 0 || c->reported) continue;
+    if (bad) {
+      later.push_back(c);
+    } else {
+      bad = c;
+    }
   }
+  if (!later.empty()) {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.checks.insert(r.checks.begin(), later.begin(), later.end());
+  }
+  if (bad) report_once(*bad);
 }
 
 std::shared_ptr<const CsrAnalysis> analyze_csr(const at::Tensor& crow, const at::Tensor& col, int64_t ncols,

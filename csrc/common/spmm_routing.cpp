@@ -145,7 +145,9 @@ SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const 
   const bool cusparse = cusparse_applies(p, a);
   const double product = static_cast<double>(a->entries()) * static_cast<double>(p.n);
   if (p.n <= kVectorMaxN && cusparse && a->entries() >= kVectorCusparseEntries) return SpmmBackend::Cusparse;
-  if (!skewed(*a)) {
+  // A provisional analysis (PendingCheck: row lengths unknown until the fresh-graph builder's check lands)
+  // takes the skewed rules: routes whose speed does not hang on the longest row.
+  if (!a->provisional() && !skewed(*a)) {
     if (long_rows_wide_b(p, dtype, mean_row)) return SpmmBackend::Tiled;
     if (!cusparse || is_half(dtype)) return SpmmBackend::Native;
     return p.n <= kNativeMaxN || product < kLargeProduct ? SpmmBackend::Native : SpmmBackend::Cusparse;

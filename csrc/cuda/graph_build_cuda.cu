@@ -282,7 +282,9 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
   const int64_t at_row = scratch.take<idx_t>(T), at_row_s = scratch.take<idx_t>(T);
   const int64_t at_order = scratch.take<idx_t>(T), at_order_t = scratch.take<idx_t>(T);
   const int64_t at_inverse = scratch.take<idx_t>(T);
-  const int64_t at_d = scratch.take<acc_t>(p.norm == gb::kGcn ? n_dst : 0);
+  // row_scale's output: GCN's scales, or the mean's divisors where dropped loops sit in the rows
+  const bool scaled_rows = p.norm == gb::kGcn || (p.norm == gb::kMean && p.drop_loops());
+  const int64_t at_d = scratch.take<acc_t>(scaled_rows ? n_dst : 0);
   const int64_t at_temp = scratch.take<char>(static_cast<int64_t>(temp_bytes));
   at::Tensor scratch_block = at::empty({scratch.offset}, p.src.options().dtype(at::kByte));
   auto* base = static_cast<char*>(scratch_block.data_ptr());
@@ -359,7 +361,6 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
                                           E,
                                           p.drop_loops(),
                                           static_cast<acc_t>(p.fill)};
-    const bool scaled_rows = p.norm == gb::kGcn || (p.norm == gb::kMean && p.drop_loops());
     if (scaled_rows) {
       row_scale<scalar_t, idx_t><<<blocks_for(n_dst * 32), kThreads, 0, stream>>>(
           n_dst, crow.data_ptr<idx_t>(), order, weight, p.norm, d);

@@ -357,8 +357,9 @@ std::string spmm_tune_cuda(const at::Tensor& crow, const at::Tensor& col, const 
                            const at::Tensor& dense) {
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, std::nullopt, std::nullopt);
   const c10::cuda::CUDAGuard guard(values.device());
-  const auto a = checked_csr(crow, col, p.k, /*validate=*/true, "SpmmPlan");
+  checked_csr(crow, col, p.k, /*validate=*/true, "SpmmPlan");
   TORCH_CHECK(!capturing(), "spmm_tune: routes cannot be timed during CUDA graph capture");
+  const auto a = analyze_csr(crow, col, p.k, AnalysisMode::kFinal);  // its decision is keyed on the real statistics
   return spmm_route_name(measure_spmm_route(p, crow, col, values, dense, *a));
 }
 }  // namespace

@@ -122,7 +122,7 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
     The pattern of an undirected graph is marked symmetric (see ``_transpose.mark_symmetric``)."""
     global _warned_improved
     fill = 2.0 if improved else 1.0
-    # A graph is built in one pass with one device sync (sparsetorch/_graph_build.py); while tracing
+    # A graph is built by one op without a device sync (sparsetorch/_graph_build.py); while tracing
     # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
     fresh = not torch.compiler.is_compiling()
     if is_edge_index(graph) or is_data(graph):

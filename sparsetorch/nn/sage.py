@@ -27,7 +27,7 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
     :class:`CSR` or SciPy matrix keeps its values. ``num_nodes``: (sources, targets) or an int.
     Its transpose is built with it (sparsetorch/_graph_build.py), so the backward neither sorts nor
     gathers. ``device``: where a graph held on the host (SciPy, lists) is built."""
-    # A graph is built in one pass with one device sync (sparsetorch/_graph_build.py); while tracing
+    # A graph is built by one op without a device sync (sparsetorch/_graph_build.py); while tracing
     # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
     fresh = not torch.compiler.is_compiling()
     norm = "mean" if aggr == "mean" else None
