@@ -332,7 +332,7 @@ std::atomic<bool (*)()> cuda_stream_capturing{nullptr};
 
 int64_t PendingCheck::first_bad_edge() const {
   const int64_t code = summary.data_ptr<int64_t>()[0];
-  return code == 0 ? -1 : src.size(0) - code;
+  return code == 0 ? -1 : edges - code;
 }
 
 void PendingCheck::raise_bad_edge() const {
@@ -380,6 +380,14 @@ void poll_pending_checks(bool wait) {
     std::vector<std::shared_ptr<PendingCheck>> still;
     for (auto& c : r.checks) (c->ready() ? finished : still).push_back(c);
     r.checks.swap(still);
+  }
+  // A clean check never reads its edges again: let them go (stale cache entries of dropped graphs may
+  // hold the check until they are evicted).
+  for (const auto& c : finished) {
+    if (c->first_bad_edge() < 0) {
+      c->src = at::Tensor();
+      c->dst = at::Tensor();
+    }
   }
   // One IndexError per call: checks still to report go back to the registry for the next poll.
   std::shared_ptr<PendingCheck> bad;

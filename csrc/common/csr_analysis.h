@@ -100,8 +100,8 @@ struct RowStats {
 struct PendingCheck {
   at::Tensor summary;  // pinned CPU int64: [edges - first bad edge (0: none), stats of A, stats of A^T]
   c10::Event done{c10::DeviceType::CUDA};
-  at::Tensor src, dst;  // the edges, read only to name a bad one
-  int64_t n_src = 0, n_dst = 0;
+  at::Tensor src, dst;  // the edges, read only to name a bad one; released once the check is found clean
+  int64_t edges = 0, n_src = 0, n_dst = 0;
   std::string what;
   std::atomic<bool> reported{false};  // its IndexError was raised once
 

@@ -318,6 +318,7 @@ std::vector<at::Tensor> build(const gb::Problem& p) {
   check->done.record(stream);
   check->src = p.src;
   check->dst = p.dst;
+  check->edges = E;
   check->n_src = n_src;
   check->n_dst = n_dst;
   check->what = p.what;
