@@ -233,16 +233,15 @@ bool cacheable(const at::Tensor& crow, const at::Tensor& col) {
   return !crow.is_inference() && !col.is_inference() && crow.has_storage() && col.has_storage();
 }
 
-// The analysis of a matrix of shape s from its statistics vector (raw: a contiguous CPU int64 vector of
-// csr_stats::kLength values).
-std::shared_ptr<CsrAnalysis> make_analysis(const CsrShape& s, int64_t ncols, const at::Tensor& raw) {
+// The analysis of a matrix of shape s from its statistics (csr_stats::kLength values).
+std::shared_ptr<CsrAnalysis> make_analysis(const CsrShape& s, int64_t ncols, const int64_t* raw) {
   auto a = std::make_shared<CsrAnalysis>();
   a->batch = s.batch;
   a->batched = s.batched;
   a->m = s.m;
   a->ncols = ncols;
   a->nnz_stride = s.nnz_stride;
-  std::memcpy(a->raw.data(), raw.data_ptr<int64_t>(), sizeof(int64_t) * csr_stats::kLength);
+  std::memcpy(a->raw.data(), raw, sizeof(int64_t) * csr_stats::kLength);
   return a;
 }
 
@@ -253,7 +252,7 @@ std::shared_ptr<const CsrAnalysis> compute(const at::Tensor& crow, const at::Ten
   const CsrShape s = check_csr_components(crow, col, nullptr);
   const at::Tensor raw = op.call(crow, col, ncols).to(at::kCPU).contiguous();  // on CUDA: the one sync
   TORCH_INTERNAL_ASSERT(raw.numel() == csr_stats::kLength && raw.scalar_type() == at::kLong);
-  return make_analysis(s, ncols, raw);
+  return make_analysis(s, ncols, raw.data_ptr<int64_t>());
 }
 
 // --- checks in flight (PendingCheck) -----------------------------------------------------------
@@ -293,15 +292,11 @@ void provisional_stats(int64_t entries, std::array<int64_t, csr_stats::kLength>&
 
 // The final analysis of a provisional one whose check completed without a bad index.
 std::shared_ptr<const CsrAnalysis> finalize(const CsrAnalysis& a) {
-  auto out = std::make_shared<CsrAnalysis>();
-  out->batch = a.batch;
-  out->batched = a.batched;
-  out->m = a.m;
-  out->ncols = a.ncols;
-  out->nnz_stride = a.nnz_stride;
+  auto out = std::make_shared<CsrAnalysis>(a);  // the shape, and the buffers made from the pattern
   std::memcpy(out->raw.data(), a.pending->summary.data_ptr<int64_t>() + a.pending_offset,
               sizeof(int64_t) * csr_stats::kLength);
-  out->derived = a.derived;  // buffers made from the pattern stay valid
+  out->pending = nullptr;
+  out->pending_offset = 0;
   return out;
 }
 
@@ -357,13 +352,9 @@ void store_pending_csr_analysis(const at::Tensor& crow, const at::Tensor& col, i
     return;
   }
   const CsrShape s = check_csr_components(crow, col, nullptr);
-  auto a = std::make_shared<CsrAnalysis>();
-  a->batch = s.batch;
-  a->batched = s.batched;
-  a->m = s.m;
-  a->ncols = ncols;
-  a->nnz_stride = s.nnz_stride;
-  provisional_stats(s.nnz_stride, a->raw);
+  std::array<int64_t, csr_stats::kLength> stats;
+  provisional_stats(s.nnz_stride, stats);
+  auto a = make_analysis(s, ncols, stats.data());
   a->pending = check;
   a->pending_offset = offset;
   cache().insert(make_key(crow, col, ncols), crow, col, std::move(a));
@@ -441,7 +432,8 @@ void store_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t n
               raw.sizes(), " ", raw.scalar_type(), " on ", raw.device());
   if (!cacheable(crow, col)) return;
   const CsrShape s = check_csr_components(crow, col, nullptr);
-  cache().insert(make_key(crow, col, ncols), crow, col, make_analysis(s, ncols, raw.contiguous()));
+  const at::Tensor stats = raw.contiguous();
+  cache().insert(make_key(crow, col, ncols), crow, col, make_analysis(s, ncols, stats.data_ptr<int64_t>()));
 }
 
 void clear_csr_analysis_cache() { cache().clear(); }
