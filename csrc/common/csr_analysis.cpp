@@ -166,12 +166,6 @@ class AnalysisCache {
     if (it != map_.end() && it->second.analysis.get() == old) it->second.analysis = std::move(analysis);
   }
 
-  void remove(const Key& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = map_.find(key);
-    if (it != map_.end()) erase(it);
-  }
-
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     map_.clear();
@@ -311,8 +305,7 @@ std::shared_ptr<const CsrAnalysis> resolve(const Key& key, std::shared_ptr<const
   } else if (!check->ready()) {
     return a;
   }
-  if (check->first_bad_edge() >= 0) {
-    cache().remove(key);
+  if (check->first_bad_edge() >= 0) {  // the entry stays: every later use of the graph raises too
     check->reported = true;
     check->raise_bad_edge();
   }
