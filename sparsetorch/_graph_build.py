@@ -15,8 +15,8 @@ there makes the host's work and the GPU's take turns instead of overlapping. The
 
 On the CPU a bad index raises IndexError at once. On CUDA the check's result (with the statistics)
 is copied to pinned memory behind an event (``PendingCheck``): the products route the new matrices
-provisionally until it lands, and a bad index makes every value NaN and raises IndexError at the
-first use of the graph after the check has landed, or at the next graph built.
+provisionally until it lands, and a bad index makes every value NaN and raises IndexError at every
+use of the graph after the check has landed, and at the next graph built.
 
 Edge weights that require a gradient take the same steps as torch ops here (``_build_differentiable``,
 one sync), so autograd reaches them.
@@ -68,7 +68,7 @@ def _row_stats(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _index_dtype(n_src: int, n_dst: int, entries: int) -> torch.dtype:
-    """As the op (common/graph_build.cpp): n + 1 is a sort key and the counts reach ``entries``."""
+    """As the op (common/graph_build.cpp): the counts and row pointers reach ``entries``."""
     return torch.int32 if max(n_src, n_dst, entries) < 2**31 - 2 else torch.int64
 
 
@@ -138,7 +138,8 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
     entries = edges + nodes
 
     index_dtype = _index_dtype(n_src, n_dst, entries)
-    w = torch.where(is_loop, torch.zeros((), dtype=dtype, device=device), weights.to(dtype))
+    w_in = weights.to(dtype)
+    w = torch.where(is_loop, torch.zeros((), dtype=dtype, device=device), w_in)
     if nodes:
         node = torch.arange(nodes, device=device)
         all_src, all_dst = torch.cat([src_c, node]), torch.cat([dst_c, node])
@@ -147,7 +148,6 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
             slot = torch.where(is_loop, dst_c, nodes)
             last = torch.full((nodes + 1,), -1, dtype=long, device=device).scatter_reduce_(
                 0, slot, torch.arange(edges, device=device), "amax")[:nodes]
-            w_in = weights.to(dtype)
             loop_w = torch.where(last >= 0, w_in[last.clamp(min=0)], torch.full_like(w_in[:1], fill))
         else:
             loop_w = torch.full((nodes,), fill, dtype=dtype, device=device)

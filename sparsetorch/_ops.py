@@ -88,6 +88,18 @@ def _csr_analysis_fake(crow_indices, col_indices, ncols, force=False):
     return torch.empty((CSR_STATS_LENGTH,), dtype=torch.int64, device="cpu")
 
 
+@torch.library.register_fake("sparsetorch::_build_graph")
+def _build_graph_fake(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype, what):
+    # Every size is known from the arguments (a dropped self loop stays in its row): csrc/common/graph_build.h.
+    entries = src.shape[0] + (n_dst if loops else 0)
+    index_dtype = torch.int32 if max(n_src, n_dst, entries) < 2**31 - 2 else torch.int64
+    crow, crow_t = src.new_empty((n_dst + 1,), dtype=index_dtype), src.new_empty((n_src + 1,), dtype=index_dtype)
+    col, col_t, perm = (src.new_empty((entries,), dtype=index_dtype) for _ in range(3))
+    values, values_t = (src.new_empty((entries,), dtype=dtype) for _ in range(2))
+    summary = torch.empty((1 + 2 * CSR_STATS_LENGTH,), dtype=torch.int64, device="cpu")
+    return [crow, col, values, crow_t, col_t, values_t, perm, summary]
+
+
 @torch.library.register_fake("sparsetorch::spmm_tune")
 def _spmm_tune_fake(crow_indices, col_indices, values, dense):
     return "auto"

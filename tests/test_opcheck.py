@@ -37,6 +37,10 @@ def samples(rng, device):
     yield ops.bias_act, (x, None, None), {}
     yield ops.csr_scale, (crow, col, values, torch.rand(9, device=device), torch.rand(7, device=device)), {}
     yield ops.csr_scale, (bcrow, bcol, bvalues, torch.rand(3, 9, device=device), None), {}
+    edge_src, edge_dst = torch.tensor([0, 2, 1, 3, 3], device=device), torch.tensor([1, 2, 0, 3, 1], device=device)
+    yield ops._build_graph, (edge_src, edge_dst, None, 4, 4, 1, 1.0, 1, torch.float32, "edge_index"), {}
+    yield ops._build_graph, (edge_src.int(), edge_dst.int(), torch.rand(5, device=device), 4, 5, 0, 1.0, 2,
+                             torch.float32, "edge_index"), {}
     yield ops.csr_stats, (crow, col, 7), {}
     yield ops.csr_analysis, (crow, col, 7), {}
     yield ops.csr_validate, (crow, col, 7), dict(force=True)
@@ -136,9 +140,6 @@ def test_opcheck_all_ops(device, rng):
     not_traced = {"sparsetorch::spmm_route", "sparsetorch::spmm_route_candidates", "sparsetorch::csr_analysis_cache",
                   "sparsetorch::set_autotune", "sparsetorch::spmm_tune", "sparsetorch::_cpu_isa",
                   "sparsetorch::_csr_analysis_store"}
-    # ... the fresh-graph builder's op (its output sizes depend on the data: the layers build with torch ops
-    # while tracing, sparsetorch/_graph_build.py) ...
-    not_traced |= {"sparsetorch::_build_graph"}
     # ... and the tuning table's (csrc/common/spmm_tuning.h): a signature, plain lists, counters, test hooks
     not_traced |= {"sparsetorch::spmm_tuning_signature", "sparsetorch::spmm_tuning_export",
                    "sparsetorch::spmm_tuning_import", "sparsetorch::spmm_tuning_stats", "sparsetorch::spmm_tuning_clear",

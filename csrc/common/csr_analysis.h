@@ -170,8 +170,8 @@ std::shared_ptr<const CsrAnalysis> checked_csr(const at::Tensor& crow, const at:
                                                bool validate, const char* what);
 
 // Records the analysis of a pattern whose statistics the caller computed while building it (the
-// fresh-graph builder, sparsetorch/_graph_build.py: it knows every row length from its own counts and
-// reads them with its one device-to-host copy). `raw` is the csr_stats vector (kLength int64 values,
+// fresh-graph builder on the CPU, and its torch-op path for differentiable weights: they know every row
+// length from their own counts). `raw` is the csr_stats vector (kLength int64 values,
 // on the CPU); the pattern must be valid by construction and is not checked again. Later ops find
 // the entry as if analyze_csr had computed it. Nothing is stored for tensors that cannot be cached.
 void store_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, const at::Tensor& raw);

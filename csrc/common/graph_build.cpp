@@ -47,7 +47,7 @@ Problem make_problem(const at::Tensor& src, const at::Tensor& dst, const std::op
   p.what = std::string(what);
   p.nodes = loops == kNoLoops ? 0 : n_dst;
   constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
-  // n + 1 is a sort key (the dropped loops'), and the counts reach edges + nodes.
+  // The counts and row pointers reach edges + nodes (sparsetorch/_ops.py's fake kernel repeats this rule).
   p.index_dtype = std::max({n_src, n_dst, p.candidates()}) < kIntMax - 1 ? at::kInt : at::kLong;
   return p;
 }

@@ -16,7 +16,7 @@
 //    every edge (entry e = edges + node). A dropped loop stays in its row as an entry of value 0, so
 //    every size is edges + nodes, known without reading the data;
 //  - norm: kGcn scales entry (t, s) by d_t d_s with d = (row sums)^-1/2 (0 where the sum is 0);
-//    kMean divides an entry by its row's entry count;
+//    kMean divides an entry by its row's entry count (a dropped loop's zero entry not counted);
 //  - both matrices keep the edge order within a row (stable), A^T's slot t holds A's slot perm[t].
 #pragma once
 
