@@ -106,6 +106,30 @@ def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
     assert "sparsetorch is" in capsys.readouterr().out
 
 
+def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
+    """Each finished suite's rows are written (marked partial) before the next suite starts, so a run that
+    is killed or fails in a later suite leaves a results folder that --replot can redraw."""
+    pytest.importorskip("scipy")
+    from sparsetorch.bench import suites
+    from sparsetorch.bench.__main__ import main
+
+    def failing_suite(ctx):
+        def job():
+            raise RuntimeError("stopped here")
+        return [job]
+
+    monkeypatch.setitem(suites.SUITES, "graphs", failing_suite)
+    out = tmp_path / "res"
+    with pytest.raises(RuntimeError, match="stopped here"):
+        main(["--device", "cpu", "--suites", "batched,graphs", "--no-plots", "--out", str(out)])
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["partial"] is True and data["meta"]["suites"] == ["batched"]
+    assert data["rows"] and {r["suite"] for r in data["rows"]} == {"batched"}
+    assert "**Partial**" in (out / "README.md").read_text()
+    main(["--replot", str(out), "--no-plots"])  # the partial folder is a complete folder for --replot
+    assert json.loads((out / "results.json").read_text())["meta"]["partial"] is True
+
+
 def test_run_says_what_it_left_out_without_data(tmp_path, capsys, monkeypatch):
     """No data folder: the graphs suite runs its synthetic cases and the run says, at its start and its end,
     that the real matrices and the Planetoid graphs were left out and how to get them; no torch warning about

@@ -52,6 +52,7 @@ import argparse
 import importlib.util
 import os
 import re
+import sys
 import time
 import warnings
 from typing import List, Optional
@@ -204,7 +205,17 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
     rows = []
     bar = progress(len(jobs))
     start = time.time()
-    for suite, job, on_cpu in jobs:
+    out = args.out or os.path.join("bench-results", device_slug(device))
+
+    def meta_of(suites_done: List[str]) -> dict:
+        return {"device": name, "device_slug": device_slug(device), "torch": torch.__version__,
+                "sparsetorch": st.__version__, "date": time.strftime("%Y-%m-%d"),
+                "mode": "full" if args.full else "quick", "suites": suites_done,
+                "copy_GBps": ceilings.bandwidth / 1e9, "gemm_flops": ceilings.gemm, "seconds": time.time() - start,
+                "data": data_root, "left_out": left_out + [l for l in ctx.left_out if l not in left_out],
+                "command": "python -m sparsetorch.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+
+    for i, (suite, job, on_cpu) in enumerate(jobs):
         bar.set_description(suite)
         for r in job():
             r["cpu"] = on_cpu
@@ -212,6 +223,13 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
         bar.update(1)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if i + 1 < len(jobs) and jobs[i + 1][0] != suite:
+            # A suite is done: its rows are on disk (without plots), so a run cut short keeps them
+            # (meta "partial": true; --replot DIR redraws the folder from them).
+            done = list(dict.fromkeys(s for s, _, _ in jobs[:i + 1]))
+            partial = [dict(r) for r in rows]
+            report.add_speedups(partial)
+            report.write(out, {**meta_of(done), "partial": True}, partial, plots=False)
     bar.close()
     report.add_speedups(rows)
     print()
@@ -227,13 +245,7 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
         if any("Planetoid" in line or "real matrices" in line for line in left_out):
             print("  To add the real data: put Matrix Market files in DIR/matrices and the Planetoid graphs in DIR; "
                   "Planetoid: " + how_to_get_planetoid("cora").replace("\n", "\n  "))
-    out = args.out or os.path.join("bench-results", device_slug(device))
-    meta = {"device": name, "device_slug": device_slug(device), "torch": torch.__version__,
-            "sparsetorch": st.__version__, "date": time.strftime("%Y-%m-%d"), "mode": "full" if args.full else "quick",
-            "suites": wanted, "copy_GBps": ceilings.bandwidth / 1e9, "gemm_flops": ceilings.gemm,
-            "seconds": time.time() - start, "data": data_root, "left_out": left_out,
-            "command": "python -m sparsetorch.bench " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}
-    written = report.write(out, meta, rows, plots=not args.no_plots)
+    written = report.write(out, meta_of(wanted), rows, plots=not args.no_plots)
     print(f"\nwrote {', '.join(written)} ({time.time() - start:.0f} s)")
 
 
