@@ -130,6 +130,32 @@ def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
     assert json.loads((out / "results.json").read_text())["meta"]["partial"] is True
 
 
+def test_append_adds_suites_to_a_folder_and_replaces_rerun_ones(tmp_path):
+    """--append: a second run's suites join the folder's results; a suite run again replaces its old rows; the
+    meta lists both commands. A failed appending run leaves the earlier suites in place."""
+    pytest.importorskip("scipy")
+    from sparsetorch.bench import suites
+    from sparsetorch.bench.__main__ import main
+
+    out = str(tmp_path / "res")
+    main(["--device", "cpu", "--suites", "batched", "--no-plots", "--out", out])
+    first = json.loads((tmp_path / "res" / "results.json").read_text())
+    main(["--device", "cpu", "--suites", "elementwise,batched", "--no-plots", "--out", out, "--append"])
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert data["meta"]["suites"] == ["elementwise", "batched"]
+    assert len(data["meta"]["commands"]) == 2 and "--append" in data["meta"]["commands"][1]
+    batched = [r for r in data["rows"] if r["suite"] == "batched"]
+    assert len(batched) == len(first["rows"])  # replaced, not doubled
+    assert any(r["suite"] == "elementwise" for r in data["rows"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(suites.SUITES, "graphs", lambda ctx: [lambda: (_ for _ in ()).throw(RuntimeError("cut"))])
+        with pytest.raises(RuntimeError, match="cut"):
+            main(["--device", "cpu", "--suites", "density,graphs", "--no-plots", "--out", out, "--append"])
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert data["meta"]["partial"] is True
+    assert {r["suite"] for r in data["rows"]} == {"elementwise", "batched", "density"}
+
+
 def test_run_says_what_it_left_out_without_data(tmp_path, capsys, monkeypatch):
     """No data folder: the graphs suite runs its synthetic cases and the run says, at its start and its end,
     that the real matrices and the Planetoid graphs were left out and how to get them; no torch warning about

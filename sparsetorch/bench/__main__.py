@@ -141,6 +141,39 @@ def packages_left_out(device: torch.device, wanted: List[str]) -> List[str]:
     return lines
 
 
+def _existing(out: str, device: str) -> Optional[dict]:
+    """The results.json already in `out` (for --append), None if there is none."""
+    import json
+
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        old = json.load(f)
+    if old["meta"].get("device") != device:
+        raise SystemExit(f"--append: {path} holds results of {old['meta'].get('device')}, not of {device}")
+    return old
+
+
+def _appended(old: Optional[dict], meta: dict, rows: List[dict]):
+    """meta and rows of the folder's earlier results `old` with this run's suites replaced by its own."""
+    if old is None:
+        return meta, rows
+    kept = [r for r in old["rows"] if r["suite"] not in meta["suites"]]
+    suites = [s for s in old["meta"]["suites"] if s not in meta["suites"]] + meta["suites"]
+    commands = old["meta"].get("commands") or [old["meta"]["command"]]
+    merged = {**meta, "suites": suites, "commands": commands + [meta["command"]],
+              "command": " ; ".join(commands + [meta["command"]]),
+              "seconds": old["meta"].get("seconds", 0.0) + meta["seconds"],
+              "left_out": list(dict.fromkeys(old["meta"].get("left_out", []) + meta["left_out"]))}
+    if old["meta"].get("date") != meta["date"]:
+        merged["date"] = f"{old['meta'].get('date')} and {meta['date']}"
+    merged.pop("partial", None)
+    rows = kept + rows
+    report.add_speedups(rows)
+    return merged, rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m sparsetorch.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +191,9 @@ def main(argv=None):
                     help="decoder layers of the decode stack (decode, pruned; default 4 on CUDA, 1 on the CPU)")
     ap.add_argument("--dtypes", default=None, help="comma-separated dtypes, e.g. float32,bfloat16 (skew)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="add this run's suites to the results already in --out (same device), replacing the rows of "
+                         "the suites it runs again; the folder's meta lists every command that wrote it")
     ap.add_argument("--replot", metavar="DIR", default=None,
                     help="rewrite README.md, CSV and plots of DIR from its results.json, without running")
     args = ap.parse_args(argv)
@@ -215,6 +251,7 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
                 "data": data_root, "left_out": left_out + [l for l in ctx.left_out if l not in left_out],
                 "command": "python -m sparsetorch.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
 
+    earlier = _existing(out, name) if args.append else None
     for i, (suite, job, on_cpu) in enumerate(jobs):
         bar.set_description(suite)
         for r in job():
@@ -229,7 +266,8 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
             done = list(dict.fromkeys(s for s, _, _ in jobs[:i + 1]))
             partial = [dict(r) for r in rows]
             report.add_speedups(partial)
-            report.write(out, {**meta_of(done), "partial": True}, partial, plots=False)
+            meta, partial = _appended(earlier, meta_of(done), partial)
+            report.write(out, {**meta, "partial": True}, partial, plots=False)
     bar.close()
     report.add_speedups(rows)
     print()
@@ -245,7 +283,8 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
         if any("Planetoid" in line or "real matrices" in line for line in left_out):
             print("  To add the real data: put Matrix Market files in DIR/matrices and the Planetoid graphs in DIR; "
                   "Planetoid: " + how_to_get_planetoid("cora").replace("\n", "\n  "))
-    written = report.write(out, meta_of(wanted), rows, plots=not args.no_plots)
+    meta, rows = _appended(earlier, meta_of(wanted), rows)
+    written = report.write(out, meta, rows, plots=not args.no_plots)
     print(f"\nwrote {', '.join(written)} ({time.time() - start:.0f} s)")
 
 

@@ -191,9 +191,14 @@ def _forced_24(ctx, base, forced, xs, ref, sb, sf, rate, label, n):
     gets it (its algorithm searched on the first call of the bucket, during warm-up), and its host time per call."""
     forced._forms.refresh(forced)
     got = measure(ctx, base, {"sparsetorch 2:4 form": (lambda a: forced(a), xs, sb, sf, rate, label)}, ref, 0)
+    # At few tokens a pure 2:4 weight runs on the decode kernel, and the cuSPARSELt form is released: the
+    # residual's size is the split's, which both forms share.
+    forms = forced._forms
+    split = forms.split24 if forms.split24 is not None else getattr(forms.sparse24, "split", None)
     for r in got:
         r["host_us_per_call"] = 1e6 * host_time_per_call(forced, xs[0][0])
-        r["residual_nnz"] = forced._forms.sparse24.residual_nnz
+        r["residual_nnz"] = split.residual_nnz if split is not None else None
+        r["forced_route"] = forced.routes.get(_bucket(n))
     return got
 
 
