@@ -124,10 +124,22 @@ def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
         main(["--device", "cpu", "--suites", "batched,graphs", "--no-plots", "--out", str(out)])
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["partial"] is True and data["meta"]["suites"] == ["batched"]
+    assert "unfinished" not in data["meta"]  # batched finished; graphs wrote nothing
     assert data["rows"] and {r["suite"] for r in data["rows"]} == {"batched"}
     assert "**Partial**" in (out / "README.md").read_text()
     main(["--replot", str(out), "--no-plots"])  # the partial folder is a complete folder for --replot
     assert json.loads((out / "results.json").read_text())["meta"]["partial"] is True
+
+    def half_done_suite(ctx):  # a suite cut short in its second job keeps its first job's rows
+        def bad():
+            raise RuntimeError("stopped here")
+        return [lambda: [_row("graphs", "tiny", "sparsetorch", 1.0)], bad]
+
+    monkeypatch.setitem(suites.SUITES, "graphs", half_done_suite)
+    with pytest.raises(RuntimeError, match="stopped here"):
+        main(["--device", "cpu", "--suites", "graphs", "--no-plots", "--out", str(out)])
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["unfinished"] == "graphs: 1 of 2 jobs" and [r["case"] for r in data["rows"]] == ["tiny"]
 
 
 def test_append_adds_suites_to_a_folder_and_replaces_rerun_ones(tmp_path):

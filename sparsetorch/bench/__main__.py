@@ -169,6 +169,7 @@ def _appended(old: Optional[dict], meta: dict, rows: List[dict]):
     if old["meta"].get("date") != meta["date"]:
         merged["date"] = f"{old['meta'].get('date')} and {meta['date']}"
     merged.pop("partial", None)
+    merged.pop("unfinished", None)
     rows = kept + rows
     report.add_speedups(rows)
     return merged, rows
@@ -260,13 +261,16 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
         bar.update(1)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if i + 1 < len(jobs) and jobs[i + 1][0] != suite:
-            # A suite is done: its rows are on disk (without plots), so a run cut short keeps them
-            # (meta "partial": true; --replot DIR redraws the folder from them).
-            done = list(dict.fromkeys(s for s, _, _ in jobs[:i + 1]))
+        if i + 1 < len(jobs):
+            # The rows so far go to disk (without plots) after every job, so a run cut short keeps them
+            # (meta "partial": true, and the suite it stopped in; --replot DIR redraws the folder).
+            started = list(dict.fromkeys(s for s, _, _ in jobs[:i + 1]))
             partial = [dict(r) for r in rows]
             report.add_speedups(partial)
-            meta, partial = _appended(earlier, meta_of(done), partial)
+            meta, partial = _appended(earlier, meta_of(started), partial)
+            if jobs[i + 1][0] == suite:
+                done = sum(1 for s, _, _ in jobs[:i + 1] if s == suite)
+                meta["unfinished"] = f"{suite}: {done} of {sum(1 for s, _, _ in jobs if s == suite)} jobs"
             report.write(out, {**meta, "partial": True}, partial, plots=False)
     bar.close()
     report.add_speedups(rows)

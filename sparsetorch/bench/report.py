@@ -235,8 +235,8 @@ def write(out_dir: str, meta: dict, rows: List[dict], plots: bool) -> List[str]:
         f.write(f"# sparsetorch benchmark: {meta['device']}\n\n")
         f.write(f"Regenerate: `{meta['command']}`\n\n")
         if meta.get("partial"):
-            f.write(f"**Partial**: written after the suites {', '.join(meta['suites'])}; the run stopped before the "
-                    "others finished.\n\n")
+            cut = f" ({meta['unfinished']} finished)" if meta.get("unfinished") else ""
+            f.write(f"**Partial**: the run stopped after the suites {', '.join(meta['suites'])}{cut}.\n\n")
         f.write(f"torch {meta['torch']}, sparsetorch {meta['sparsetorch']}, {meta['date']}. Ceilings measured in "
                 f"this run: copy {meta['copy_GBps']:.0f} GB/s, GEMM " +
                 ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in meta["gemm_flops"].items()) + ".\n\n")
