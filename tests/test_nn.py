@@ -251,6 +251,22 @@ def test_route_timing_keeps_the_smaller_of_two_rounds(monkeypatch):
     assert times == {"a": 0.5, "b": 1.0}
 
 
+def test_route_timing_times_the_finalists_again_when_a_form_beats_dense(monkeypatch):
+    """Dense measured last in round 1 and first in round 2 (back to back) and slow both times: a third
+    sample of the two finalists, taken apart from those, decides."""
+    import sparsetorch.nn.linear as lin
+
+    # round 1: slots 1, csr 3, dense 5 (slow); round 2 (reversed): dense 5 (still slow), csr 3, slots 1;
+    # round 3: slots 1, dense 0.4
+    seq = iter([1.0, 3.0, 5.0, 5.0, 3.0, 1.0, 1.0, 0.4])
+    monkeypatch.setattr(lin, "_host_time", lambda call: next(seq))
+    times = lin._time_routes({"slots": None, "csr": None, "dense": None}, torch.zeros(1))
+    assert times == {"slots": 1.0, "csr": 3.0, "dense": 0.4}
+    seq = iter([1.0, 3.0, 0.5, 0.5, 3.0, 1.0])  # dense wins the two rounds: no third round
+    monkeypatch.setattr(lin, "_host_time", lambda call: next(seq))
+    assert lin._time_routes({"slots": None, "csr": None, "dense": None}, torch.zeros(1))["dense"] == 0.5
+
+
 def test_sparse_linear_route_rule_without_measurement():
     from sparsetorch.nn.linear import _Forms
 
