@@ -252,8 +252,7 @@ def test_route_timing_keeps_the_smaller_of_two_rounds(monkeypatch):
 
 
 def test_route_timing_times_the_finalists_again_when_a_form_beats_dense(monkeypatch):
-    """Dense measured last in round 1 and first in round 2 (back to back) and slow both times: a third
-    sample of the two finalists, taken apart from those, decides."""
+    """Dense slow in both rounds: a third sample of the two finalists, taken after all the others, decides."""
     import sparsetorch.nn.linear as lin
 
     # round 1: slots 1, csr 3, dense 5 (slow); round 2 (reversed): dense 5 (still slow), csr 3, slots 1;

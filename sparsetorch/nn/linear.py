@@ -98,9 +98,9 @@ def _time_routes(calls: Dict[str, Any], x: torch.Tensor) -> Dict[str, float]:
         times[name] = min(times[name], time_one(calls[name]))
     best = min(times, key=times.get)
     if "dense" in calls and best != "dense":
-        # The last candidate of round 1 is also the first of round 2: its two samples are back to back, and
-        # one slow moment spoils both (H100, 2026-11-27: dense timed at 253 us in both rounds for a call of
-        # 23 us, and the layer kept slots, 2.4x slower than dense). The two finalists once more, apart.
+        # Two rounds were not enough once: dense timed at 253 us in both for a call of 23 us (H100, 2026-11-27,
+        # 4096^2 at 70%, N = 128; cause not found), and the layer kept slots, 2.4x slower than dense. The two
+        # finalists once more, after all the others, before a form is preferred to dense.
         for name in (best, "dense"):
             times[name] = min(times[name], time_one(calls[name]))
     return times
