@@ -4,6 +4,9 @@
 #   bash scripts/device_run.sh [tests] [main] [suites=a,b] [profile] [examples]
 #     tests      the whole test suite (PYTEST_ARGS picks a subset)
 #     main       the main job, python -m sparsetorch.bench (MAIN_ARGS adds options, e.g. --full)
+#     results    the main job over every one-GPU suite into benchmarks/results/<device kind>/ (the folder the
+#                README cites), copied to $OUT/results; it writes after every job, so a run cut short keeps
+#                its rows: finish it with RESULT_SUITES=<the rest> MAIN_ARGS=--append (~9.5 min on an H100)
 #     suites=..  the main job on these suites only (into $OUT/suites)
 #     profile    torch.profiler over fresh-graph training steps (suites/minibatch.py)
 #     examples   every script in examples/ on the GPU
@@ -55,6 +58,14 @@ for what in "$@"; do
     main)
       timeout "$(left)" python3 -m sparsetorch.bench ${MAIN_ARGS:-} --out "$OUT/main" > "$OUT/logs/main.log" 2>&1 || rc=1
       tail -25 "$OUT/logs/main.log" ;;
+    results)
+      slug=$(python3 -c "import torch; from sparsetorch.bench.__main__ import device_slug; print(device_slug(torch.device('cuda')))")
+      [[ " ${MAIN_ARGS:-} " == *" --append "* ]] || rm -rf "benchmarks/results/$slug"
+      timeout "$(left)" python3 -m sparsetorch.bench ${MAIN_ARGS:-} \
+        --suites "${RESULT_SUITES:-density,graphs,batched,elementwise,gnn,fresh,pruned,skew}" \
+        --out "benchmarks/results/$slug" > "$OUT/logs/results.log" 2>&1 || rc=1
+      mkdir -p "$OUT/results" && cp -r "benchmarks/results/$slug" "$OUT/results/"
+      tail -30 "$OUT/logs/results.log" ;;
     suites=*)
       name=${what#suites=}; name=${name//,/_}
       timeout "$(left)" python3 -m sparsetorch.bench ${MAIN_ARGS:-} --suites "${what#suites=}" --out "$OUT/$name" \
