@@ -86,6 +86,25 @@ def test_cache_forgets_freed_matrices():
     assert ops.csr_analysis_cache() == 0
 
 
+def test_a_full_cache_stays_bounded_and_sheds_dropped_matrices():
+    """1024 entries at most, live matrices or not; when it is full, the entries of dropped matrices go
+    (a sweep at most every 128 inserts), else the least recently used one."""
+    ops.csr_analysis_cache(True)
+    B = torch.randn(6, 2)
+    live = [_from_lengths([2, 3, 1], 6, seed=seed) for seed in range(1100)]
+    for A in live:
+        st.spmm(A, B)
+    assert ops.csr_analysis_cache() == 1024
+    A = live[-1]
+    st.spmm(A, B)  # the most recent entry is still there: no new one
+    assert ops.csr_analysis_cache() == 1024
+    del live, A
+    for seed in range(140):  # the dropped matrices' entries are swept once a full cache needs room
+        st.spmm(_from_lengths([2, 3, 1], 6, seed=seed), B)
+    assert ops.csr_analysis_cache() < 200
+    ops.csr_analysis_cache(True)
+
+
 def test_inference_tensors_are_checked_every_time():
     with torch.inference_mode():
         A = _from_lengths([2, 3, 1], 6)
