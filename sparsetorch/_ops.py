@@ -91,8 +91,10 @@ def _csr_analysis_fake(crow_indices, col_indices, ncols, force=False):
 @torch.library.register_fake("sparsetorch::_build_graph")
 def _build_graph_fake(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype, what):
     # Every size is known from the arguments (a dropped self loop stays in its row): csrc/common/graph_build.h.
+    from sparsetorch._graph_build import _index_dtype  # here: _graph_build imports this module
+
     entries = src.shape[0] + (n_dst if loops else 0)
-    index_dtype = torch.int32 if max(n_src, n_dst, entries) < 2**31 - 2 else torch.int64
+    index_dtype = _index_dtype(n_src, n_dst, entries)
     crow, crow_t = src.new_empty((n_dst + 1,), dtype=index_dtype), src.new_empty((n_src + 1,), dtype=index_dtype)
     col, col_t, perm = (src.new_empty((entries,), dtype=index_dtype) for _ in range(3))
     values, values_t = (src.new_empty((entries,), dtype=dtype) for _ in range(2))

@@ -19,6 +19,7 @@
 #include "common/csr_analysis.h"
 #include "common/csr_check_codes.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/row_stats.cuh"
 
 namespace sparsetorch {
 namespace cuda {
@@ -43,21 +44,13 @@ __device__ inline void report(unsigned long long* key, int64_t b, int phase, int
   atomicMin(key, k);
 }
 
-// One thread per crow entry: the crow checks, and for r < m the statistics of row r.
-// stats points at the result vector: [kEntries..] are accumulated with atomics, per block first.
+// One thread per crow entry: the crow checks, and for r < m the statistics of row r, per block first,
+// then into stats (zeroed by the caller).
 template <typename index_t>
 __global__ void crow_kernel(const index_t* crow, int64_t batch, int64_t m, int64_t L, bool exact_nnz,
-                            unsigned long long* key, int64_t* stats, double* sum_sq) {
-  __shared__ unsigned long long rows_hist[cs::kHistBins], entries_hist[cs::kHistBins];
-  __shared__ unsigned long long entries, empty;
-  __shared__ long long max_row;
-  __shared__ double squares;
-  for (int i = threadIdx.x; i < cs::kHistBins; i += blockDim.x) rows_hist[i] = entries_hist[i] = 0;
-  if (threadIdx.x == 0) {
-    entries = empty = 0;
-    max_row = 0;
-    squares = 0.0;
-  }
+                            unsigned long long* key, int64_t* stats) {
+  __shared__ BlockRowStats block;
+  block.init();
   __syncthreads();
   const int64_t total = batch * (m + 1);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -73,31 +66,11 @@ __global__ void crow_kernel(const index_t* crow, int64_t batch, int64_t m, int64
     if (r < m) {
       const int64_t start = min(max(static_cast<int64_t>(c[r]), int64_t(0)), L);
       const int64_t stop = min(max(static_cast<int64_t>(c[r + 1]), start), L);
-      const int64_t len = stop - start;
-      atomicAdd(&entries, static_cast<unsigned long long>(len));
-      atomicAdd(&squares, static_cast<double>(len) * static_cast<double>(len));
-      if (len == 0) {
-        atomicAdd(&empty, 1ull);
-      } else {
-        atomicMax(&max_row, static_cast<long long>(len));
-        const int bin = min(63 - __clzll(static_cast<long long>(len)), cs::kHistBins - 1);
-        atomicAdd(&rows_hist[bin], 1ull);
-        atomicAdd(&entries_hist[bin], static_cast<unsigned long long>(len));
-      }
+      block.add(stop - start);
     }
   }
   __syncthreads();
-  auto* u = reinterpret_cast<unsigned long long*>(stats);
-  for (int i = threadIdx.x; i < cs::kHistBins; i += blockDim.x) {
-    if (rows_hist[i]) atomicAdd(&u[cs::kRowHist + i], rows_hist[i]);
-    if (entries_hist[i]) atomicAdd(&u[cs::kEntryHist + i], entries_hist[i]);
-  }
-  if (threadIdx.x == 0) {
-    atomicAdd(&u[cs::kEntries], entries);
-    atomicAdd(&u[cs::kEmptyRows], empty);
-    atomicMax(reinterpret_cast<long long*>(&stats[cs::kMaxRow]), max_row);
-    atomicAdd(sum_sq, squares);
-  }
+  block.flush(stats);
 }
 
 template <typename index_t>
@@ -112,11 +85,10 @@ __global__ void col_kernel(const index_t* crow, const index_t* col, int64_t batc
   }
 }
 
-// Decodes the first defect and stores the sum of squares as the bits of a double.
+// Decodes the first defect.
 template <typename index_t>
 __global__ void finish_kernel(const unsigned long long* key, const index_t* crow, const index_t* col, int64_t m,
-                              int64_t L, const double* sum_sq, int64_t* stats) {
-  stats[cs::kSumSquares] = __double_as_longlong(*sum_sq);
+                              int64_t L, int64_t* stats) {
   const unsigned long long k = *key;
   if (k == kNoError) return;  // [code, batch, position, value] stay 0
   const int64_t b = static_cast<int64_t>(k >> (kPosBits + kPhaseBits));
@@ -150,15 +122,13 @@ at::Tensor csr_stats_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, i
               "capturing (the result is cached), or pass validate=False if you vouch for the matrix.");
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   at::Tensor stats = at::zeros({cs::kLength}, crow.options().dtype(at::kLong));
-  // Scratch: the defect key (all bits set: none) and the sum of squares.
+  // Scratch: the defect key (all bits set: none).
   at::Tensor key = at::full({1}, -1, crow.options().dtype(at::kLong));
-  at::Tensor sum_sq = at::zeros({1}, crow.options().dtype(at::kDouble));
   auto* key_ptr = reinterpret_cast<unsigned long long*>(key.data_ptr<int64_t>());
   const auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_stats_cuda", [&] {
     crow_kernel<index_t><<<blocks_for(s.batch * (s.m + 1)), kThreads, 0, stream>>>(
-        crow.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, !s.batched, key_ptr, stats.data_ptr<int64_t>(),
-        sum_sq.data_ptr<double>());
+        crow.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, !s.batched, key_ptr, stats.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (ncols >= 0 && s.batch * s.nnz_stride > 0) {
       col_kernel<index_t><<<blocks_for(s.batch * s.nnz_stride), kThreads, 0, stream>>>(
@@ -166,7 +136,7 @@ at::Tensor csr_stats_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, i
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     finish_kernel<index_t><<<1, 1, 0, stream>>>(key_ptr, crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.m,
-                                                s.nnz_stride, sum_sq.data_ptr<double>(), stats.data_ptr<int64_t>());
+                                                s.nnz_stride, stats.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return stats;

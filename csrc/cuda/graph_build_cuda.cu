@@ -31,13 +31,13 @@
 
 #include "common/graph_build.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/row_stats.cuh"
 
 namespace sparsetorch {
 namespace cuda {
 namespace {
 
 namespace gb = graph_build;
-namespace cs = csr_stats;
 
 constexpr int kThreads = 256;
 
@@ -105,51 +105,22 @@ __global__ void edge_pass(const in_t* src, const in_t* dst, int64_t edges, int64
 }
 
 // blockIdx.y = 0: A's rows (count_t), 1: A^T's (count_s); block-level partial statistics, then atomics
-// into the summary (the sum of squares as a double in its int64 slot, which starts as 0.0's bits).
+// into the summary (zeroed by the caller).
 template <typename idx_t>
 __global__ void stats_pass(const idx_t* count_t, int64_t n_dst, const idx_t* count_s, int64_t n_src,
                            int64_t* summary) {
-  __shared__ unsigned long long rows_hist[cs::kHistBins], entries_hist[cs::kHistBins];
-  __shared__ unsigned long long entries, empty;
-  __shared__ long long max_row;
-  __shared__ double squares;
+  __shared__ BlockRowStats block;
   const bool transposed = blockIdx.y == 1;
   const idx_t* count = transposed ? count_s : count_t;
   const int64_t n = transposed ? n_src : n_dst;
-  int64_t* stats = summary + (transposed ? gb::kStatsAT : gb::kStatsA);
-  for (int i = threadIdx.x; i < cs::kHistBins; i += blockDim.x) rows_hist[i] = entries_hist[i] = 0;
-  if (threadIdx.x == 0) {
-    entries = empty = 0;
-    max_row = 0;
-    squares = 0.0;
-  }
+  block.init();
   __syncthreads();
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t len = static_cast<int64_t>(count[r]);
-    atomicAdd(&entries, static_cast<unsigned long long>(len));
-    atomicAdd(&squares, static_cast<double>(len) * static_cast<double>(len));
-    if (len == 0) {
-      atomicAdd(&empty, 1ull);
-    } else {
-      atomicMax(&max_row, static_cast<long long>(len));
-      const int bin = min(63 - __clzll(static_cast<long long>(len)), cs::kHistBins - 1);
-      atomicAdd(&rows_hist[bin], 1ull);
-      atomicAdd(&entries_hist[bin], static_cast<unsigned long long>(len));
-    }
+    block.add(static_cast<int64_t>(count[r]));
   }
   __syncthreads();
-  auto* u = reinterpret_cast<unsigned long long*>(stats);
-  for (int i = threadIdx.x; i < cs::kHistBins; i += blockDim.x) {
-    if (rows_hist[i]) atomicAdd(&u[cs::kRowHist + i], rows_hist[i]);
-    if (entries_hist[i]) atomicAdd(&u[cs::kEntryHist + i], entries_hist[i]);
-  }
-  if (threadIdx.x == 0) {
-    atomicAdd(&u[cs::kEntries], entries);
-    atomicAdd(&u[cs::kEmptyRows], empty);
-    atomicMax(reinterpret_cast<long long*>(&stats[cs::kMaxRow]), max_row);
-    atomicAdd(reinterpret_cast<double*>(&stats[cs::kSumSquares]), squares);
-  }
+  block.flush(summary + (transposed ? gb::kStatsAT : gb::kStatsA));
 }
 
 // Per row of A: GCN's d[r] = (sum of the row's weights)^-1/2, 0 where that is infinite; the mean's divisor

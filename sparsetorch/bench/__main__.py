@@ -170,9 +170,7 @@ def _appended(old: Optional[dict], meta: dict, rows: List[dict]):
         merged["date"] = f"{old['meta'].get('date')} and {meta['date']}"
     merged.pop("partial", None)
     merged.pop("unfinished", None)
-    rows = kept + rows
-    report.add_speedups(rows)
-    return merged, rows
+    return merged, kept + rows  # speedups compare within a suite: the merged rows keep theirs
 
 
 def main(argv=None):
@@ -265,9 +263,8 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
             # The rows so far go to disk (without plots) after every job, so a run cut short keeps them
             # (meta "partial": true, and the suite it stopped in; --replot DIR redraws the folder).
             started = list(dict.fromkeys(s for s, _, _ in jobs[:i + 1]))
-            partial = [dict(r) for r in rows]
-            report.add_speedups(partial)
-            meta, partial = _appended(earlier, meta_of(started), partial)
+            report.add_speedups(rows)  # in place; the end of the run sets them again
+            meta, partial = _appended(earlier, meta_of(started), rows)
             if jobs[i + 1][0] == suite:
                 done = sum(1 for s, _, _ in jobs[:i + 1] if s == suite)
                 meta["unfinished"] = f"{suite}: {done} of {sum(1 for s, _, _ in jobs if s == suite)} jobs"

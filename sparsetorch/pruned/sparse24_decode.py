@@ -23,10 +23,13 @@ position, at K a multiple of 256), against 2 dense.
 """
 from __future__ import annotations
 
-import sys
 from typing import Optional, Tuple
 
 import torch
+
+from sparsetorch._ops import ops
+from sparsetorch.pruned.packed import PackedWeight, csr_parts
+from sparsetorch.pruned.sparse24 import Sparse24Split
 
 __all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES",
            "Sparse24DecodeWeight", "sparse24_decode_linear", "DECODE_MAX_TOKENS"]
@@ -204,8 +207,6 @@ class Sparse24DecodeWeight:
     def from_csr(cls, weight, dtype: Optional[torch.dtype] = None, device=None) -> "Sparse24DecodeWeight":
         """From anything :func:`sparsetorch.as_csr` takes; ``dtype`` converts the values, ``device`` places a SciPy
         weight (torch tensors are not moved)."""
-        from sparsetorch.pruned.packed import csr_parts
-        from sparsetorch.pruned.sparse24 import Sparse24Split
 
         crow, col, values, shape = csr_parts(weight, dtype, device)
         reason = decode_applies(shape, values.dtype)
@@ -240,9 +241,7 @@ class Sparse24DecodeWeight:
 
     def check_input(self, x: torch.Tensor) -> None:
         """x (..., in_features) of the weight's dtype, else TypeError / ValueError naming x (the packed forms'
-        check; imported here so the probe can load this file without the built extension)."""
-        from sparsetorch.pruned.packed import PackedWeight
-
+        check)."""
         PackedWeight.check_input(self, x)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: str = "none",
@@ -254,13 +253,12 @@ def sparse24_decode_linear(x: torch.Tensor, weight: Sparse24DecodeWeight, bias: 
                            activation: str = "none", negative_slope: float = 0.01) -> torch.Tensor:
     """``act(x @ W.T + bias)`` for x (..., in_features) of the weight's dtype; records no gradient (the layer
     differentiates through its CSR)."""
-    from sparsetorch._ops import ops
-
     weight.check_input(x)
     return ops.sparse24_decode_linear(x, weight.values, weight.meta, weight.shape[0], weight.shape[1], bias, activation,
                                       float(negative_slope))
 
 
+@torch.library.register_fake("sparsetorch::sparse24_decode_linear")
 def _sparse24_decode_linear_fake(x, values, meta, out_features, in_features, bias=None, activation="none",
                                  negative_slope=0.01):
     torch._check(x.dtype in DTYPES, lambda: f"x: expected bfloat16 or float16, got {x.dtype}")
@@ -268,9 +266,3 @@ def _sparse24_decode_linear_fake(x, values, meta, out_features, in_features, bia
     torch._check(meta.dtype == torch.int32, lambda: f"meta: expected int32, got {meta.dtype}")
     torch._check(x.shape[-1] == in_features, lambda: f"x: expected shape (..., {in_features}), got {tuple(x.shape)}")
     return x.new_empty((*x.shape[:-1], out_features))
-
-
-# The fake kernel needs the op's schema (sparsetorch._C, loaded by sparsetorch._ops). The device probe loads this
-# file alone (no extension): then nothing is registered.
-if "sparsetorch._ops" in sys.modules:
-    torch.library.register_fake("sparsetorch::sparse24_decode_linear")(_sparse24_decode_linear_fake)
