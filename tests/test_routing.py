@@ -12,6 +12,7 @@ import torch
 
 import sparsetorch as st
 from sparsetorch._ops import ops
+from conftest import CUDA_READY
 
 
 def _cuda_route(A, n, dtype=torch.float32, validate=True, batched_b=False):
@@ -48,6 +49,62 @@ def test_analysis_statistics(device, index_dtype):
         sel = lengths[(lengths >= start) & (lengths < 2 * start)]
         assert rows == sel.size and entries == sel.sum()
     assert info.share_in_rows_of_at_least(512) == pytest.approx(700 / lengths.sum())
+
+
+def test_analysis_statistics_over_many_blocks(device):
+    # Enough rows and entries for many blocks and a grid-stride loop on CUDA (per-thread sums, warp
+    # shuffles, per-block histograms): every statistic against NumPy's.
+    rng = np.random.default_rng(2)
+    m, k = 300_000, 5000
+    lengths = np.minimum(rng.zipf(1.6, m) - 1, k)
+    lengths[rng.integers(0, m, 10)] = k  # a few full rows
+    crow = np.concatenate([[0], np.cumsum(lengths)])
+    col = rng.integers(0, k, int(crow[-1]))
+    A = st.CSR(torch.from_numpy(crow).to(device), torch.from_numpy(col).to(device),
+               torch.ones(col.size, device=device), (m, k))
+    info = st.analyze(A)
+    assert info.valid
+    assert info.entries == lengths.sum() and info.max_row == lengths.max()
+    assert info.empty_rows == (lengths == 0).sum()
+    assert info.row_cv == pytest.approx(lengths.std() / lengths.mean(), rel=1e-9)
+    for start, (rows, entries) in info.row_histogram.items():
+        sel = lengths[(lengths >= start) & (lengths < 2 * start)]
+        assert rows == sel.size and entries == sel.sum()
+    assert sum(rows for rows, _ in info.row_histogram.values()) == (lengths > 0).sum()
+
+
+def _defect_message(crow, col, shape, device):
+    a = st.CSR(torch.as_tensor(crow).to(device), torch.as_tensor(col).to(device),
+               torch.ones(col.shape, device=device), shape)
+    with pytest.raises(ValueError) as err:
+        st.validate_csr(a)
+    return str(err.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+@pytest.mark.parametrize("defects", ["two columns", "crow before a column", "batch 0 before batch 1"])
+def test_cuda_reports_the_cpus_first_defect_across_blocks(defects):
+    # Defects far apart (different blocks of the CUDA check): the report is the first in the CPU's scan
+    # order (per batch: crow_indices, then columns), decoded by the kernel's last block.
+    rng = np.random.default_rng(3)
+    m, k = 200_000, 1000
+    lengths = rng.integers(0, 8, m)
+    crow = np.concatenate([[0], np.cumsum(lengths)])
+    col = rng.integers(0, k, int(crow[-1]))
+    shape = (m, k)
+    if defects == "two columns":
+        col[[len(col) - 5, 900]] = [k + 3, -1]
+    elif defects == "crow before a column":
+        col[10] = k
+        crow[190_000] = crow[190_001] + 1
+    else:
+        crow = np.stack([crow, crow])
+        col = np.stack([col, col])
+        col[1, 5] = k
+        col[0, len(col[0]) - 1] = k + 1
+        shape = (2, m, k)
+    assert _defect_message(crow, col, shape, "cuda") == _defect_message(crow, col, shape, "cpu")
 
 
 def test_analysis_of_batched_patterns_ignores_padding(device):

@@ -1,11 +1,11 @@
 // csr_stats on CUDA: the O(nnz) validity check and row-length statistics of a CSR pattern (layout
 // in common/csr_analysis.h), written into one small device tensor that the caller copies to the
-// host once.
+// host once. One memset and one kernel: on a small matrix a first call is mostly launches.
 //
 // Never a device-side assert (it would kill the CUDA context for the process): every defect becomes a
-// 64-bit key (batch, phase, position) and the smallest key wins through atomicMin, so the report is
+// 64-bit key (batch, phase, position) and the smallest key wins through an atomic, so the report is
 // the first defect in the order the CPU scans (per batch: crow[0], crow monotone, crow[-1], then
-// columns); a one-thread kernel decodes it into [code, batch, position, value]. Every read is within
+// columns); the kernel's last block decodes it into [code, batch, position, value]. Every read is within
 // crow_indices' and col_indices' own extents, whatever they hold.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -37,59 +37,67 @@ int64_t blocks_for(int64_t work) {
   return std::max<int64_t>(1, std::min(ceil_div(work, kThreads), max_blocks));
 }
 
+// Keeps the smallest key as the largest inverted one: zero-filled scratch then means "no defect".
 __device__ inline void report(unsigned long long* key, int64_t b, int phase, int64_t pos) {
   const unsigned long long k = (static_cast<unsigned long long>(b) << (kPosBits + kPhaseBits)) |
                                (static_cast<unsigned long long>(phase) << kPosBits) |
                                static_cast<unsigned long long>(pos);
-  atomicMin(key, k);
+  atomicMax(key, ~k);
 }
 
-// One thread per crow entry: the crow checks, and for r < m the statistics of row r, per block first,
-// then into stats (zeroed by the caller).
+// One kernel, grid-stride over both arrays: thread i checks crow entry i (and, for a row r < m, counts its
+// statistics) and column slot i. The key of the first defect is kept inverted (atomicMax of ~key), so that
+// the zeroed scratch means "none". The last block to finish decodes it into [code, batch, position, value].
+// scratch: [stats (kLength), inverted key, blocks finished], zeroed by the caller.
 template <typename index_t>
-__global__ void crow_kernel(const index_t* crow, int64_t batch, int64_t m, int64_t L, bool exact_nnz,
-                            unsigned long long* key, int64_t* stats) {
+__global__ void stats_kernel(const index_t* crow, const index_t* col, int64_t batch, int64_t m, int64_t L,
+                             bool exact_nnz, int64_t ncols, int64_t* scratch) {
   __shared__ BlockRowStats block;
+  __shared__ bool last_block;
+  auto* key = reinterpret_cast<unsigned long long*>(scratch + cs::kLength);
   block.init();
   __syncthreads();
-  const int64_t total = batch * (m + 1);
+  ThreadRowStats mine;
+  const int64_t crow_total = batch * (m + 1), col_total = ncols >= 0 ? batch * L : 0;
+  const int64_t total = crow_total > col_total ? crow_total : col_total;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = i / (m + 1), r = i - b * (m + 1);
-    const index_t* c = crow + b * (m + 1);
-    if (r == 0) {
-      if (c[0] != 0) report(key, b, 0, 0);
-    } else if (c[r] < c[r - 1]) {
-      report(key, b, 0, r);
+    if (i < crow_total) {
+      const int64_t b = i / (m + 1), r = i - b * (m + 1);
+      const index_t* c = crow + b * (m + 1);
+      if (r == 0) {
+        if (c[0] != 0) report(key, b, 0, 0);
+      } else if (c[r] < c[r - 1]) {
+        report(key, b, 0, r);
+      }
+      if (r == m && (exact_nnz ? c[m] != L : c[m] > L)) report(key, b, 1, m);
+      if (r < m) {
+        const int64_t start = min(max(static_cast<int64_t>(c[r]), int64_t(0)), L);
+        const int64_t stop = min(max(static_cast<int64_t>(c[r + 1]), start), L);
+        block.add(mine, stop - start);
+      }
     }
-    if (r == m && (exact_nnz ? c[m] != L : c[m] > L)) report(key, b, 1, m);
-    if (r < m) {
-      const int64_t start = min(max(static_cast<int64_t>(c[r]), int64_t(0)), L);
-      const int64_t stop = min(max(static_cast<int64_t>(c[r + 1]), start), L);
-      block.add(stop - start);
+    if (i < col_total) {
+      const int64_t b = i / L, j = i - b * L;
+      const int64_t stored = min(max(static_cast<int64_t>(crow[b * (m + 1) + m]), int64_t(0)), L);
+      if (j < stored && (col[i] < 0 || col[i] >= ncols)) report(key, b, 2, j);
     }
+  }
+  block.merge(mine);
+  __syncthreads();
+  block.flush(scratch);
+  // The last block sees every block's statistics and reports (the fence orders this block's atomics
+  // before its count).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    auto* finished = reinterpret_cast<unsigned long long*>(scratch + cs::kLength + 1);
+    last_block = atomicAdd(finished, 1ull) == gridDim.x - 1;
   }
   __syncthreads();
-  block.flush(stats);
-}
-
-template <typename index_t>
-__global__ void col_kernel(const index_t* crow, const index_t* col, int64_t batch, int64_t m, int64_t L,
-                           int64_t ncols, unsigned long long* key) {
-  const int64_t total = batch * L;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = i / L, j = i - b * L;
-    const int64_t stored = min(max(static_cast<int64_t>(crow[b * (m + 1) + m]), int64_t(0)), L);
-    if (j < stored && (col[i] < 0 || col[i] >= ncols)) report(key, b, 2, j);
-  }
-}
-
-// Decodes the first defect.
-template <typename index_t>
-__global__ void finish_kernel(const unsigned long long* key, const index_t* crow, const index_t* col, int64_t m,
-                              int64_t L, int64_t* stats) {
-  const unsigned long long k = *key;
+  if (!last_block || threadIdx.x != 0) return;
+  __threadfence();
+  const unsigned long long k = ~atomicAdd(key, 0ull);
   if (k == kNoError) return;  // [code, batch, position, value] stay 0
   const int64_t b = static_cast<int64_t>(k >> (kPosBits + kPhaseBits));
   const int phase = static_cast<int>((k >> kPosBits) & ((1ull << kPhaseBits) - 1));
@@ -102,10 +110,10 @@ __global__ void finish_kernel(const unsigned long long* key, const index_t* crow
     code = phase == 1 ? kCrowLastMismatch : (pos == 0 ? kCrowFirstNotZero : kCrowDecreasing);
     value = crow[b * (m + 1) + pos];
   }
-  stats[cs::kCode] = code;
-  stats[cs::kBatch] = b;
-  stats[cs::kPos] = pos;
-  stats[cs::kValue] = value;
+  scratch[cs::kCode] = code;
+  scratch[cs::kBatch] = b;
+  scratch[cs::kPos] = pos;
+  scratch[cs::kValue] = value;
 }
 
 at::Tensor csr_stats_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, int64_t ncols) {
@@ -121,25 +129,18 @@ at::Tensor csr_stats_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, i
               "device sync), which CUDA graph capture does not allow. Call the op once with this matrix before "
               "capturing (the result is cached), or pass validate=False if you vouch for the matrix.");
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
-  at::Tensor stats = at::zeros({cs::kLength}, crow.options().dtype(at::kLong));
-  // Scratch: the defect key (all bits set: none).
-  at::Tensor key = at::full({1}, -1, crow.options().dtype(at::kLong));
-  auto* key_ptr = reinterpret_cast<unsigned long long*>(key.data_ptr<int64_t>());
+  // One allocation and one memset: a first call on a small matrix is mostly such fixed costs.
+  at::Tensor scratch = at::empty({cs::kLength + 2}, crow.options().dtype(at::kLong));
   const auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaMemsetAsync(scratch.data_ptr(), 0, scratch.nbytes(), stream));
+  const int64_t work = std::max(s.batch * (s.m + 1), ncols >= 0 ? s.batch * s.nnz_stride : 0);
   AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_stats_cuda", [&] {
-    crow_kernel<index_t><<<blocks_for(s.batch * (s.m + 1)), kThreads, 0, stream>>>(
-        crow.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, !s.batched, key_ptr, stats.data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (ncols >= 0 && s.batch * s.nnz_stride > 0) {
-      col_kernel<index_t><<<blocks_for(s.batch * s.nnz_stride), kThreads, 0, stream>>>(
-          crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, ncols, key_ptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    finish_kernel<index_t><<<1, 1, 0, stream>>>(key_ptr, crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.m,
-                                                s.nnz_stride, stats.data_ptr<int64_t>());
+    stats_kernel<index_t><<<blocks_for(work), kThreads, 0, stream>>>(
+        crow.data_ptr<index_t>(), col.data_ptr<index_t>(), s.batch, s.m, s.nnz_stride, !s.batched, ncols,
+        scratch.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return stats;
+  return scratch.narrow(0, 0, cs::kLength);
 }
 
 }  // namespace

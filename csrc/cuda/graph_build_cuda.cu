@@ -115,10 +115,12 @@ __global__ void stats_pass(const idx_t* count_t, int64_t n_dst, const idx_t* cou
   const int64_t n = transposed ? n_src : n_dst;
   block.init();
   __syncthreads();
+  ThreadRowStats mine;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    block.add(static_cast<int64_t>(count[r]));
+    block.add(mine, static_cast<int64_t>(count[r]));
   }
+  block.merge(mine);
   __syncthreads();
   block.flush(summary + (transposed ? gb::kStatsAT : gb::kStatsA));
 }
