@@ -214,6 +214,12 @@ def test_unchecked_matrices_never_reach_cusparse():
     assert _cuda_route(A, 512, validate=False) == "cusparse"
 
 
+def test_unchecked_matrices_take_a_route_that_does_not_hang_on_the_longest_row():
+    ops.csr_analysis_cache(True)
+    A = _from_lengths([5000] + [1] * 20000, 6000)  # one long row: the row-per-group kernel serialises it
+    assert _cuda_route(A, 32, validate=False) == "balanced"
+
+
 def test_repeated_columns_never_reach_cusparse():
     crow = torch.tensor([0, 3, 3])
     col = torch.tensor([0, 0, 0])  # three entries in one position: cuSPARSE refuses more entries than positions
