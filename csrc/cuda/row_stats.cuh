@@ -2,10 +2,10 @@
 // then added into a statistics vector with atomics: the CSR analysis (csr_analysis_cuda.cu) and the
 // fresh-graph builder (graph_build_cuda.cu) both count them.
 //
-// Only native shared-memory atomics per row (32-bit integer adds): the sums, the maximum and the sum of
-// squares are kept per thread, reduced per warp with shuffles and added by one lane per warp. A double
-// (or, on some chips, 64-bit) atomic on shared memory is a compare-and-swap loop, and with every thread of
-// a block on one address it cost 25 us per analysis of a 5000-row matrix (H200), the most of a first call.
+// Only 32-bit integer shared-memory atomics per row: the sums, the maximum and the sum of squares are kept
+// per thread, reduced per warp with shuffles and added by one lane per warp. Before, every thread added
+// each row into the same shared words (the double sum of squares through a compare-and-swap loop): the
+// statistics kernel took 24.7 us of a 5000-row matrix's first call, the whole check now 5.9 (H200).
 #pragma once
 
 #include <cstdint>
