@@ -41,9 +41,11 @@
 // [k0, k0 + slice)) in shared memory once (rows padded by 16 bytes: ldmatrix's 8 rows fall in 8 different bank
 // groups) while its first weight loads are in flight. Splits among blocks (blockIdx.y) keep all SMs streaming
 // when M is small (the down projection, 4096 rows = 256 row tiles) and bound the x slice in shared memory;
-// their fp32 partial sums go to a workspace and are added in split order 0, 1, .. (deterministic) either by
-// the block that finishes last for its row group (a counter per row group, reset by that block) or by a
-// second kernel. Bias and activation are applied in the final write.
+// on sm_90 the splits of a row group (at most 8) form one thread-block cluster and add their fp32 sums through
+// distributed shared memory in split order (finish_cluster; no workspace). Elsewhere their partial sums go to a
+// workspace and are added in split order 0, 1, .. (deterministic) either by the block that finishes last for
+// its row group (a counter per row group, reset by that block) or by a second kernel. Bias and activation are
+// applied in the final write.
 //
 // The loop: A double-buffered in registers, one step (RT * U 16-byte loads per lane,
 // ld.global.nc.L1::no_allocate) issued before the mma of the previous one. A second design (the weight through
@@ -57,6 +59,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,6 +82,7 @@ constexpr int kTilePad = 8;       // packed k-tiles are padded to a multiple of 
 constexpr int kMaxThreads = 256;  // at most 8 warps per block
 constexpr int kMaxTokens = 64;
 constexpr int kMaxDevices = 64;  // per-device launch state (shared-memory opt-in)
+constexpr int kMaxCluster = 8;   // splits summed through distributed shared memory (the portable cluster size)
 
 // Activation codes: the values of sparsetorch::Activation (common/activation.h), same semantics.
 enum ActCode : int { kNone = 0, kRelu, kLeakyRelu, kGelu, kGeluTanh, kSilu, kSigmoid, kTanh };
@@ -167,6 +171,7 @@ struct Params {
   int m, k, n, ktp;
   int steps_per_split;     // steps of U k-tiles per split (blockIdx.y)
   int last_block_reduces;  // 1: the last block of a row group sums the splits; 0: a second kernel does
+  int cluster_reduces;     // 1: the splits of a row group are one thread-block cluster and sum in shared memory
   int act;
   float slope;
 };
@@ -176,6 +181,8 @@ __host__ __device__ inline int64_t slice_cols(int steps_per_split, int u) { retu
 __host__ __device__ inline int64_t block_smem(int nt, int steps_per_split, int u) {
   return int64_t{nt} * 8 * (slice_cols(steps_per_split, u) + 8) * 2;
 }
+// The cluster reduction's buffer (in the same shared memory, after the x slice is done): each thread's sums.
+__host__ __device__ inline int64_t cluster_smem(int nt, int rt, int warps) { return int64_t{rt} * nt * 4 * warps * 32 * 4; }
 
 template <typename T>
 __device__ __forceinline__ void store_out(const Params& p, int n, int row, float z) {
@@ -288,6 +295,46 @@ __device__ __forceinline__ void finish(const Params& p, const float (&acc)[RT][N
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next call
 }
 
+// The end of a block in cluster mode (sm_90): the gridDim.y splits of a row group form one cluster. Each
+// block leaves its sums in its shared memory (red, over the x slice), and after a cluster barrier every block
+// adds a 1/splits share of the row group's sums across the cluster's blocks in rank (= split) order, read
+// through distributed shared memory, and writes it out; a second barrier keeps each block's shared memory
+// alive until the others have read it. No global partials, counters or fences.
+template <typename T, int NT, int RT>
+__device__ __forceinline__ void finish_cluster(const Params& p, const float (&acc)[RT][NT][4], float* red) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int kValues = RT * NT * 4;
+  const int threads = blockDim.x, tid = threadIdx.x, warps = threads >> 5;
+  const int row_tiles = p.m >> 4;
+  __syncthreads();  // every warp is done with the x slice that red overlays
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[((r * NT + j) * 4 + c) * threads + tid] = acc[r][j][c];
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int total = kValues * threads, share = (total + splits - 1) / splits;
+  const int e1 = min(total, (rank + 1) * share);
+  for (int e = rank * share + tid; e < e1; e += threads) {
+    float z = 0.f;
+    for (int q = 0; q < splits; ++q) z += *cluster.map_shared_rank(red + e, q);
+    const int v = e / threads, src = e - v * threads;  // value v of thread src
+    const int r = v / (NT * 4), j = (v >> 2) % NT, c = v & 3;
+    const int lane = src & 31, tile = (static_cast<int>(blockIdx.x) * warps + (src >> 5)) * RT + r;
+    const int n = 8 * j + 2 * (lane & 3) + (c & 1);
+    if (tile < row_tiles && n < p.n) store_out<T>(p, n, tile * 16 + (lane >> 2) + 8 * (c >> 1), z);
+  }
+  cluster.sync();
+#else
+  (void)p, (void)acc, (void)red;
+  __trap();  // the host launches cluster mode only on sm_90 and newer
+#endif
+}
+
 template <typename T, int NT, int RT, int U>
 __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Params p) {
   static_assert(U == 2 || U == 4 || U == 8, "U: k-tiles per step, a divisor of the 8-tile metadata block");
@@ -383,7 +430,11 @@ __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Para
     }
   }
 
-  finish<T, NT, RT>(p, acc, tile0, active, warps * RT * 16);
+  if (p.cluster_reduces) {
+    finish_cluster<T, NT, RT>(p, acc, reinterpret_cast<float*>(xs));
+  } else {
+    finish<T, NT, RT>(p, acc, tile0, active, warps * RT * 16);
+  }
 }
 
 // The second kernel of the two-kernel mode: all rows.
@@ -404,6 +455,7 @@ struct Config {
   int u = 0;                // k-tiles per step: 2, 4 or 8
   int splits = 0;           // K-splits (0: from the grid, below)
   int last_block_reduces = 1;
+  int cluster = 0;          // 1: sum the splits in a thread-block cluster when there are 2..kMaxCluster (sm_90)
   int blocks_per_sm = 0;    // the grid plan aims at about this many blocks per SM
   int64_t max_smem = 0;     // shared memory bound per block (the x slice)
 };
@@ -411,6 +463,7 @@ struct Config {
 struct Plan {
   int nt = 1, rt = 2, u = 4, warps = 4;
   int row_groups = 0, splits = 1, steps_per_split = 0, ktp = 0;
+  bool cluster = false;         // the splits are summed in a cluster (no workspace)
   int64_t smem = 0;
   int64_t workspace_bytes = 0;  // counters (256-byte aligned) + partials
   int64_t counters_bytes = 0;
@@ -423,8 +476,26 @@ inline int64_t plan_smem(const Plan& pl, int sps) { return block_smem(pl.nt, sps
 
 // m % 16 == 0, k % 32 == 0, 1 <= n <= 64 (checked by the caller).
 //
-// Split rule: blocks of warps * rt row tiles; splits = ceil(blocks_per_sm (4) * sms / row_groups), so every SM
-// streams; more splits only when the x slice would not fit max_smem (100 KB).
+// Split rule: blocks of warps * rt row tiles. Without clusters splits = ceil(blocks_per_sm (4) * sms /
+// row_groups), so every SM streams. With clusters (cluster_splits), about 1.5 blocks per SM and splits of even
+// length: among 1..kMaxCluster the s that minimises (longest split / mean split) x (ratio distance between s and
+// the target). An uneven split idles blocks at the cluster barrier (H100, 14336 x 4096, N = 16: 41.3 us with 3
+// splits of 16 steps against 36.5-37.0 with 2 or 4), too few blocks leave bandwidth unused (4096 x 11008:
+// 2 splits of 86 steps, 41.9 us at N = 1 against 28.5 with 16 splits and no cluster). Either way, more splits
+// when the x slice would not fit max_smem (100 KB); past kMaxCluster the cluster mode is dropped.
+inline int cluster_splits(int total_steps, int row_groups, int sms) {
+  const double target = 1.5 * sms / std::max(1, row_groups);
+  int best = 1;
+  double best_cost = 1e30;
+  for (int s = 1; s <= std::min(kMaxCluster, total_steps); ++s) {
+    const int longest = (total_steps + s - 1) / s;
+    const double imbalance = static_cast<double>(longest) * s / total_steps;
+    const double gap = s > target ? s / target : target / s;
+    if (imbalance * gap < best_cost - 1e-9) best = s, best_cost = imbalance * gap;
+  }
+  return best;
+}
+
 inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   Plan pl;
   pl.nt = tokens_tiles(n);
@@ -439,10 +510,12 @@ inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   pl.row_groups = (row_tiles + pl.warps * pl.rt - 1) / (pl.warps * pl.rt);
   const int total_steps = pl.ktp / pl.u;
   int splits = cfg.splits;
+  if (splits <= 0 && cfg.cluster) splits = cluster_splits(total_steps, pl.row_groups, sms);
   if (splits <= 0) {
     const int64_t want = int64_t{bps} * std::max(1, sms);
     splits = static_cast<int>(std::max<int64_t>(1, (want + pl.row_groups - 1) / pl.row_groups));
   }
+  if (cfg.cluster) splits = std::min(splits, kMaxCluster);
   splits = std::max(1, std::min(splits, total_steps));
   int sps = (total_steps + splits - 1) / splits;
   while (sps > 1 && plan_smem(pl, sps) > max_smem) {
@@ -452,6 +525,11 @@ inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   pl.steps_per_split = sps;
   pl.splits = (total_steps + sps - 1) / sps;  // no empty split
   pl.smem = plan_smem(pl, sps);
+  pl.cluster = cfg.cluster && pl.splits > 1 && pl.splits <= kMaxCluster;
+  if (pl.cluster) {
+    pl.smem = std::max(pl.smem, cluster_smem(pl.nt, pl.rt, pl.warps));
+    return pl;  // no workspace
+  }
   pl.counters_bytes = (int64_t{pl.row_groups} * 4 + 255) / 256 * 256;
   pl.workspace_bytes = pl.splits > 1 ? pl.counters_bytes + int64_t{pl.splits} * n * m * 4 : 0;
   return pl;
@@ -473,8 +551,23 @@ inline cudaError_t launch_grid(Kernel kernel, int64_t (&allowed)[kMaxDevices], c
       if (device >= 0 && device < kMaxDevices) allowed[device] = pl.smem;
     }
   }
-  kernel<<<dim3(static_cast<unsigned>(pl.row_groups), static_cast<unsigned>(pl.splits)), pl.warps * 32,
-           static_cast<size_t>(pl.smem), stream>>>(prm);
+  const dim3 grid(static_cast<unsigned>(pl.row_groups), static_cast<unsigned>(pl.splits));
+  if (pl.cluster) {  // the splits of a row group: one cluster along y
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = dim3(static_cast<unsigned>(pl.warps * 32));
+    lc.dynamicSmemBytes = static_cast<size_t>(pl.smem);
+    lc.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(pl.splits);
+    attr[0].val.clusterDim.z = 1;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, kernel, prm);
+  }
+  kernel<<<grid, pl.warps * 32, static_cast<size_t>(pl.smem), stream>>>(prm);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || pl.splits == 1 || prm.last_block_reduces) return err;
   sparse24_decode_reduce_kernel<T><<<static_cast<unsigned>((prm.m + 255) / 256), 256, 0, stream>>>(prm, pl.splits);
@@ -493,12 +586,16 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
 #define SPARSE24_DECODE_ALL_CONFIGS 0
 #endif
 
-// What the library runs. On an H100 (2026-11-27, bf16, benchmarks/results/nvidia-h100-80gb-hbm3/
-// sparse24_decode) U = 8 (more weight loads in flight per lane) was the faster for tall weights (m >= k) at
-// every N, and U = 4 for wide ones from N = 4 on (N = 16: 46.0 against 60.4 us); within 1% below N = 4.
-inline Config library_config(int m, int k) {
+// What the library runs. U = 8 (more weight loads in flight per lane) for tall weights (m >= k), 4 for wide
+// ones (H100, 2026-11-27: 4096 x 14336 at N = 16, 46.0 against 60.4 us; within 1% below N = 4). On sm_90
+// (cluster: the device supports clusters) one row tile per warp and 8 warps per block, the splits summed in
+// the cluster: 16 warps per SM instead of 8 at these registers, and no partials through global memory.
+// H100, 14336 x 4096 / 4096 x 14336 bf16 (.probe sweep, 2026-11-27): N = 16 from 45.8 / 46.6 us to 36.5 /
+// 36.8, N = 8 from 38.0 / 38.6 to 33.4 / 34.6, N = 1 from 33.5 / 34.4 to 32.2 / 33.1.
+inline Config library_config(int m, int k, bool cluster) {
   Config cfg;
   cfg.u = m >= k ? 8 : 4;
+  if (cluster) cfg.rt = 1, cfg.warps = 8, cfg.cluster = 1;
   return cfg;
 }
 
@@ -560,9 +657,10 @@ inline cudaError_t launch_sparse24_decode(bool bf16, const void* values, const v
   prm.m = m, prm.n = n, prm.k = k, prm.ktp = pl.ktp;
   prm.steps_per_split = pl.steps_per_split;
   prm.last_block_reduces = cfg.last_block_reduces;
+  prm.cluster_reduces = pl.cluster ? 1 : 0;
   prm.act = act;
   prm.slope = slope;
-  if (pl.splits > 1) {
+  if (pl.splits > 1 && !pl.cluster) {
     prm.counters = static_cast<int*>(workspace);
     prm.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.counters_bytes);
     if (cfg.last_block_reduces && !counters_zeroed) {

@@ -1,8 +1,9 @@
 // sparse24_decode_linear on CUDA: the mma.sp kernel of cuda/sparse24_decode_kernel.cuh (design, packed layout
 // and bounds there). This file prepares the operands: x as (tokens, in_features) rows that 16-byte loads can
 // read (copied only when not already so), values / meta contiguous and 16-byte aligned (copied otherwise),
-// and runs the tokens 64 at a time (the kernel's bound). The split-k workspace comes from the caching
-// allocator; its counters are cleared by one memset on the stream per launch that splits.
+// and runs the tokens 64 at a time (the kernel's bound). On sm_90 the splits are summed inside a cluster (no
+// workspace); elsewhere the split-k workspace comes from the caching allocator and its counters are cleared by
+// one memset on the stream per launch that splits.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -56,7 +57,7 @@ at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& va
   const int sms = prop->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int m = static_cast<int>(p.m), k = static_cast<int>(p.k);
-  const sp24d::Config cfg = sp24d::library_config(m, k);
+  const sp24d::Config cfg = sp24d::library_config(m, k, /*cluster=*/prop->major >= 9);
   // One workspace for the largest chunk: the plan's partials grow with the tokens.
   const int first = static_cast<int>(std::min<int64_t>(p.n, sp24d::kMaxTokens));
   int64_t ws_bytes = sp24d::plan(m, first, k, sms, cfg).workspace_bytes;
