@@ -112,8 +112,8 @@ def test_wide_rows_span_several_shared_memory_chunks(rng):
 
 
 def test_plan_candidate_rule():
-    """Densify is timed only when A is at least 1/512 dense and its dense copy fits the byte budget
-    (1 GiB: csrc/common/spmm_routing.cpp)."""
+    """Densify is timed only when A reaches a quarter of the rules' density threshold and its dense copy
+    fits the byte budget (1 GiB: csrc/common/spmm_routing.cpp)."""
     import sparsetorch.plan as plan_mod
 
     dense_ish = st.from_dense(torch.ones(64, 64, device="cuda"))
@@ -123,10 +123,14 @@ def test_plan_candidate_rule():
     assert "densify" not in plan_mod._autotune_candidates(nearly_empty, 32)
     batch = st.from_list([random_csr(np.random.default_rng(0), 8, 8, 0.5)] * 2, device="cuda")
     assert "densify" in plan_mod._autotune_candidates(batch, 32)
-    nnz = 17 * 32768  # dense enough (> 1/512) that only the byte budget keeps densify out
-    too_big = st.CSR(torch.arange(0, nnz + 1, 17, device="cuda"), torch.arange(nnz, device="cuda") % 8193,
+    per_row = 328  # 4% of 8193: dense enough (fp32 at n >= 512 needs 3%) that only the byte budget keeps densify out
+    nnz = per_row * 32768
+    too_big = st.CSR(torch.arange(0, nnz + 1, per_row, device="cuda"), torch.arange(nnz, device="cuda") % 8193,
                      torch.ones(nnz, device="cuda"), (32768, 8193))  # 1 GiB + 128 KiB of float32 when dense
-    assert "densify" not in plan_mod._autotune_candidates(too_big, 32)
+    assert "densify" not in plan_mod._autotune_candidates(too_big, 1024)
+    fits = st.CSR(too_big.crow_indices[:16385], too_big.col_indices[:16384 * per_row],
+                  too_big.values[:16384 * per_row], (16384, 8193))  # the same density at half the rows
+    assert "densify" in plan_mod._autotune_candidates(fits, 1024)
 
 
 def test_auto_takes_densify_on_dense_ish_a_and_keeps_sparse_semantics(rng):

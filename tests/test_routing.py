@@ -244,6 +244,25 @@ def test_candidates_leave_out_pathological_routes():
     assert "tiled" in st.plan._autotune_candidates(uniform_long, 256)
 
 
+def test_densify_is_a_tuning_candidate_only_near_its_crossover():
+    """Densify is timed only where A reaches a quarter of the rules' density threshold for the dtype and
+    B's width: a 5000 x 5000 matrix at 0.4% is never expanded to 100 MB by a tuning sample."""
+    def candidates(A, n, dtype):
+        a = st.as_csr(A)
+        b = torch.empty((), dtype=dtype).expand(a.shape[-1], n)
+        return ops.spmm_route_candidates(a.crow_indices, a.col_indices, a.values.to(dtype), b)
+
+    sparse_5k = _from_lengths(np.full(5000, 20), 5000)  # 0.4%
+    for n in (32, 128, 1024):
+        assert "densify" not in candidates(sparse_5k, n, torch.float32)
+    four_percent = _from_lengths(np.full(512, 20), 512)  # 3.9%: fp32 at n < 128 needs 6.25%, bf16 1.25%
+    assert "densify" not in candidates(four_percent, 64, torch.float32)
+    assert "densify" in candidates(four_percent, 64, torch.bfloat16)
+    assert "densify" in candidates(four_percent, 1024, torch.float32)  # 3% at n >= 512
+    eight_percent = _from_lengths(np.full(512, 41), 512)
+    assert "densify" in candidates(eight_percent, 64, torch.float32)
+
+
 def test_spmm_route_names_the_route_taken(device):
     A = _from_lengths([3, 1, 2], 8, device=device)
     B = torch.randn(8, 2, device=device)

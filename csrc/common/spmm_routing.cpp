@@ -222,8 +222,12 @@ std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarT
   // Tiled streams B through shared memory: it pays only on long, even rows and a wide B.
   if (dtype != at::kDouble && p.n >= 256 && mean_row >= 64 && !(a && skewed(*a))) routes.push_back(SpmmBackend::Tiled);
   if (cusparse_applies(p, a)) routes.push_back(SpmmBackend::Cusparse);
-  // Densify: only where its m*k work can catch up with the sparse routes' nnz*n (A at least 1/512 dense).
-  if (densify_fits(p, dtype) && p.m * p.k <= 512 * std::max<int64_t>(1, p.nnz_stride)) {
+  // Densify: where A is at least a quarter of the rules' density threshold for this dtype and width (4x
+  // below every crossover measured). Looser, a tuning sample expanded matrices it cannot win on: at 1/512
+  // (the former bound) a 5000 x 5000 power-law matrix of 0.4% at n = 32 was expanded to 100 MB, the costliest
+  // of its first ten calls (0.57 ms against a steady call of ~0.02 ms; H100, fresh suite, 2026-11-27).
+  if (densify_fits(p, dtype) &&
+      4.0 * static_cast<double>(p.nnz_stride) >= densify_threshold(dtype, p.n) * static_cast<double>(p.m * p.k)) {
     routes.push_back(SpmmBackend::Densify);
   }
   // Blocked (8-row strips, float32, one matrix): multiplies the zero of a half-empty row pair, so it
