@@ -168,6 +168,24 @@ def test_append_adds_suites_to_a_folder_and_replaces_rerun_ones(tmp_path):
     assert {r["suite"] for r in data["rows"]} == {"elementwise", "batched", "density"}
 
 
+def test_append_replaces_the_rows_a_suite_emits_under_another_name(tmp_path, monkeypatch):
+    """A suite whose jobs also emit rows of another suite name (pruned emits the decode stack's "decode"
+    rows) replaces those too on --append: they are not doubled."""
+    from sparsetorch.bench import suites
+    from sparsetorch.bench.__main__ import main
+
+    def row(suite, case):
+        return {"suite": suite, "case": case, "impl": "sparsetorch", "dtype": "float32", "time_ms": 1.0,
+                "GBps": 0.0, "GFLOPs": 0.0, "floor_ms": 0.0, "of_floor": 0.0}
+
+    monkeypatch.setitem(suites.SUITES, "pruned", lambda ctx: [lambda: [row("pruned", "a"), row("decode", "b")]])
+    out = str(tmp_path / "res")
+    main(["--device", "cpu", "--suites", "pruned", "--no-plots", "--out", out])
+    main(["--device", "cpu", "--suites", "pruned", "--no-plots", "--out", out, "--append"])
+    data = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert sorted(r["suite"] for r in data["rows"]) == ["decode", "pruned"]
+
+
 def test_run_says_what_it_left_out_without_data(tmp_path, capsys, monkeypatch):
     """No data folder: the graphs suite runs its synthetic cases and the run says, at its start and its end,
     that the real matrices and the Planetoid graphs were left out and how to get them; no torch warning about

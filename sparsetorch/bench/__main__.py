@@ -159,7 +159,10 @@ def _appended(old: Optional[dict], meta: dict, rows: List[dict]):
     """meta and rows of the folder's earlier results `old` with this run's suites replaced by its own."""
     if old is None:
         return meta, rows
-    kept = [r for r in old["rows"] if r["suite"] not in meta["suites"]]
+    # A suite's jobs may emit rows of another suite name (pruned emits the decode stack's "decode" rows):
+    # those are replaced too.
+    replaced = set(meta["suites"]) | {r["suite"] for r in rows}
+    kept = [r for r in old["rows"] if r["suite"] not in replaced]
     suites = [s for s in old["meta"]["suites"] if s not in meta["suites"]] + meta["suites"]
     commands = old["meta"].get("commands") or [old["meta"]["command"]]
     merged = {**meta, "suites": suites, "commands": commands + [meta["command"]],

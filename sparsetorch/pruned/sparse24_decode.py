@@ -35,8 +35,7 @@ __all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "decode_applies", "
            "Sparse24DecodeWeight", "sparse24_decode_linear", "DECODE_MAX_TOKENS"]
 
 # Tokens up to which SparseLinear times the form against dense (H100, bf16, 14336 x 4096 and 4096 x 14336,
-# 2026-11-27: 1.5-1.66x dense at N <= 4, 1.2x at 16, 0.8-0.9x at 32;
-# benchmarks/results/nvidia-h100-80gb-hbm3/sparse24_decode@df9e984). The op itself takes any N.
+# 2026-11-27: 1.45-1.67x dense at N <= 16, 0.78-1.04x at 32; docs/formats.md). The op itself takes any N.
 DECODE_MAX_TOKENS = 32
 
 TILE_K = 32  # original columns per mma.sp k-step
