@@ -32,10 +32,7 @@ constexpr int kPosBits = 42;   // positions below 2^42
 constexpr int kPhaseBits = 2;  // 0: crow[0] / monotone, 1: crow[-1], 2: columns
 constexpr unsigned long long kNoError = ~0ull;
 
-int64_t blocks_for(int64_t work) {
-  const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-  return std::max<int64_t>(1, std::min(ceil_div(work, kThreads), max_blocks));
-}
+int blocks_for(int64_t work) { return grid_stride_blocks(work, kThreads, 32); }
 
 // Keeps the smallest key as the largest inverted one: zero-filled scratch then means "no defect".
 __device__ inline void report(unsigned long long* key, int64_t b, int phase, int64_t pos) {

@@ -198,6 +198,14 @@ inline at::Tensor rows_for_16byte_loads(const at::Tensor& x, int64_t n, int64_t 
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Blocks of `threads` for a grid-stride loop over `work` items: enough for every item, at most
+// blocks_per_sm per SM of the current device (the loop covers the rest), at least one.
+inline int grid_stride_blocks(int64_t work, int threads, int blocks_per_sm) {
+  const int64_t most =
+      static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * blocks_per_sm;
+  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, threads), most)));
+}
+
 // Row kernels give each row to a group of GROUP lanes (8, 16 or 32) of one warp: the mask of this
 // thread's group for the *_sync intrinsics.
 template <int GROUP>

@@ -41,10 +41,7 @@ namespace gb = graph_build;
 
 constexpr int kThreads = 256;
 
-int blocks_for(int64_t work) {
-  const int64_t most = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
-  return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, kThreads), most)));
-}
+int blocks_for(int64_t work) { return grid_stride_blocks(work, kThreads, 16); }
 
 __device__ inline void add_one(int32_t* p) { atomicAdd(p, 1); }
 __device__ inline void add_one(int64_t* p) { atomicAdd(reinterpret_cast<unsigned long long*>(p), 1ull); }

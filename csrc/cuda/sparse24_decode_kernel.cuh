@@ -247,28 +247,8 @@ __device__ __forceinline__ void finish(const Params& p, const float (&acc)[RT][N
   const int row_tiles = p.m >> 4;
   const int g = lane >> 2, t = lane & 3;
   const int splits = gridDim.y;
-  if (splits == 1) {
-    if (active) {
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        if (tile0 + r >= row_tiles) continue;
-        const int row = (tile0 + r) * 16 + g;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int n = 8 * j + 2 * t + (c & 1);
-            if (n < p.n) store_out<T>(p, n, row + 8 * (c >> 1), acc[r][j][c]);
-          }
-        }
-      }
-    }
-    return;
-  }
-
-  // Split-k: this split's partial sums, then (last-block mode) the row group's last block adds all splits.
-  if (active) {
-    float* part = p.partials + static_cast<int64_t>(blockIdx.y) * p.n * p.m;
+  // f(token, row, sum) for each of this warp's sums inside the output.
+  auto each_sum = [&](auto&& f) {
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       if (tile0 + r >= row_tiles) continue;
@@ -278,10 +258,20 @@ __device__ __forceinline__ void finish(const Params& p, const float (&acc)[RT][N
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int n = 8 * j + 2 * t + (c & 1);
-          if (n < p.n) part[static_cast<int64_t>(n) * p.m + row + 8 * (c >> 1)] = acc[r][j][c];
+          if (n < p.n) f(n, row + 8 * (c >> 1), acc[r][j][c]);
         }
       }
     }
+  };
+  if (splits == 1) {
+    if (active) each_sum([&](int n, int row, float z) { store_out<T>(p, n, row, z); });
+    return;
+  }
+
+  // Split-k: this split's partial sums, then (last-block mode) the row group's last block adds all splits.
+  if (active) {
+    float* part = p.partials + static_cast<int64_t>(blockIdx.y) * p.n * p.m;
+    each_sum([&](int n, int row, float z) { part[static_cast<int64_t>(n) * p.m + row] = z; });
   }
   if (!p.last_block_reduces) return;
   __threadfence();  // this block's partials are visible device-wide before its arrival is counted
