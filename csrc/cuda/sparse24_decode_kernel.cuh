@@ -1,6 +1,6 @@
 // y = act(x @ W^T + bias) for a 2:4-pruned bf16/fp16 weight W (M x K) and few tokens x (N x K, N <= 64),
 // on the 2:4 sparse tensor cores (mma.sp m16n8k32, fp32 sums), for LLM decode. Torch-free: the standalone
-// probe (.probe/sp24) and the op include it. The packed format is made by
+// probe (git show 44a0bee:benchmarks/probes_48/sp24_cluster/) and the op include it. The packed format is made by
 // sparsetorch/pruned/sparse24_decode.py (pack_sparse24_decode), which also emulates this file's register
 // mapping on the CPU (unpack_sparse24_decode).
 //
@@ -571,8 +571,8 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
 }
 
 #ifndef SPARSE24_DECODE_ALL_CONFIGS
-// The library build compiles what plan() and library_config() can pick: RT 1/2 x U 4/8. The probe
-// (benchmarks/sparse24_decode_probe) defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and RT = 4.
+// The library build compiles what plan() and library_config() can pick: RT 1/2 x U 4/8. The probe (git show
+// 44a0bee:benchmarks/probes_48/sp24_cluster/) defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and RT = 4.
 #define SPARSE24_DECODE_ALL_CONFIGS 0
 #endif
 
@@ -580,8 +580,9 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
 // ones (H100, 2026-11-27: 4096 x 14336 at N = 16, 46.0 against 60.4 us; within 1% below N = 4). On sm_90
 // (cluster: the device supports clusters) one row tile per warp and 8 warps per block, the splits summed in
 // the cluster: 16 warps per SM instead of 8 at these registers, and no partials through global memory.
-// H100, 14336 x 4096 / 4096 x 14336 bf16 (.probe sweep, 2026-11-27): N = 16 from 45.8 / 46.6 us to 36.5 /
-// 36.8, N = 8 from 38.0 / 38.6 to 33.4 / 34.6, N = 1 from 33.5 / 34.4 to 32.2 / 33.1.
+// H100, 14336 x 4096 / 4096 x 14336 bf16 (git show 44a0bee:benchmarks/probes_48/sp24_cluster/sweep.py):
+// N = 16 from 45.8 / 46.6 us to 36.5 / 36.8, N = 8 from 38.0 / 38.6 to 33.4 / 34.6, N = 1 from 33.5 / 34.4 to
+// 32.2 / 33.1.
 inline Config library_config(int m, int k, bool cluster) {
   Config cfg;
   cfg.u = m >= k ? 8 : 4;
