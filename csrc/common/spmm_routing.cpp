@@ -30,6 +30,18 @@ double densify_threshold(at::ScalarType dtype, int64_t n) {
   return dtype == at::kFloat ? kFloat[bucket] : kDouble[bucket];
 }
 
+// A holds at least 1 / margin of densify's density threshold for its dtype and B's width: margin 1 is the
+// rule, kDensifyTuningMargin makes densify a tuning candidate (below).
+bool densify_density_reached(const SpmmProblem& p, at::ScalarType dtype, double margin) {
+  return margin * static_cast<double>(p.nnz_stride) >=
+         densify_threshold(dtype, p.n) * static_cast<double>(p.m) * static_cast<double>(p.k);
+}
+// Densify is a tuning candidate from a quarter of the rule's density (4x below every crossover measured).
+// Looser, a tuning sample expanded matrices it cannot win on: at 1/512 (the former bound) a 5000 x 5000
+// power-law matrix of 0.4% at n = 32 was expanded to 100 MB, the costliest of its first ten calls (0.57 ms
+// against a steady call of ~0.02 ms; H100, fresh suite, 2026-11-27).
+constexpr double kDensifyTuningMargin = 4.0;
+
 // Tiled (B through shared memory) for long rows and wide B. H200, 4096 x 4096 row-pruned, B 4096 x
 // 1024 (benchmarks/results/h200/spmm_tiled_cuda.txt@a742d0f): fp32 tiled 1.23x cuSPARSE / 1.41x native at 820
 // entries per row, 0.83x / 0.90x at 410; bf16 1.06x native at 1229, 0.98x at 1024.
@@ -88,7 +100,7 @@ bool prefers_densify(const SpmmProblem& p, at::ScalarType dtype) {
   const int64_t positions = p.m * p.k;
   if (positions < kDensifyMinPositions) return false;
   if (p.a_batches() * positions > kDensifyMaxBytes / static_cast<int64_t>(c10::elementSize(dtype))) return false;
-  return static_cast<double>(p.nnz_stride) >= densify_threshold(dtype, p.n) * static_cast<double>(positions);
+  return densify_density_reached(p, dtype, 1.0);
 }
 
 bool densify_fits(const SpmmProblem& p, at::ScalarType dtype) {
@@ -222,12 +234,7 @@ std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarT
   // Tiled streams B through shared memory: it pays only on long, even rows and a wide B.
   if (dtype != at::kDouble && p.n >= 256 && mean_row >= 64 && !(a && skewed(*a))) routes.push_back(SpmmBackend::Tiled);
   if (cusparse_applies(p, a)) routes.push_back(SpmmBackend::Cusparse);
-  // Densify: where A is at least a quarter of the rules' density threshold for this dtype and width (4x
-  // below every crossover measured). Looser, a tuning sample expanded matrices it cannot win on: at 1/512
-  // (the former bound) a 5000 x 5000 power-law matrix of 0.4% at n = 32 was expanded to 100 MB, the costliest
-  // of its first ten calls (0.57 ms against a steady call of ~0.02 ms; H100, fresh suite, 2026-11-27).
-  if (densify_fits(p, dtype) &&
-      4.0 * static_cast<double>(p.nnz_stride) >= densify_threshold(dtype, p.n) * static_cast<double>(p.m * p.k)) {
+  if (densify_fits(p, dtype) && densify_density_reached(p, dtype, kDensifyTuningMargin)) {
     routes.push_back(SpmmBackend::Densify);
   }
   // Blocked (8-row strips, float32, one matrix): multiplies the zero of a half-empty row pair, so it

@@ -133,6 +133,12 @@ __device__ __forceinline__ void mma_sp(float (&acc)[4], const uint4& a, const ui
 #undef SP24D_MMA_SP
 }
 
+// Where an mma accumulator value lands (the m16n8 fp32 C fragment): value c of n-tile j in lane `lane` is
+// token 8 j + 2 (lane & 3) + (c & 1) of row (lane >> 2) + 8 (c >> 1) of its 16-row tile. One place for finish
+// (direct stores and split partials) and finish_cluster.
+__device__ __forceinline__ int acc_token(int lane, int j, int c) { return 8 * j + 2 * (lane & 3) + (c & 1); }
+__device__ __forceinline__ int acc_row(int tile, int lane, int c) { return tile * 16 + (lane >> 2) + 8 * (c >> 1); }
+
 // A streamed weight piece: read once, so it does not displace x's lines in L1.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   uint4 v;
@@ -245,20 +251,18 @@ __device__ __forceinline__ void finish(const Params& p, const float (&acc)[RT][N
   __shared__ int last_flag;
   const int lane = threadIdx.x & 31;
   const int row_tiles = p.m >> 4;
-  const int g = lane >> 2, t = lane & 3;
   const int splits = gridDim.y;
   // f(token, row, sum) for each of this warp's sums inside the output.
   auto each_sum = [&](auto&& f) {
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       if (tile0 + r >= row_tiles) continue;
-      const int row = (tile0 + r) * 16 + g;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int n = 8 * j + 2 * t + (c & 1);
-          if (n < p.n) f(n, row + 8 * (c >> 1), acc[r][j][c]);
+          const int n = acc_token(lane, j, c);
+          if (n < p.n) f(n, acc_row(tile0 + r, lane, c), acc[r][j][c]);
         }
       }
     }
@@ -315,8 +319,8 @@ __device__ __forceinline__ void finish_cluster(const Params& p, const float (&ac
     const int v = e / threads, src = e - v * threads;  // value v of thread src
     const int r = v / (NT * 4), j = (v >> 2) % NT, c = v & 3;
     const int lane = src & 31, tile = (static_cast<int>(blockIdx.x) * warps + (src >> 5)) * RT + r;
-    const int n = 8 * j + 2 * (lane & 3) + (c & 1);
-    if (tile < row_tiles && n < p.n) store_out<T>(p, n, tile * 16 + (lane >> 2) + 8 * (c >> 1), z);
+    const int n = acc_token(lane, j, c);
+    if (tile < row_tiles && n < p.n) store_out<T>(p, n, acc_row(tile, lane, c), z);
   }
   cluster.sync();
 #else
@@ -486,6 +490,18 @@ inline int cluster_splits(int total_steps, int row_groups, int sms) {
   return best;
 }
 
+// The next split count when the x slice does not fit in shared memory. In cluster mode the next one that
+// divides the steps evenly, if there is one up to kMaxCluster (see cluster_splits: 2 -> 3 splits of 16 steps
+// would idle blocks at the cluster barrier).
+inline int more_splits(int splits, int total_steps, bool cluster) {
+  if (cluster) {
+    for (int s = splits + 1; s <= std::min(kMaxCluster, total_steps); ++s) {
+      if (total_steps % s == 0) return s;
+    }
+  }
+  return splits + 1;
+}
+
 inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   Plan pl;
   pl.nt = tokens_tiles(n);
@@ -509,7 +525,7 @@ inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
   splits = std::max(1, std::min(splits, total_steps));
   int sps = (total_steps + splits - 1) / splits;
   while (sps > 1 && plan_smem(pl, sps) > max_smem) {
-    ++splits;
+    splits = more_splits(splits, total_steps, cfg.cluster != 0);
     sps = (total_steps + splits - 1) / splits;
   }
   pl.steps_per_split = sps;
@@ -619,23 +635,21 @@ inline cudaError_t launch_typed(const Plan& pl, const Params& prm, cudaStream_t 
 
 }  // namespace sp24d
 
-// y (n, ldo) = act(x (n, ldx) @ W^T + bias) for W (m x k) packed by pack_sparse24_decode (values, meta).
+// y (n, ldo) = act(x (n, ldx) @ W^T + bias) for W (m x k) packed by pack_sparse24_decode (values, meta), cut
+// as pl = sp24d::plan(m, n, k, sms, cfg) says (the caller plans once and sizes the workspace from it).
 // Requires m % 16 == 0, k % 32 == 0, 1 <= n <= 64, x 16-byte aligned with ldx % 8 == 0, values / meta
-// 16-byte aligned. workspace: at least plan(...).workspace_bytes bytes, 16-byte aligned; in last-block mode
-// its first counters_bytes must be zero on entry (the kernel leaves them zero), or pass
-// counters_zeroed = false and the launcher clears them (one memset on the stream). sms: the device's SM
-// count. Returns the first CUDA error (cudaErrorInvalidValue for arguments out of the kernel's range).
-inline cudaError_t launch_sparse24_decode(bool bf16, const void* values, const void* meta, const void* x, int64_t ldx,
-                                          const void* bias, void* out, int64_t ldo, int m, int n, int k, int act,
-                                          float slope, void* workspace, int64_t workspace_bytes, bool counters_zeroed,
-                                          const sp24d::Config& cfg, int sms, cudaStream_t stream,
-                                          sp24d::Plan* plan_out = nullptr) {
+// 16-byte aligned. workspace: at least pl.workspace_bytes bytes (none in cluster mode), 16-byte aligned; in
+// last-block mode its first counters_bytes must be zero on entry (the kernel leaves them zero), or pass
+// counters_zeroed = false and the launcher clears them (one memset on the stream). Returns the first CUDA error
+// (cudaErrorInvalidValue for arguments out of the kernel's range or a plan made for another n or k).
+inline cudaError_t launch_sparse24_decode(const sp24d::Plan& pl, const sp24d::Config& cfg, bool bf16, const void* values,
+                                          const void* meta, const void* x, int64_t ldx, const void* bias, void* out,
+                                          int64_t ldo, int m, int n, int k, int act, float slope, void* workspace,
+                                          int64_t workspace_bytes, bool counters_zeroed, cudaStream_t stream) {
   if (m <= 0 || m % 16 != 0 || k <= 0 || k % sp24d::kTileK != 0 || n < 1 || n > sp24d::kMaxTokens || ldx % 8 != 0 ||
-      ldx < k || ldo < m) {
+      ldx < k || ldo < m || pl.nt != sp24d::tokens_tiles(n) || pl.ktp != sp24d::packed_ktiles(k)) {
     return cudaErrorInvalidValue;
   }
-  const sp24d::Plan pl = sp24d::plan(m, n, k, sms, cfg);
-  if (plan_out != nullptr) *plan_out = pl;
   if (pl.workspace_bytes > 0 && (workspace == nullptr || workspace_bytes < pl.workspace_bytes)) return cudaErrorInvalidValue;
   sp24d::Params prm{};
   prm.values = static_cast<const uint4*>(values);

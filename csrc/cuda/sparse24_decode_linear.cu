@@ -58,21 +58,22 @@ at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& va
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int m = static_cast<int>(p.m), k = static_cast<int>(p.k);
   const sp24d::Config cfg = sp24d::library_config(m, k, /*cluster=*/prop->major >= 9);
-  // One workspace for the largest chunk: the plan's partials grow with the tokens.
-  const int first = static_cast<int>(std::min<int64_t>(p.n, sp24d::kMaxTokens));
-  int64_t ws_bytes = sp24d::plan(m, first, k, sms, cfg).workspace_bytes;
-  if (p.n > first) ws_bytes = std::max(ws_bytes, sp24d::plan(m, static_cast<int>(p.n % sp24d::kMaxTokens == 0
-                                                                                      ? sp24d::kMaxTokens
-                                                                                      : p.n % sp24d::kMaxTokens),
-                                                              k, sms, cfg).workspace_bytes);
-  const at::Tensor workspace = at::empty({std::max<int64_t>(ws_bytes, 16)}, x.options().dtype(at::kByte));
-  for (int64_t t0 = 0; t0 < p.n; t0 += sp24d::kMaxTokens) {
-    const int n = static_cast<int>(std::min<int64_t>(p.n - t0, sp24d::kMaxTokens));
+  // The tokens run 64 at a time: at most two chunk sizes (full and the rest), planned once each here. The
+  // workspace (last-block mode only: the partials grow with the tokens) fits the larger plan.
+  const int full = static_cast<int>(std::min<int64_t>(p.n, sp24d::kMaxTokens));
+  const int rest = static_cast<int>(p.n % full);
+  const sp24d::Plan plan_full = sp24d::plan(m, full, k, sms, cfg);
+  const sp24d::Plan plan_rest = rest > 0 ? sp24d::plan(m, rest, k, sms, cfg) : plan_full;
+  const int64_t ws_bytes = std::max(plan_full.workspace_bytes, plan_rest.workspace_bytes);
+  const at::Tensor workspace = ws_bytes > 0 ? at::empty({ws_bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+  for (int64_t t0 = 0; t0 < p.n; t0 += full) {
+    const int n = static_cast<int>(std::min<int64_t>(p.n - t0, full));
     const cudaError_t err = launch_sparse24_decode(
-        bf16, values_c.data_ptr(), meta_c.data_ptr(), static_cast<const char*>(x2.data_ptr()) + t0 * x2.stride(0) * 2,
-        x2.stride(0), bias_c.defined() ? bias_c.data_ptr() : nullptr, static_cast<char*>(out.data_ptr()) + t0 * p.m * 2,
-        p.m, m, n, k, static_cast<int>(act), static_cast<float>(negative_slope), workspace.data_ptr(), workspace.numel(),
-        /*counters_zeroed=*/false, cfg, sms, stream);
+        n == full ? plan_full : plan_rest, cfg, bf16, values_c.data_ptr(), meta_c.data_ptr(),
+        static_cast<const char*>(x2.data_ptr()) + t0 * x2.stride(0) * 2, x2.stride(0),
+        bias_c.defined() ? bias_c.data_ptr() : nullptr, static_cast<char*>(out.data_ptr()) + t0 * p.m * 2, p.m, m, n, k,
+        static_cast<int>(act), static_cast<float>(negative_slope), workspace.defined() ? workspace.data_ptr() : nullptr,
+        ws_bytes, /*counters_zeroed=*/false, stream);
     TORCH_CHECK(err == cudaSuccess, "sparse24_decode_linear: kernel launch failed for a ", p.m, " x ", p.k,
                 " weight and ", n, " tokens: ", cudaGetErrorString(err));
   }
