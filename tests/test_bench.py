@@ -234,3 +234,52 @@ def test_cpu_time_rounds_extends_fast_cases_and_stops_slow_ones():
     assert len(times["a"]) == 5  # min_s reached: `rounds` rounds
     times = time_rounds({"a": lambda: time.sleep(0.02)}, rounds=50, budget_s=0.01, min_s=1.0)
     assert len(times["a"]) == 3  # over budget: 3 rounds
+
+
+def test_gnn_headline_states_the_dense_part_bound():
+    rows = [_row("gnn", "SAGEConv x", "sparsetorch", 3.0, dense_part_ms=2.0),
+            _row("gnn", "SAGEConv x", "torch_geometric edge_index", 3.3, dense_part_ms=2.0)]
+    line = next(h for h in report.gnn_headlines(rows) if "SAGEConv x" in h)
+    assert "the dense part alone 2 ms, so at most 1.65x faster than torch_geometric" in line, line
+
+
+@pytest.mark.parametrize("layer", ["GCNConv", "SAGEConv"])
+def test_dense_part_is_the_layer_without_its_aggregation(layer):
+    """DENSE_PART's layers compute what the library layer computes when the aggregation is the identity
+    (a graph of self loops only, no normalisation effect), with the same parameter names."""
+    import torch
+
+    import sparsetorch as st
+    from sparsetorch.bench.suites.gnn import DENSE_PART
+
+    torch.manual_seed(0)
+    ours = getattr(st.nn, layer)(8, 5)
+    dense = getattr(DENSE_PART, layer)(8, 5)
+    state = ours.state_dict()
+    if layer == "GCNConv":  # PyG's GCNConv: an unbiased lin and a separate bias
+        dense.lin.weight.data.copy_(state["lin.weight"])
+        dense.lin.bias.data.copy_(state["bias"])
+    else:
+        dense.load_state_dict(state)
+    x = torch.randn(6, 8, dtype=torch.float64)
+    ours, dense = ours.double(), dense.double()
+    loops = torch.arange(6).repeat(2, 1)
+    # GCN adds self loops itself (a self loop per node: D^-1/2 (I) D^-1/2 = I); SAGE's mean of one neighbour
+    graph = torch.empty(2, 0, dtype=torch.int64) if layer == "GCNConv" else loops
+    torch.testing.assert_close(dense(x, None), ours(x, graph))
+
+
+def test_minibatch_rows_carry_the_dense_part():
+    import torch
+
+    from sparsetorch.bench.suites.common import Context
+    from sparsetorch.bench.suites.gnn import power_law_edge_index
+    from sparsetorch.bench.suites.minibatch import minibatch_rows
+    from sparsetorch.bench.timing import make_timer
+
+    dev = torch.device("cpu")
+    ctx = Context(dev, make_timer(dev, True), None, False, None)
+    graph = power_law_edge_index(3000, 20000, seed=1, device="cpu")
+    rows = minibatch_rows(ctx, "tiny", graph, 3000, "SAGEConv", (4, 3), steps=1)
+    assert rows and all(r["dense_part_ms"] > 0 for r in rows)
+    assert rows[0]["impl"] == "sparsetorch"

@@ -22,6 +22,11 @@ for the least work the math needs: each layer's SpMM at the narrower of its two 
 backward for layer 2 only, layer 1's input needing no gradient), its GEMMs forward and backward
 (and SAGE's root GEMMs); SpMM bytes as in common.spmm_model, GEMM bytes every operand once.
 
+``dense_part_ms`` (every row of a case): the same step with the layers' aggregation removed
+(``DENSE_PART``: their GEMMs, then ReLU, the loss and Adam). Both libraries run that work; on the small
+graphs and mini-batches, where steps are bound by the host, it is most of the step and bounds the ratio
+any aggregation can reach.
+
 Accuracy: Kipf & Welling's recipe on Cora (16 hidden, dropout 0.5, Adam lr 0.01, weight decay 5e-4
 on layer 1, 200 epochs; test accuracy at the best validation epoch) with both libraries, same seeds
 (3 on CUDA, 10 with ``--full``; on the CPU one seed, with ``--full`` only).
@@ -111,6 +116,49 @@ class Net(torch.nn.Module):
         x = F.relu(self.conv1(x, graph))
         x = F.dropout(x, self.dropout, self.training)
         return self.conv2(x, graph)
+
+
+class _GCNDensePart(torch.nn.Module):
+    """GCNConv without its aggregation: ``lin(x)`` (PyG's GCNConv computes it before propagating)."""
+
+    def __init__(self, in_channels: int, out_channels: int, **_):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, graph):
+        return self.lin(x)
+
+
+class _SAGEDensePart(torch.nn.Module):
+    """SAGEConv without its aggregation: ``lin_l(x) + lin_r(x)``, PyG's two GEMMs."""
+
+    def __init__(self, in_channels: int, out_channels: int, **_):
+        super().__init__()
+        self.lin_l = torch.nn.Linear(in_channels, out_channels)
+        self.lin_r = torch.nn.Linear(in_channels, out_channels, bias=False)
+
+    def forward(self, x, graph):
+        return torch.addmm(self.lin_l(x), x, self.lin_r.weight.t())
+
+
+class DENSE_PART:
+    """The layers with the aggregation removed, for the step's dense part: the same model, loss and
+    optimiser as the libraries' steps with every layer's sparse work taken out. Both libraries run this
+    work too, so a step cannot beat torch_geometric's by more than its time / this one's, whatever the
+    aggregation costs (fusing SAGE's two GEMMs aside)."""
+    GCNConv = _GCNDensePart
+    SAGEConv = _SAGEDensePart
+
+
+def dense_part_ms(ctx: Context, model: torch.nn.Module, time_step) -> float:
+    """Milliseconds per step of ``model`` (a DENSE_PART network) under ``time_step(model, opt)``."""
+    model = model.to(ctx.device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    try:
+        return time_step(model, opt) * 1e3
+    finally:
+        model = opt = None
+        _release(ctx.device)
 
 
 def step_model(layer: str, n: int, entries: int, channels, ceilings) -> Tuple[float, float, float]:
@@ -236,6 +284,19 @@ def training_step_rows(ctx: Context, name: str, layer: str, edge_index: torch.Te
                      "GFLOPs": flops / seconds / 1e9, "floor_ms": floor * 1e3, "of_floor": floor / seconds,
                      "rel_err": err, "peak_GiB": peak})
     _release(device)
+
+    def time_dense(model, opt):
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x, None), y).backward()
+            opt.step()
+
+        step()
+        return ctx.timer(step)
+
+    dense = dense_part_ms(ctx, Net(DENSE_PART, layer, channels), time_dense)
+    for r in rows:
+        r["dense_part_ms"] = dense
     return rows
 
 

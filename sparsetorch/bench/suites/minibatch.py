@@ -20,7 +20,10 @@ for the work queued before it.
 Per case: the wall time per step over a loop of steps (a synchronize before and after the loop, none
 inside), and the host synchronisations per step counted by torch.profiler (the CUDA runtime's
 ``cudaStreamSynchronize`` / ``cudaEventSynchronize`` / ``cudaDeviceSynchronize`` calls) over 5 steps.
-Floor: none stated; the GPU work per step is small and both libraries are bound by the host.
+Floor: ``dense_part_ms``, the same step with every layer's aggregation removed (gnn.DENSE_PART: the
+layers' GEMMs, ReLU, the loss and Adam on the same batches). Both libraries run that work, so it bounds
+what any aggregation can gain: a step cannot be faster than torch_geometric's by more than its time / the
+dense part's.
 """
 from __future__ import annotations
 
@@ -124,9 +127,24 @@ def _syncs_per_step(step, batches) -> float:
     return (calls - 1) / len(batches)  # less the synchronize closing the window
 
 
+def _time_loops(ctx: Context, step, timed) -> float:
+    """Seconds per step: the median of 3 loops over ``timed`` (a synchronize before and after each loop)."""
+    loops = []
+    for _ in range(3):
+        if ctx.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for b in timed:
+            step(b)
+        if ctx.cuda:
+            torch.cuda.synchronize()
+        loops.append((time.perf_counter() - t0) / len(timed))
+    return statistics.median(loops)
+
+
 def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: int, layer: str,
                    fanouts, steps: int, feed: str = "on the device") -> List[dict]:
-    from sparsetorch.bench.suites.gnn import _pyg, _release
+    from sparsetorch.bench.suites.gnn import DENSE_PART, _pyg, _release, dense_part_ms
 
     pyg_nn, _ = _pyg()
     batches = make_batches(ctx, graph, nodes, fanouts, steps + 5, seed=len(fanouts))
@@ -147,13 +165,7 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
     libs = {"sparsetorch": st.nn}
     if pyg_nn is not None:
         libs["torch_geometric edge_index"] = pyg_nn
-    rows, reference = [], None
-    for impl, lib in libs.items():
-        _release(ctx.device)
-        model = Net3(lib, layer).to(ctx.device)
-        model.load_state_dict(initial)
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
-
+    def make_step(model, opt):
         def step(batch):
             x, edge_index, y, size = batch
             if moved:
@@ -162,6 +174,15 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
             F.cross_entropy(model(x, edge_index)[:size], y).backward()
             opt.step()
 
+        return step
+
+    rows, reference = [], None
+    for impl, lib in libs.items():
+        _release(ctx.device)
+        model = Net3(lib, layer).to(ctx.device)
+        model.load_state_dict(initial)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        step = make_step(model, opt)
         with torch.no_grad():
             out = model(batches[0][0].to(ctx.device), batches[0][1].to(ctx.device))
         if reference is None:
@@ -171,21 +192,21 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
         for b in batches[:5]:  # warm-up: code, workspaces, the tuning of the products' signatures
             step(b)
         timed = batches[5:]
-        loops = []
-        for _ in range(3):
-            if ctx.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for b in timed:
-                step(b)
-            if ctx.cuda:
-                torch.cuda.synchronize()
-            loops.append((time.perf_counter() - t0) / len(timed))
+        seconds = _time_loops(ctx, step, timed)
         syncs = _syncs_per_step(step, timed[:5]) if ctx.cuda else None
-        rows.append({**base, "impl": impl, "time_ms": statistics.median(loops) * 1e3, "rel_err": err,
-                     "syncs_per_step": syncs})
-        model = opt = None
+        rows.append({**base, "impl": impl, "time_ms": seconds * 1e3, "rel_err": err, "syncs_per_step": syncs})
+        model = opt = step = None
     _release(ctx.device)
+
+    def time_dense(model, opt):
+        step = make_step(model, opt)
+        for b in batches[:5]:
+            step(b)
+        return _time_loops(ctx, step, batches[5:])
+
+    dense = dense_part_ms(ctx, Net3(DENSE_PART, layer), time_dense)
+    for r in rows:
+        r["dense_part_ms"] = dense
     return rows
 
 
