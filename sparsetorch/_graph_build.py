@@ -158,14 +158,18 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
     order = torch.sort(all_dst.to(sort_dtype), stable=True).indices
     order_t = torch.sort(all_src.to(sort_dtype), stable=True).indices
 
+    # Sums and scales in float32 for half types, as the op's kernels (opmath): a bf16 degree stops
+    # growing exactly past 256, and each value is rounded once, at the end.
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     if norm == "gcn":
-        degree = torch.zeros(n_dst, dtype=dtype, device=device).scatter_add(0, all_dst, w_all)
+        w_acc = w_all.to(acc)
+        degree = torch.zeros(n_dst, dtype=acc, device=device).scatter_add(0, all_dst, w_acc)
         d = degree.pow(-0.5)
-        d = torch.where(torch.isinf(d), torch.zeros((), dtype=dtype, device=device), d)
-        value_all = d[all_dst] * w_all * d[all_src]
+        d = torch.where(torch.isinf(d), torch.zeros((), dtype=acc, device=device), d)
+        value_all = (d[all_dst] * w_acc * d[all_src]).to(dtype)
     elif norm == "mean":
         kept = per_target - torch.zeros(n_dst, dtype=long, device=device).scatter_add_(0, dst_c, is_loop.long())
-        value_all = w_all / kept.clamp(min=1).to(dtype)[all_dst]
+        value_all = (w_all.to(acc) / kept.clamp(min=1).to(acc)[all_dst]).to(dtype)
     else:
         value_all = w_all
 

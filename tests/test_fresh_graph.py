@@ -241,6 +241,28 @@ def test_op_matches_the_differentiable_path(device, rng, case, index_dtype):
             assert torch.equal(x, y)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("norm", ["gcn", "mean"])
+def test_differentiable_path_sums_half_types_in_float(device, rng, dtype, norm):
+    """Weights that require a gradient take the torch-op path; in half types its degrees and entry
+    counts are summed in float32 as the op's (a target of 601 entries: a bf16 running sum stops
+    growing at 256 + ...), so both give the same values, each rounded once."""
+    n, e = 700, 3000
+    src = torch.from_numpy(rng.integers(0, n, e))
+    dst = torch.where(torch.arange(e) < 601, 3, torch.from_numpy(rng.integers(0, n, e)))
+    ei = torch.stack([src, dst]).to(device)
+    w = torch.from_numpy(rng.random(e) + 0.5).to(device=device, dtype=dtype)
+    loops = "remaining" if norm == "gcn" else None
+    native = build_graph(ei[0], ei[1], w, n, n, loops=loops, norm=norm, dtype=dtype)
+    steps = build_graph(ei[0], ei[1], w.clone().requires_grad_(), n, n, loops=loops, norm=norm, dtype=dtype)
+    ref = _reference(ei[0], ei[1], w.double(), n, n, loops, 1.0, norm)
+    eps = torch.finfo(dtype).eps
+    for a in (native, steps):
+        np.testing.assert_allclose(st.to_dense(a.to(dtype=torch.float64)).detach().cpu().numpy(), ref, rtol=eps, atol=0)
+    torch.testing.assert_close(steps.values.detach(), native.values, rtol=eps, atol=0)
+    steps.values.float().sum().backward()  # the gradient reaches the weights
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("norm", ["gcn", "mean"])
 def test_op_on_a_skewed_graph_and_low_precision(device, rng, dtype, norm):

@@ -314,6 +314,22 @@ def test_gcn_normalize_matches_definition(device, rng, weighted):
     np.testing.assert_allclose(st.to_scipy(norm).toarray(), _reference_propagation(a), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gcn_normalize_sums_half_types_in_float(device, rng, dtype):
+    """A hub of 601 neighbours: its degree summed in bf16 would stop growing exactly past 256. Each
+    value is the float product rounded once, within half an ulp of float64."""
+    n = 700
+    rows = np.concatenate([np.full(601, 3), rng.integers(0, n, 2000)])
+    cols = np.concatenate([np.arange(601) + 50, rng.integers(0, n, 2000)])
+    a = sp.coo_matrix((rng.random(rows.size) + 0.5, (rows, cols)), shape=(n, n)).tocsr()
+    a = a + a.T
+    a.data = torch.tensor(a.data).to(dtype).double().numpy()  # the input's own rounding is not the test's
+    norm = st.nn.gcn_normalize(st.from_scipy(a, device=device, dtype=dtype))
+    assert norm.dtype == dtype
+    got = st.to_dense(norm.to(dtype=torch.float64)).cpu().numpy()
+    np.testing.assert_allclose(got, _reference_propagation(a), rtol=torch.finfo(dtype).eps / 2 * 1.01, atol=0)
+
+
 def test_add_self_loops_batched_keeps_padding_out(device, rng):
     mats = [_symmetric_graph(rng, 8, d) for d in (0.3, 0.0)]
     loops = st.nn.add_self_loops(st.from_list(mats, device=device))

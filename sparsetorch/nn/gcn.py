@@ -71,20 +71,24 @@ def gcn_normalize(A: Any, add_loops: bool = True, dtype: Optional[torch.dtype] =
 
 
 def _symmetric_scale(a: CSR) -> CSR:
-    """D^-1/2 A D^-1/2 with D = A's row sums (a zero row sum gives a factor of 0)."""
+    """D^-1/2 A D^-1/2 with D = A's row sums (a zero row sum gives a factor of 0). Half types are
+    summed and scaled in float32 and rounded once (a bf16 row sum stops growing exactly past 256),
+    as the fresh-graph builder does."""
+    dtype = a.dtype
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    a = a.to(dtype=acc)
     length = a.col_indices.shape[-1]
     m = a.shape[-2]
     rows, valid = row_indices(a.crow_indices, length)
     value_batches = a.values.shape[0] if a.values.dim() == 2 else 1
-    v = torch.where(valid, a.values.reshape(value_batches, length), torch.zeros((), dtype=a.dtype,
-                                                                                device=a.device))
-    degree = torch.zeros(value_batches, m, dtype=a.dtype, device=a.device).scatter_add(
+    v = torch.where(valid, a.values.reshape(value_batches, length), torch.zeros((), dtype=acc, device=a.device))
+    degree = torch.zeros(value_batches, m, dtype=acc, device=a.device).scatter_add(
         1, rows.expand(value_batches, -1), v)
     d = degree.pow(-0.5)
     d = torch.where(torch.isinf(d), torch.zeros_like(d), d)
     if not a.batched or a.values.dim() == 1:
         d = d[0]
-    return F.scale(a, d, d)
+    return F.scale(a, d, d).to(dtype=dtype)
 
 
 def _edges_with_loops(e: Edges, mode: str, fill_value: float, dtype: torch.dtype) -> CSR:

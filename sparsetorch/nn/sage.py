@@ -53,8 +53,9 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
             return build_graph(e.cols, e.rows, e.weights, a.shape[1], a.shape[0], norm=norm, dtype=dtype,
                                what="adj_t")
     if aggr == "mean":
-        count = (a.crow_indices[1:] - a.crow_indices[:-1]).to(dtype)
-        a = F.scale(a, row=torch.where(count > 0, 1.0 / count, torch.zeros_like(count)))
+        # 1 / count in float64, rounded once to dtype (a bf16 count above 256 would round first)
+        count = (a.crow_indices[1:] - a.crow_indices[:-1]).double()
+        a = F.scale(a, row=torch.where(count > 0, 1.0 / count, torch.zeros_like(count)).to(dtype))
     return mark_transpose(a)
 
 
