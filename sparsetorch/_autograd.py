@@ -84,9 +84,9 @@ def _spmm_grads(ctx, grad, need_values, need_dense, need_acc, need_bias):
         # for it from its own cached analysis, whatever route the forward product was given.
         g_dense = _product(crow_t, col_t, transpose_values(values, perm), gz, alpha)
         g_dense = _sum_to(g_dense, ctx.dense_shape)
-    if need_acc:
+    if need_acc:  # beta * gz: gz itself at beta = 1 (a layer's root term), no copy and no launch
         shape, dtype, device = ctx.acc_like
-        g_acc = gz * beta if beta != 0.0 else torch.zeros(shape, dtype=dtype, device=device)
+        g_acc = (gz if beta == 1.0 else gz * beta) if beta != 0.0 else torch.zeros(shape, dtype=dtype, device=device)
     if need_bias:
         g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
     return g_values, g_dense, g_acc, g_bias
