@@ -144,8 +144,8 @@ class _SAGEDensePart(torch.nn.Module):
 class DENSE_PART:
     """The layers with the aggregation removed, for the step's dense part: the same model, loss and
     optimiser as the libraries' steps with every layer's sparse work taken out. Both libraries run this
-    work too, so a step cannot beat torch_geometric's by more than its time / this one's, whatever the
-    aggregation costs (fusing SAGE's two GEMMs aside)."""
+    work too, so torch_geometric's time / this one's about bounds the ratio a step can reach, whatever
+    the aggregation costs (separate timings; fusing SAGE's two GEMMs aside)."""
     GCNConv = _GCNDensePart
     SAGEConv = _SAGEDensePart
 

@@ -21,9 +21,9 @@ Per case: the wall time per step over a loop of steps (a synchronize before and 
 inside), and the host synchronisations per step counted by torch.profiler (the CUDA runtime's
 ``cudaStreamSynchronize`` / ``cudaEventSynchronize`` / ``cudaDeviceSynchronize`` calls) over 5 steps.
 Floor: ``dense_part_ms``, the same step with every layer's aggregation removed (gnn.DENSE_PART: the
-layers' GEMMs, ReLU, the loss and Adam on the same batches). Both libraries run that work, so it bounds
-what any aggregation can gain: a step cannot be faster than torch_geometric's by more than its time / the
-dense part's.
+layers' GEMMs, ReLU, the loss and Adam on the same batches). Both libraries run that work, so
+torch_geometric's time / the dense part's about bounds the ratio any aggregation can reach (separate
+timings: with batches moved each step the copies' waits overlap differently).
 """
 from __future__ import annotations
 
