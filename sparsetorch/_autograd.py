@@ -319,7 +319,8 @@ def _csr_scale_setup(ctx, inputs, output):
 
 def _csr_scale_backward(ctx, grad):
     """values' = values * row_scale[row] * col_scale[col]; the factors' gradients are segment sums of
-    grad * values * (the other factor) over rows / columns."""
+    grad * values * (the other factor) over rows / columns, summed in float32 for half types (a bf16
+    running sum of like-signed terms stops growing past 256 of them) and rounded once."""
     crow, col, values, row_scale, col_scale = ctx.saved_tensors
     g_values = g_row = g_col = None
     if _needs(ctx, 2):
@@ -331,13 +332,14 @@ def _csr_scale_backward(ctx, grad):
         rows, valid = row_indices(crow, length)  # (P, L), P = pattern batches
         cols = col.long().reshape(rows.shape[0], length)  # explicit P: length may be 0
         batch = values.shape[0] if values.dim() == 2 else 1
-        gv = (grad * values).reshape(batch, length)
+        acc = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
+        gv = (grad.to(acc) * values.to(acc)).reshape(batch, length)
         rows = rows.expand(batch, length)
         valid = valid.expand(batch, length)
         cols = cols.expand(batch, length)
 
-        def factor(scale, index):  # scale[index] per slot, (batch, L)
-            s = scale.reshape(-1, scale.shape[-1]).expand(batch, scale.shape[-1])
+        def factor(scale, index):  # scale[index] per slot, (batch, L), in acc
+            s = scale.to(acc).reshape(-1, scale.shape[-1]).expand(batch, scale.shape[-1])
             return s.gather(1, index.clamp(0, scale.shape[-1] - 1))
 
         in_range = valid
@@ -347,15 +349,15 @@ def _csr_scale_backward(ctx, grad):
             t = gv * factor(col_scale, cols) if col_scale is not None else gv
             t = torch.where(in_range, t, torch.zeros_like(t))
             m = row_scale.shape[-1]
-            g_row = torch.zeros(batch, m, dtype=t.dtype, device=t.device).scatter_add_(1, rows, t)
-            g_row = g_row.sum(0) if row_scale.dim() == 1 else g_row
+            g_row = torch.zeros(batch, m, dtype=acc, device=t.device).scatter_add_(1, rows, t)
+            g_row = (g_row.sum(0) if row_scale.dim() == 1 else g_row).to(row_scale.dtype)
         if need_col:
             t = gv * factor(row_scale, rows) if row_scale is not None else gv
             t = torch.where(in_range, t, torch.zeros_like(t))
             k = col_scale.shape[-1]
-            g_col = torch.zeros(batch, k, dtype=t.dtype, device=t.device).scatter_add_(
+            g_col = torch.zeros(batch, k, dtype=acc, device=t.device).scatter_add_(
                 1, cols.clamp(0, max(k - 1, 0)), t)
-            g_col = g_col.sum(0) if col_scale.dim() == 1 else g_col
+            g_col = (g_col.sum(0) if col_scale.dim() == 1 else g_col).to(col_scale.dtype)
     return None, None, g_values, g_row, g_col
 
 

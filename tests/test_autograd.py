@@ -2,6 +2,7 @@
 float64 references, the transpose cache, and that each backward computes only what is needed."""
 import numpy as np
 import pytest
+import scipy.sparse
 import torch
 
 import sparsetorch as st
@@ -274,6 +275,27 @@ def test_csr_scale_gradcheck(device, rng, batched):
     assert torch.autograd.gradcheck(f, (values, row, col))
     assert torch.autograd.gradcheck(lambda v, r: ops.csr_scale(a.crow_indices, a.col_indices, v, r, None),
                                     (values, row))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_csr_scale_factor_gradients_sum_half_types_in_float(device, rng, dtype):
+    """A row and a column of 600 like-signed terms: their factors' gradients, summed in bf16, would
+    stop growing past 256 terms; in float32 each is the float64 sum rounded once."""
+    n = 700
+    rows = np.concatenate([np.full(600, 2), rng.integers(0, n, 1000), np.arange(600)])
+    cols = np.concatenate([np.arange(600), rng.integers(0, n, 1000), np.full(600, 5)])
+    a = st.from_scipy(scipy.sparse.coo_matrix((rng.random(rows.size) + 0.5, (rows, cols)), shape=(n, n)).tocsr(),
+                      device=device, dtype=dtype)
+    row = (torch.rand(n, device=device) + 0.5).to(dtype).requires_grad_()
+    col = (torch.rand(n, device=device) + 0.5).to(dtype).requires_grad_()
+    grad = (torch.rand(a.values.shape, device=device) + 0.5).to(dtype)
+    ops.csr_scale(a.crow_indices, a.col_indices, a.values, row, col).backward(grad)
+    gv = st.to_scipy(st.CSR(a.crow_indices, a.col_indices, grad.double() * a.values.double(), a.shape)).tocoo()
+    want_row = np.bincount(gv.row, gv.data * col.detach().double().cpu().numpy()[gv.col], minlength=n)
+    want_col = np.bincount(gv.col, gv.data * row.detach().double().cpu().numpy()[gv.row], minlength=n)
+    eps = torch.finfo(dtype).eps
+    np.testing.assert_allclose(row.grad.double().cpu().numpy(), want_row, rtol=eps, atol=0)
+    np.testing.assert_allclose(col.grad.double().cpu().numpy(), want_col, rtol=eps, atol=0)
 
 
 @pytest.mark.parametrize("activation", st.ACTIVATIONS)
