@@ -51,8 +51,9 @@ CSR16_MAX_TOKENS = 64
 # hundred tokens the dense GEMM wins).
 SLOTS_MAX_TOKENS = 512
 # format="2:4" runs a pure 2:4 weight on the decode kernel (mma.sp, pruned/sparse24_decode.py) up to this many
-# tokens and on cuSPARSELt above: on an H100 the decode kernel ran at 1.45-1.70x dense up to N = 16 and
-# 0.78-1.04x at N = 32 (2026-11-27, Llama MLP shapes, docs/formats.md); "auto" times it up to DECODE_MAX_TOKENS.
+# tokens and on cuSPARSELt above: on an H100 the decode kernel ran at 1.45-1.70x dense up to N = 16, and at
+# N = 32 1.13-1.24x on tall weights but 0.77x on 4096 x 14336 (2026-11-27, Llama MLP shapes, docs/formats.md);
+# "auto" times it up to DECODE_MAX_TOKENS.
 SPARSE24_DECODE_TOKENS = 16
 # A sparse form replaces the dense weight only when it measured at least 5% faster: one measurement
 # per bucket is noisy, and not slower than dense is the aim (seen on the H100: bitmap timed at
