@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -55,14 +55,24 @@ def _copy(A: torch.Tensor) -> torch.Tensor:
     return torch.sparse_csr_tensor(A.crow_indices().clone(), A.col_indices().clone(), A.values().clone(), A.shape)
 
 
-def _call_times(ctx: Context, fn: Callable[[], object], calls: int) -> List[float]:
+def _device_allocs(ctx: Context) -> int:
+    """cudaMalloc calls so far (the caching allocator's count; 0 on the CPU)."""
+    return torch.cuda.memory_stats(ctx.device).get("num_device_alloc", 0) if ctx.cuda else 0
+
+
+def _call_times(ctx: Context, fn: Callable[[], object], calls: int, allocs: Optional[List[int]] = None) -> List[float]:
+    """Wall seconds of each of ``calls`` calls; ``allocs`` (if given) gets each call's cudaMalloc count,
+    read outside the timed region (a call that grows the caching allocator pays ~0.1-1 ms for it)."""
     times = []
     for _ in range(calls):
         _sync(ctx)
+        before = _device_allocs(ctx) if allocs is not None else 0
         t0 = time.perf_counter()
         fn()
         _sync(ctx)
         times.append(time.perf_counter() - t0)
+        if allocs is not None:
+            allocs.append(_device_allocs(ctx) - before)
     return times
 
 
@@ -84,7 +94,7 @@ def first_call_job(ctx: Context, name: str, make, widths) -> Job:
         for n in widths:
             B = torch.randn(k, n, device=ctx.device)
             ref = torch.from_numpy(a_sp.astype(np.float64) @ B.double().cpu().numpy())
-            ours, theirs = [], []
+            ours, theirs, our_allocs = [], [], []
             for _ in range(3):
                 _forget_everything()
                 fresh = _copy(A)
@@ -94,7 +104,8 @@ def first_call_job(ctx: Context, name: str, make, widths) -> Job:
                     raise AssertionError(f"fresh {name}, n={n}: st.spmm's first call is off by {err:.2e}")
                 _forget_everything()
                 fresh = _copy(A)
-                ours.append(_call_times(ctx, lambda: st.spmm(fresh, B), CALLS))
+                our_allocs.append([])
+                ours.append(_call_times(ctx, lambda: st.spmm(fresh, B), CALLS, our_allocs[-1]))
                 fresh_t = _copy(A)
                 theirs.append(_call_times(ctx, lambda: torch.sparse.mm(fresh_t, B), CALLS))
             steady = ctx.timer(lambda: st.spmm(A, B))
@@ -118,7 +129,8 @@ def first_call_job(ctx: Context, name: str, make, widths) -> Job:
                  "steady_ms": steady_torch * 1e3},
                 {**base, "case": f"costliest of {CALLS} calls, {name}, n={n}", "impl": "st.spmm",
                  "time_ms": worst * 1e3, "bound_ms": bound * 1e3, "within_bound": worst <= bound,
-                 "worst_rep": worst_rep, "worst_call": worst_call},
+                 "worst_rep": worst_rep, "worst_call": worst_call,
+                 "worst_call_device_allocs": our_allocs[worst_rep][worst_call]},
                 {**base, "case": f"{CALLS} calls from new, {name}, n={n}", "impl": "st.spmm", "time_ms": total * 1e3,
                  "vs_torch": total / total_torch},
                 {**base, "case": f"{CALLS} calls from new, {name}, n={n}", "impl": "torch.sparse.mm",
