@@ -23,6 +23,7 @@ import torch
 
 from sparsetorch._ops import ops
 from sparsetorch._transpose import row_indices, transpose_pattern, transpose_values
+from sparsetorch.csr import sum_dtype
 
 
 _spmm_kernel = getattr(ops.spmm.default, "_op", ops.spmm.default)
@@ -319,8 +320,7 @@ def _csr_scale_setup(ctx, inputs, output):
 
 def _csr_scale_backward(ctx, grad):
     """values' = values * row_scale[row] * col_scale[col]; the factors' gradients are segment sums of
-    grad * values * (the other factor) over rows / columns, summed in float32 for half types (a bf16
-    running sum of like-signed terms stops growing past 256 of them) and rounded once."""
+    grad * values * (the other factor) over rows / columns, summed in sum_dtype and rounded once."""
     crow, col, values, row_scale, col_scale = ctx.saved_tensors
     g_values = g_row = g_col = None
     if _needs(ctx, 2):
@@ -332,7 +332,7 @@ def _csr_scale_backward(ctx, grad):
         rows, valid = row_indices(crow, length)  # (P, L), P = pattern batches
         cols = col.long().reshape(rows.shape[0], length)  # explicit P: length may be 0
         batch = values.shape[0] if values.dim() == 2 else 1
-        acc = torch.float32 if values.dtype in (torch.float16, torch.bfloat16) else values.dtype
+        acc = sum_dtype(values.dtype)
         gv = (grad.to(acc) * values.to(acc)).reshape(batch, length)
         rows = rows.expand(batch, length)
         valid = valid.expand(batch, length)

@@ -36,7 +36,7 @@ import torch
 
 from sparsetorch._ops import ops
 from sparsetorch._transpose import remember_transpose
-from sparsetorch.csr import CSR
+from sparsetorch.csr import CSR, sum_dtype
 
 __all__ = ["build_graph", "LOOP_MODES", "NORMS"]
 
@@ -158,9 +158,8 @@ def _build_differentiable(src, dst, weights, n_src, n_dst, loops, fill, norm, dt
     order = torch.sort(all_dst.to(sort_dtype), stable=True).indices
     order_t = torch.sort(all_src.to(sort_dtype), stable=True).indices
 
-    # Sums and scales in float32 for half types, as the op's kernels (opmath): a bf16 degree stops
-    # growing exactly past 256, and each value is rounded once, at the end.
-    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    # Sums and scales in sum_dtype, as the op's kernels, and each value rounded once, at the end.
+    acc = sum_dtype(dtype)
     if norm == "gcn":
         w_acc = w_all.to(acc)
         degree = torch.zeros(n_dst, dtype=acc, device=device).scatter_add(0, all_dst, w_acc)

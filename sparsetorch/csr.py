@@ -42,6 +42,12 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which sums of ``dtype`` values run: float32 for the half types, as the kernels' opmath
+    (a bf16 running sum of like-signed terms stops growing past 256 of them), else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 @dataclass(frozen=True)
 class CSR:
     """A (possibly batched) CSR matrix held as component tensors. See the module docstring."""

@@ -15,7 +15,7 @@ import torch
 
 from sparsetorch._ops import ops
 from sparsetorch._validate import validate_csr
-from sparsetorch.csr import CSR, as_csr
+from sparsetorch.csr import CSR, as_csr, sum_dtype
 from sparsetorch.distributed._comm import Comm
 from sparsetorch.distributed._spmm import DistributedSpmm, product
 from sparsetorch.distributed.halo import DENSE_FRACTION, HaloPlan
@@ -347,8 +347,7 @@ class DistributedCSR:
 
     def _row_sums(self, a_local: CSR, values_local=None, values_remote=None) -> torch.Tensor:
         m = self.row_end - self.row_start
-        out = torch.zeros(m, dtype=torch.float32 if self.dtype in (torch.float16, torch.bfloat16) else self.dtype,
-                          device=self.device)
+        out = torch.zeros(m, dtype=sum_dtype(self.dtype), device=self.device)
         for part, v in ((a_local, values_local), (self.remote, values_remote)):
             nnz = part.col_indices.numel()
             if nnz:

@@ -12,7 +12,7 @@ from torch import nn
 from sparsetorch import functional as F
 from sparsetorch._transpose import row_indices
 from sparsetorch._validate import ensure_valid
-from sparsetorch.csr import CSR, as_csr
+from sparsetorch.csr import CSR, as_csr, sum_dtype
 from sparsetorch._graph_build import build_graph
 from sparsetorch.graph import (Edges, as_adjacency, build_csr, cached_graph, check_coordinates, csr_edges, edges_of,
                                graph_keys, is_data, is_edge_index, is_sparse_tensor, sparse_edges)
@@ -71,11 +71,10 @@ def gcn_normalize(A: Any, add_loops: bool = True, dtype: Optional[torch.dtype] =
 
 
 def _symmetric_scale(a: CSR) -> CSR:
-    """D^-1/2 A D^-1/2 with D = A's row sums (a zero row sum gives a factor of 0). Half types are
-    summed and scaled in float32 and rounded once (a bf16 row sum stops growing exactly past 256),
-    as the fresh-graph builder does."""
+    """D^-1/2 A D^-1/2 with D = A's row sums (a zero row sum gives a factor of 0), summed and scaled
+    in sum_dtype and rounded once, as the fresh-graph builder does."""
     dtype = a.dtype
-    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = sum_dtype(dtype)
     a = a.to(dtype=acc)
     length = a.col_indices.shape[-1]
     m = a.shape[-2]
