@@ -74,10 +74,15 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   prm.batch = l.batch;
   prm.stage_values = l.stage_values;
   with_tokens_per_warp(l.nt, [&](auto NT) {
+    constexpr int nt = decltype(NT)::value;
     if (x.scalar_type() == at::kBFloat16) {
-      launch_tiles(bitmap::bitmap_linear_kernel<__nv_bfloat16, decltype(NT)::value>, l, stream, prm);
+      launch_tiles(l.blocks_per_sm == 3 ? bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, 3>
+                                        : bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, 2>,
+                   l, stream, prm);
     } else {
-      launch_tiles(bitmap::bitmap_linear_kernel<__half, decltype(NT)::value>, l, stream, prm);
+      launch_tiles(l.blocks_per_sm == 3 ? bitmap::bitmap_linear_kernel<__half, nt, 3>
+                                        : bitmap::bitmap_linear_kernel<__half, nt, 2>,
+                   l, stream, prm);
     }
   });
   if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);

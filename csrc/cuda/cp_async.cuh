@@ -3,6 +3,8 @@
 // bitmap_kernel.cuh).
 #pragma once
 
+#include <cstdint>
+
 namespace sparsetorch {
 namespace cuda {
 
@@ -28,6 +30,48 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ void cp_async_wait_one() { cp_async_wait<1>(); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+
+// Bulk copies (sm_90: cp.async.bulk, the copy engine of TMA without a tensor map) into shared memory,
+// completed on an mbarrier: one thread issues a whole stage (bitmap_kernel.cuh). Addresses and sizes are
+// multiples of 16 bytes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals));
+}
+// The initialised barriers are visible to the copy engine (and the other threads, after a sync).
+__device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::); }
+__device__ __forceinline__ void mbarrier_invalidate(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)));
+}
+// One arrival that also announces `bytes` still to come from bulk copies.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// Waits for the completion of phase `parity` (0, 1, 0, ...) of the barrier.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Orders this thread's (and, after a sync, its peers') ordinary shared-memory writes before later bulk
+// copies into the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
+}
+#endif
 
 }  // namespace cuda
 }  // namespace sparsetorch
