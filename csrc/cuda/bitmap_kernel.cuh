@@ -290,9 +290,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(cons
     mbarrier_init_fence();
   }
   __syncwarp();
-  auto window = [&](int w) {
+  auto window = [&](int w) {  // a warp past the last strip (count == 0) reads nothing: its group0 may be too
     const int at = min((32 * w + lane) * batch, count);
-    return __ldg(p.offsets + group0 + at);
+    return count > 0 ? __ldg(p.offsets + group0 + at) : 0;
   };
   int offsets_now = window(0), offsets_next = window(1), window_now = 0;
 #endif
