@@ -8,8 +8,8 @@
 // `batch` groups each (kStages deep, each warp its own pipeline: no block barrier in the main loop). On
 // sm_90 lane 0 fills a stage with two bulk copies (cp.async.bulk: bitmaps, values) completed on the
 // stage's mbarrier, the batches' first values read from a window of offsets the warp holds in registers;
-// before sm_90 the lanes copy 16 bytes each with cp.async. Per group it decodes the four A registers of each mma step straight from the bitmaps and
-// reads its x fragments from global memory (32 contiguous bytes per lane and chunk, L1/L2-resident: x is
+// before sm_90 the lanes copy 16 bytes each with cp.async. Per group it decodes the four A registers of
+// each mma step straight from the bitmaps and reads its x fragments from global memory (32 contiguous bytes per lane and chunk, L1/L2-resident: x is
 // small next to W). The eight warps of a thread block split the work ws x wk: ws strips, each strip's
 // chunks split among wk warps; their partial sums are added in shared memory in warp order, and the
 // block writes act(sum + bias) for 16 * ws rows x 8 * NT tokens. When the grid would still be too small
@@ -75,7 +75,6 @@ constexpr int kThreads = kWarps * 32;
 #define SPARSETORCH_BITMAP_STAGES 4
 #endif
 constexpr int kStages = SPARSETORCH_BITMAP_STAGES;
-
 constexpr int kMaxBatch = 4;                              // groups per stage at most
 // Thread blocks per SM the registers allow (the kernel's MinBlocks: __launch_bounds__). Dense weights (one
 // group per stage) run 2 blocks at up to 128 registers: at 3 blocks (80 registers) the decode's lane
@@ -267,6 +266,30 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t address) {
   return v;
 }
 
+// The values a batch of ng groups copies, from its offsets lead (its first group's) and tail (the next
+// batch's): [first, first + 8 * pieces) in 16-byte pieces around [start, end), clamped to the values array
+// and to ng * 1024 values whatever the offsets hold; staged when the pieces fit a stage.
+struct BatchValues {
+  int start, first, pieces;
+  bool staged;
+};
+__device__ __forceinline__ BatchValues batch_values(int lead, int tail, int ng, int nvalues, int stage_values) {
+  BatchValues v;
+  v.start = min(max(lead, 0), nvalues);
+  const int end = v.start + min(max(tail - v.start, 0), min(nvalues - v.start, ng * static_cast<int>(kBitmapGroupElems)));
+  v.first = v.start & ~7;
+  v.pieces = (end - v.first + 7) >> 3;
+  v.staged = 8 * v.pieces <= stage_values;
+  return v;
+}
+// The stage's header (kHeaderBytes): the batch's first value counted from `first`, staged, first.
+__device__ __forceinline__ void write_header(unsigned char* at, const BatchValues& v) {
+  int* header = reinterpret_cast<int*>(at);
+  header[0] = v.start - v.first;
+  header[1] = v.staged ? 1 : 0;
+  header[2] = v.first;
+}
+
 template <typename T, int NT, int MinBlocks>
 __global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(const Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -306,6 +329,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(cons
     unsigned char* st = my + (b % kStages) * stage_size;
     const int64_t g = group0 + static_cast<int64_t>(b) * batch;
     const int ng = min(batch, count - b * batch);
+    uint16_t* dst = reinterpret_cast<uint16_t*>(st + batch * kBitmapBytes + kHeaderBytes);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if ((b >> 5) != window_now) {  // warp-uniform: batches are issued in order
       window_now = b >> 5;
@@ -315,51 +339,33 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(cons
     const int next = (b + 1) & 31;
     const int lead = __shfl_sync(0xffffffffu, offsets_now, b & 31);
     const int tail = __shfl_sync(0xffffffffu, next != 0 ? offsets_now : offsets_next, next);
-    const int start = min(max(lead, 0), nvalues);
-    const int end = start + min(max(tail - start, 0), min(nvalues - start, ng * static_cast<int>(kBitmapGroupElems)));
-    const int first = start & ~7;
-    const int pieces = (end - first + 7) >> 3;
-    const bool staged = 8 * pieces <= p.stage_values;
-    const int whole = staged ? min(pieces, (nvalues - first) >> 3) : 0;  // 16-byte pieces inside the array
-    uint16_t* dst = reinterpret_cast<uint16_t*>(st + batch * kBitmapBytes + kHeaderBytes);
-    if (staged && whole < pieces) {  // the values array's last piece (< 8 values): value by value
-      const int e = first + 8 * whole;
+    const BatchValues v = batch_values(lead, tail, ng, nvalues, p.stage_values);
+    const int whole = v.staged ? min(v.pieces, (nvalues - v.first) >> 3) : 0;  // 16-byte pieces inside the array
+    if (v.staged && whole < v.pieces) {  // the values array's last piece (< 8 values): value by value
+      const int e = v.first + 8 * whole;
       if (lane < nvalues - e) dst[8 * whole + lane] = __ldg(p.values + e + lane);
       fence_proxy_async_shared();
     }
     __syncwarp();
     if (lane == 0) {
-      int* header = reinterpret_cast<int*>(st + batch * kBitmapBytes);
-      header[0] = start - first;
-      header[1] = staged ? 1 : 0;
-      header[2] = first;
+      write_header(st + batch * kBitmapBytes, v);
       uint64_t* bar = bars + b % kStages;
       mbarrier_arrive_expect_tx(bar, ng * kBitmapBytes + 16 * whole);
       bulk_copy_to_shared(st, p.bitmaps + g * 16, ng * kBitmapBytes, bar);
-      if (whole > 0) bulk_copy_to_shared(dst, p.values + first, 16 * whole, bar);
+      if (whole > 0) bulk_copy_to_shared(dst, p.values + v.first, 16 * whole, bar);
     }
 #else
     if (lane < 8 * ng) cp_async_16(st + 16 * lane, p.bitmaps + g * 16 + 2 * lane);
-    const int start = min(max(__ldg(p.offsets + g), 0), nvalues);
-    const int end = start + min(max(__ldg(p.offsets + g + ng) - start, 0), min(nvalues - start, ng * static_cast<int>(kBitmapGroupElems)));
-    const int first = start & ~7;
-    const int pieces = (end - first + 7) >> 3;
-    const bool staged = 8 * pieces <= p.stage_values;
-    uint16_t* dst = reinterpret_cast<uint16_t*>(st + batch * kBitmapBytes + kHeaderBytes);
-    for (int c = lane; staged && c < pieces; c += 32) {
-      const int e = first + 8 * c;
+    const BatchValues v = batch_values(__ldg(p.offsets + g), __ldg(p.offsets + g + ng), ng, nvalues, p.stage_values);
+    for (int c = lane; v.staged && c < v.pieces; c += 32) {
+      const int e = v.first + 8 * c;
       if (e <= nvalues - 8) {
         cp_async_16(dst + 8 * c, p.values + e);
       } else {
         for (int j = 0; j < nvalues - e; ++j) dst[8 * c + j] = __ldg(p.values + e + j);
       }
     }
-    if (lane == 0) {
-      int* header = reinterpret_cast<int*>(st + batch * kBitmapBytes);
-      header[0] = start - first;
-      header[1] = staged ? 1 : 0;
-      header[2] = first;
-    }
+    if (lane == 0) write_header(st + batch * kBitmapBytes, v);
 #endif
   };
 
@@ -480,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(cons
         __syncwarp();  // every lane has read the tile before the next group zeroes it
       } else {
         // Entries are shared-memory addresses: value at + 1 <= base + group_values is in the stage.
-        const uint32_t vals_address = static_cast<uint32_t>(__cvta_generic_to_shared(vals));
+        const uint32_t vals_address = smem_address(vals);
         gather([&](int f) { return vals_address + 2u * static_cast<uint32_t>(f); },
                [](uint32_t entry, int below_count, uint32_t& v0, uint32_t& v1) {
                  const uint32_t at = entry + 2u * static_cast<uint32_t>(below_count);
@@ -576,8 +582,8 @@ inline void split_work(int64_t strips, int64_t chunks, int64_t column_tiles, int
   splits = static_cast<int>(std::max<int64_t>(1, (chunks + chunks_per_split - 1) / chunks_per_split));
 }
 
-// The bitmap kernel's split for dense weights: the most blocks that still run in one wave (at most `wanted`), over wk in
-// {1, 2, 4, 8} and 1..8 chunk splits (any count, not only powers of two), fewer splits on a tie; the
+// The bitmap kernel's split for dense weights: the most blocks that still run in one wave (at most
+// `wanted`), over wk in {1, 2, 4, 8} and 1..8 chunk splits (any count, not only powers of two), fewer splits on a tie; the
 // fewest blocks when no split fits one wave. H100, 2 blocks per SM (264 slots): 11008 x 4096 went from 50
 // to 43 us (172 -> 258 blocks), 14336 x 4096 from 55 to 51 us (448 -> 224 blocks, a wave and 13% to one).
 inline void split_work_one_wave(int64_t strips, int64_t chunks, int64_t column_tiles, int64_t wanted, int& ws,

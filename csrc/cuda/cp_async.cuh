@@ -8,20 +8,25 @@
 namespace sparsetorch {
 namespace cuda {
 
+// The shared-window address of a pointer into shared memory (for PTX's .shared operands).
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // 16 bytes, through L2 only (.cg); with copy == false the 16 bytes are filled with zeros and nothing
 // is read (gmem need not point to valid memory then).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool copy = true) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned dst = smem_address(smem);
   const int src_bytes = copy ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
 }
 // 8 and 4 bytes (.ca: the sizes .cg does not take).
 __device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned dst = smem_address(smem);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned dst = smem_address(smem);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -31,14 +36,10 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void cp_async_wait_one() { cp_async_wait<1>(); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
-
 // Bulk copies (sm_90: cp.async.bulk, the copy engine of TMA without a tensor map) into shared memory,
 // completed on an mbarrier: one thread issues a whole stage (bitmap_kernel.cuh). Addresses and sizes are
 // multiples of 16 bytes.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned smem_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals));
 }
