@@ -77,10 +77,11 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kStages = SPARSETORCH_BITMAP_STAGES;
 constexpr int kMaxBatch = 4;                              // groups per stage at most
 // Thread blocks per SM the registers allow (the kernel's MinBlocks: __launch_bounds__). Dense weights (one
-// group per stage) run 2 blocks at up to 128 registers: at 3 blocks (80 registers) the decode's lane
-// constants were recomputed per group, 4-10% slower (H100, 50-70%). Sparse ones (several groups per stage,
-// the scatter path) keep 3 blocks for NT <= 4: at 2, 90% on 11008 x 4096 took 35 us against 30.
-__host__ __device__ constexpr int blocks_per_sm(int nt, int batch) { return batch == 1 || nt > 4 ? 2 : 3; }
+// or two groups per stage: 50-75% sparsity) run 2 blocks at up to 128 registers: at 3 blocks (80
+// registers) the decode's lane constants were recomputed per group, 4-10% slower at 50%, 10-15% at 70%
+// (H100). Sparse ones (four groups per stage, the scatter path) keep 3 blocks for NT <= 4: at 2, 90% on
+// 11008 x 4096 took 35 us against 30.
+__host__ __device__ constexpr int blocks_per_sm(int nt, int batch) { return batch <= 2 || nt > 4 ? 2 : 3; }
 constexpr int kBitmapBytes = 16 * 8;                      // one group's 16 bitmaps
 constexpr int kHeaderBytes = 16;                          // lead, staged, first (ints)
 constexpr int kTileBytes = kBitmapGroupElems * 2;         // a group's A fragments, fragment order (scatter path)
@@ -643,7 +644,7 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
   }
   const int64_t per_sm =
       std::max<int64_t>(1, std::min<int64_t>(l.blocks_per_sm, smem_per_sm / (l.smem + smem_reserved)));
-  if (l.batch == 1) {  // dense groups: the most blocks that fit one wave
+  if (l.batch <= 2) {  // dense groups: the most blocks that fit one wave
     split_work_one_wave(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits,
                         l.chunks_per_split);
   } else {
