@@ -20,29 +20,17 @@
 // Decode, two paths chosen per group (Params::scatter_max): gather (work ~ positions: per quadrant a
 // lane's rank is its word's first value, from a warp scan of the 32 words' popcounts, plus one popcount;
 // two 16-bit loads and a PRMT) for dense groups, scatter (work ~ values: each lane writes its word's
-// values into a zeroed fragment-order tile, then reads its 16 registers back) for sparse ones.
+// values into a zeroed fragment-order tile, then reads its 16 registers back) for sparse ones (the sparse
+// configuration only, below).
 //
-// What limits it (ncu on the H100, 11008 x 4096 at 90% sparsity, N = 1, one group per stage, 2026-11-23):
-// instructions, not bytes. 17.9M warp instructions for 44k groups (~400 per group: ~100 to issue a
-// group's copies, ~115 of setup, x loads and the popcount scan, ~120 in the scatter loop, whose trip
-// count is the fullest word of the warp), issue slots 55% busy at 31% occupancy, DRAM 13% busy; top stall
-// "wait" (fixed-latency dependencies). Deeper pipelines alone did not help (3, 6 or 8 stages: 34 us);
-// batching four sparse groups per stage (one copy setup and two offsets per batch, int32 value indices)
-// took it to 27.3 us (95%: 31.1 -> 23.8 us; 50-70%, one group per stage: unchanged). Dense F.linear:
-// 37 us; floors 5.0 us (90%) and 17 us (50%). Tried and dropped: an L2 bulk prefetch 8 groups ahead
-// (earlier: 7-16% slower); the scatter loop taking two bits per trip (-2.5% .. +1.8%, noise).
-// The standalone harness benchmarks/bitmap_kernel_bench.cu@a742d0f times kernel variants (SPARSETORCH_BITMAP_STAGES,
-// groups per stage) against cuBLAS in one nvcc build.
-// 2026-11-27 (H100, ncu, 14336 x 4096 at 50% per row, N = 1, before the changes below): 504 warp
-// instructions per group: ~96 to issue its copies (one group per stage), ~94 of setup, x loads and the
-// scan, ~255 in the gather and the mmas; issue slots 57% busy, IPC 2.9, a grid of 1.13 waves. Changed:
-// bulk copies (alone: no measurable gain), PRMT without __byte_perm's selector masks and the table holding
-// shared-memory addresses (2 instructions per register fewer), 2 blocks per SM at up to 128 registers for
-// dense weights with stages that hold any group (a heavy-tailed, globally pruned weight has near-dense
-// groups, which fell back to global memory: 50% global went from 0.61-0.77x to 0.93-1.21x dense), and a
-// grid of one wave (split_work_one_wave). 50% per row: 57.1 -> 51.7 us (N = 1) and 66.5 -> 57.7 (N = 16)
-// on 14336 x 4096, 51.3 -> 46.0 and 59.8 -> 52.5 on 4096 x 14336: 0.95-1.22x dense, not the 1.4x the
-// bytes allow (performance.md, Bitmap tiles).
+// What limits it: instructions and their latency chains, not bytes (ncu, H100, 14336 x 4096 at 50% per
+// row, N = 1, one group per stage, 2026-11-27): 444 warp instructions per group, issue slots 55% busy at
+// 3.4 warps per scheduler; DRAM 34% busy, 6% of stall samples on memory. By the stall samples: 34% in
+// waiting for and issuing a stage's copies (132 instructions per stage), 22% in the group's setup and
+// popcount scan (78: serial shuffles), 23% in the gather (194), 9% in the mmas. Two groups per stage
+// halve the per-stage part: the dense configuration (stages()) took 50% from 52.5 to 46.7 us (N = 1),
+// 80% from 51.6 to 41.2, and 70% pruned globally from 64.5 to 42.1 (its near-dense groups no longer
+// fall back to global memory); performance.md, Bitmap tiles, has the table and what was tried.
 //
 // Bounds: whatever the bitmaps and offsets hold, a batch's copy is clamped to the values array and to at
 // most 1024 values per group, and is made only when it fits its stage; a group is decoded from the stage
@@ -67,21 +55,19 @@ namespace bitmap {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// A warp streams its groups through kStages stages of `batch` consecutive groups each (a strip's groups
-// are contiguous in bitmaps and values, so a stage is one copy of each); kStages - 1 stages are in flight.
-// The stages are sized by the weight's mean group (Launch::stage_values), so a sparse weight keeps many
-// groups in flight in little shared memory.
-#ifndef SPARSETORCH_BITMAP_STAGES
-#define SPARSETORCH_BITMAP_STAGES 4
-#endif
-constexpr int kStages = SPARSETORCH_BITMAP_STAGES;
+// A warp streams its groups through stages of `batch` consecutive groups each (a strip's groups are
+// contiguous in bitmaps and values, so a stage is one copy of each); all stages but one are in flight.
+// Two configurations (the kernel's Dense parameter, chosen per weight by choose_launch):
+//  - dense weights (sparsity below ~85%): 3 stages of up to 2 groups, each sized for any two groups (a
+//    heavy-tailed weight has near-dense groups), the gather path only, 2 blocks per SM at up to 128
+//    registers (at 3 blocks and 80 registers the decode's lane constants were recomputed per group:
+//    4-15% slower at 50-70%, H100);
+//  - sparse weights: 4 stages of up to 4 groups, sized by the weight's mean group, the scatter path for
+//    sparse groups, 3 blocks per SM for NT <= 4 (at 2, 90% on 11008 x 4096 took 35 us against 30).
+__host__ __device__ constexpr int stages(bool dense) { return dense ? 3 : 4; }
+__host__ __device__ constexpr int min_blocks(int nt, bool dense) { return dense || nt > 4 ? 2 : 3; }
 constexpr int kMaxBatch = 4;                              // groups per stage at most
-// Thread blocks per SM the registers allow (the kernel's MinBlocks: __launch_bounds__). Dense weights (one
-// or two groups per stage: 50-75% sparsity) run 2 blocks at up to 128 registers: at 3 blocks (80
-// registers) the decode's lane constants were recomputed per group, 4-10% slower at 50%, 10-15% at 70%
-// (H100). Sparse ones (four groups per stage, the scatter path) keep 3 blocks for NT <= 4: at 2, 90% on
-// 11008 x 4096 took 35 us against 30.
-__host__ __device__ constexpr int blocks_per_sm(int nt, int batch) { return batch <= 2 || nt > 4 ? 2 : 3; }
+constexpr int kDenseBatch = 2;                            // groups per stage of the dense configuration
 constexpr int kBitmapBytes = 16 * 8;                      // one group's 16 bitmaps
 constexpr int kHeaderBytes = 16;                          // lead, staged, first (ints)
 constexpr int kTileBytes = kBitmapGroupElems * 2;         // a group's A fragments, fragment order (scatter path)
@@ -93,14 +79,16 @@ __host__ __device__ constexpr int max_stage_values(int batch) { return batch * k
 __host__ __device__ constexpr int stage_bytes(int stage_values, int batch) {
   return batch * kBitmapBytes + kHeaderBytes + 2 * stage_values;
 }
-constexpr int kBarrierBytes = 16 * ((kStages * 8 + 15) / 16);  // one mbarrier per stage (sm_90 bulk copies)
-__host__ __device__ constexpr int warp_smem(int stage_values, int batch) {
-  return kStages * stage_bytes(stage_values, batch) + kTileBytes + kTableBytes + kBarrierBytes;
+constexpr int kBarrierBytes = 16 * ((stages(false) * 8 + 15) / 16);  // one mbarrier per stage (sm_90 bulk copies)
+// A warp's shared memory: its stages, the scatter tile (sparse configuration only), the gather table and
+// the stages' mbarriers.
+__host__ __device__ constexpr int warp_smem(int stage_values, int batch, bool dense) {
+  return stages(dense) * stage_bytes(stage_values, batch) + (dense ? 0 : kTileBytes) + kTableBytes + kBarrierBytes;
 }
 // The block's shared memory: the warps' stages, reused as the reduction buffer at the end.
-__host__ __device__ constexpr int block_smem(int stage_values, int batch, int nt) {
-  return kWarps * warp_smem(stage_values, batch) > kWarps * 8 * nt * kRedStride * 4
-             ? kWarps * warp_smem(stage_values, batch)
+__host__ __device__ constexpr int block_smem(int stage_values, int batch, int nt, bool dense) {
+  return kWarps * warp_smem(stage_values, batch, dense) > kWarps * 8 * nt * kRedStride * 4
+             ? kWarps * warp_smem(stage_values, batch, dense)
              : kWarps * 8 * nt * kRedStride * 4;
 }
 static_assert(kBitmapBytes % 16 == 0 && kHeaderBytes % 16 == 0 && (kTileBytes + kTableBytes) % 16 == 0,
@@ -291,24 +279,25 @@ __device__ __forceinline__ void write_header(unsigned char* at, const BatchValue
   header[2] = v.first;
 }
 
-template <typename T, int NT, int MinBlocks>
-__global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(const Params p) {
+template <typename T, int NT, bool Dense>
+__global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear_kernel(const Params p) {
+  constexpr int kStages = stages(Dense);
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const WarpRun run = warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
   const int strip = run.strip, n0 = run.n0, c_begin = run.c_begin, count = run.count;
   const int batch = p.batch, batches = (count + batch - 1) / batch;
   const int stage_size = stage_bytes(p.stage_values, batch);
-  unsigned char* my = smem + warp * warp_smem(p.stage_values, batch);
-  uint16_t* tile = reinterpret_cast<uint16_t*>(my + kStages * stage_size);
-  uint2* table = reinterpret_cast<uint2*>(my + kStages * stage_size + kTileBytes);
+  unsigned char* my = smem + warp * warp_smem(p.stage_values, batch, Dense);
+  uint16_t* tile = reinterpret_cast<uint16_t*>(my + kStages * stage_size);  // sparse configuration only
+  uint2* table = reinterpret_cast<uint2*>(my + kStages * stage_size + (Dense ? 0 : kTileBytes));
   const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
   const int nvalues = static_cast<int>(p.nvalues);  // < 2^31 (the op checks)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // sm_90: lane 0 copies a whole batch with two bulk copies completed on the stage's mbarrier. The batches'
   // first values come from a window of offsets in registers: lane j holds batch 32 w + j's (its first
   // group's offset; count for the end), the next window loaded a window ahead.
-  uint64_t* bars = reinterpret_cast<uint64_t*>(my + kStages * stage_size + kTileBytes + kTableBytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(table) + kTableBytes);
   if (lane == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(bars + s, 1);
     mbarrier_init_fence();
@@ -459,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks) bitmap_linear_kernel(cons
                  v0 = load(at);
                  v1 = load(at + 1);
                });
-      } else if (group_values <= p.scatter_max) {
+      } else if (!Dense && group_values <= p.scatter_max) {
         // Scatter: each lane writes its word's values into their fragment slots of a zeroed tile
         // (work ~ values, not positions: the sparse groups), then reads its 16 registers back.
 #pragma unroll
@@ -547,17 +536,19 @@ __global__ void bitmap_splitk_reduce_kernel(const float* ws, int splits, int64_t
 // at least kMinChunks chunks so that its pipeline has something to overlap.
 struct Launch {
   int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, blocks_per_sm = 2;
+  bool dense = true;
   int batch = 1, stage_values = max_stage_values(1), smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
 };
-constexpr int64_t kBatchValues = 640;  // mean values of a stage's groups, above which a stage holds one group
+constexpr int64_t kBatchValues = 640;  // mean values of four groups at most for the sparse configuration
 
-// Values a stage of `batch` groups holds: the mean batch's count with room for the spread (1.25x + 32:
-// a uniformly pruned group's count stays within ~5 standard deviations of the mean from 50% to 95%
-// sparsity), the up to 7 values before the batch's first in its 16-byte piece and the one a lane reads
-// past the last. A batch with more values is decoded from global memory (correct, slower).
-inline int stage_values_for(int64_t nvalues, int64_t groups, int batch) {
-  if (batch == 1) return max_stage_values(1);  // any group fits (a dense one too: heavy-tailed pruning)
+// Values a stage of the sparse configuration holds: the mean batch's count with room for the spread
+// (1.25x + 32: a uniformly pruned group's count stays within ~5 standard deviations of the mean from 50% to
+// 95% sparsity), the up to 7 values before the batch's first in its 16-byte piece and the one a lane reads
+// past the last. A batch with more values is decoded from global memory (correct, slower). The dense
+// configuration's stages hold any batch.
+inline int stage_values_for(int64_t nvalues, int64_t groups, int batch, bool dense) {
+  if (dense) return max_stage_values(batch);
   const int64_t mean = groups > 0 ? batch * ((std::max<int64_t>(nvalues, 0) + groups - 1) / groups) : 0;
   const int64_t want = (5 * mean + 3) / 4 + 32 + 16;
   return static_cast<int>(std::min<int64_t>(max_stage_values(batch), (want + 7) / 8 * 8));
@@ -622,21 +613,20 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
   l.nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
   l.column_tiles = (n + 8 * l.nt - 1) / (8 * l.nt);
   const int64_t strips = bitmap_strips(m), chunks = bitmap_chunks(k);
-  // Groups per stage: the most whose mean values stay within kBatchValues and that still let as many
-  // blocks share an SM as the registers do; else one. Sparse groups are cheap to decode, so their fixed
-  // costs per stage (the copies' setup, two offsets, the wait) matter; dense groups fill a stage alone
-  // (measured, H100, 11008 x 4096: four per stage took 90% sparsity from 33.8 to 27.3 us at N = 1;
-  // two per stage made 50% at N = 64 slower, 87 -> 103 us, through fewer blocks per SM).
+  // The configuration: sparse (four groups per stage) when four mean groups stay within kBatchValues
+  // and as many blocks share an SM as the registers allow, else dense (two groups per stage, or one where
+  // shared memory does not allow the registers' two blocks). Sparse groups are cheap to decode, so their
+  // fixed costs per stage (the copies' setup, two offsets, the wait) matter (H100, 11008 x 4096: four per
+  // stage took 90% sparsity from 33.8 to 27.3 us at N = 1).
   const int64_t mean = strips * chunks > 0 ? std::max<int64_t>(nvalues, 0) / (strips * chunks) : 0;
-  for (int batch = kMaxBatch; batch >= 1; batch /= 2) {
-    l.batch = batch;
-    l.blocks_per_sm = blocks_per_sm(l.nt, batch);
-    l.stage_values = stage_values_for(nvalues, strips * chunks, batch);
-    l.smem = block_smem(l.stage_values, batch, l.nt);
-    if (batch == 1 || (batch * mean <= kBatchValues && l.blocks_per_sm * (l.smem + smem_reserved) <= smem_per_sm &&
-                       l.smem <= smem_per_block)) {
-      break;
-    }
+  auto configure = [&](bool dense, int batch) {
+    l.dense = dense, l.batch = batch, l.blocks_per_sm = min_blocks(l.nt, dense);
+    l.stage_values = stage_values_for(nvalues, strips * chunks, batch, dense);
+    l.smem = block_smem(l.stage_values, batch, l.nt, dense);
+    return l.blocks_per_sm * (l.smem + smem_reserved) <= smem_per_sm && l.smem <= smem_per_block;
+  };
+  if (!(kMaxBatch * mean <= kBatchValues && configure(false, kMaxBatch)) && !configure(true, kDenseBatch)) {
+    configure(true, 1);
   }
   if (l.smem > smem_per_block) {
     l.smem = 0;
@@ -644,7 +634,7 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
   }
   const int64_t per_sm =
       std::max<int64_t>(1, std::min<int64_t>(l.blocks_per_sm, smem_per_sm / (l.smem + smem_reserved)));
-  if (l.batch <= 2) {  // dense groups: the most blocks that fit one wave
+  if (l.dense) {  // the most blocks that fit one wave
     split_work_one_wave(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits,
                         l.chunks_per_split);
   } else {

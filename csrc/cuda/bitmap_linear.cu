@@ -76,12 +76,12 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   with_tokens_per_warp(l.nt, [&](auto NT) {
     constexpr int nt = decltype(NT)::value;
     if (x.scalar_type() == at::kBFloat16) {
-      launch_tiles(l.blocks_per_sm == 3 ? bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, 3>
-                                        : bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, 2>,
+      launch_tiles(l.dense ? bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, true>
+                           : bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, false>,
                    l, stream, prm);
     } else {
-      launch_tiles(l.blocks_per_sm == 3 ? bitmap::bitmap_linear_kernel<__half, nt, 3>
-                                        : bitmap::bitmap_linear_kernel<__half, nt, 2>,
+      launch_tiles(l.dense ? bitmap::bitmap_linear_kernel<__half, nt, true>
+                           : bitmap::bitmap_linear_kernel<__half, nt, false>,
                    l, stream, prm);
     }
   });
