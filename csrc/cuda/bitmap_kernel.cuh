@@ -118,7 +118,6 @@ struct Params : TileParams {
   int batch;                // groups per stage, 1 .. kMaxBatch
   int stage_values;         // values a stage holds (a multiple of 8); a batch with more is read from
                             // global memory instead
-  int even_warps;           // > 0: the even split (EvenSplit) over this many warps, gridDim.y * kWarps of them
 };
 
 template <typename T>
@@ -214,28 +213,6 @@ __device__ __forceinline__ WarpRun warp_run(int ws, int wk, int strips, int chun
   return r;
 }
 
-// The even split (dense weights, when the block split leaves warps idle): warp w of W takes groups
-// [start(w), start(w + 1)), start(w) = w * G / W, of the G = strips * chunks groups in strip-major order
-// (contiguous in bitmaps and values), across strip ends. Each warp writes its part of each strip it
-// touches, fp32, into slot w - first_warp(strip) of the workspace (slots, n, m); the reduce kernel adds a
-// strip's slots in order. Every warp between a strip's first and last covers part of it (G >= W), so each
-// slot it reads was written.
-struct EvenSplit {
-  int64_t groups = 0;  // G
-  int chunks = 0;
-  int warps = 0;       // W; 0: the block split (fixed splits)
-  __host__ __device__ int64_t start(int64_t w) const { return w * groups / warps; }
-  // The warp that holds group x: the largest w with start(w) <= x.
-  __host__ __device__ int64_t warp_of(int64_t x) const {
-    const int64_t w = ((x + 1) * warps - 1) / groups;
-    return w < warps - 1 ? w : warps - 1;
-  }
-  __host__ __device__ int64_t first_warp(int64_t strip) const { return warp_of(strip * chunks); }
-  __host__ __device__ int slots(int64_t strip) const {
-    return static_cast<int>(warp_of((strip + 1) * chunks - 1) - first_warp(strip) + 1);
-  }
-};
-
 // A lane's B fragments (x) for both tensor-core kernels: with the layouts' column order, the lane (g, t)
 // needs x[token n0 + 8 j + g][16 t .. 16 t + 15] of each chunk for tile j, 16 contiguous bytes at a time;
 // tokens past n and columns past kx read as zero.
@@ -257,24 +234,6 @@ struct XFragments {
                                                              : make_uint4(0u, 0u, 0u, 0u);
   }
 };
-
-// Writes a warp's m16n8 accumulators (its part of `strip`, tokens n0 ..) into its slot of the even
-// split's workspace (slots, n, m), fp32, and zeroes them for the next strip.
-template <int NT>
-__device__ __forceinline__ void write_even_part(float (&acc)[NT][4], const EvenSplit& even, int64_t warp, int strip,
-                                                int n0, int n, int m, float* work) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t slot = warp - even.first_warp(strip);
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = n0 + 8 * j + 2 * t + (e & 1), row = 16 * strip + g + 8 * (e >> 1);
-      if (token < n && row < m) work[(slot * n + token) * m + row] = acc[j][e];
-      acc[j][e] = 0.f;
-    }
-  }
-}
 
 // PRMT selectors that turn (v0 = value at the lane's first index, v1 = the next value), both
 // zero-extended, into the A register for the lane's two bits b: 0 -> 0, 1 -> (v0, 0), 2 -> (0, v0),
@@ -325,22 +284,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
   constexpr int kStages = stages(Dense);
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  WarpRun run = warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
-  int64_t group0 = static_cast<int64_t>(run.strip) * p.chunks + run.c_begin;
-  const EvenSplit even{static_cast<int64_t>(p.strips) * p.chunks, p.chunks, p.even_warps};
-  const int64_t even_warp = static_cast<int64_t>(blockIdx.y) * kWarps + warp;
-  if (even.warps > 0) {
-    group0 = even.start(even_warp);
-    run.count = static_cast<int>(even.start(even_warp + 1) - group0);
-    run.strip = static_cast<int>(group0 / p.chunks);
-    run.c_begin = static_cast<int>(group0 % p.chunks);
-  }
-  const int n0 = run.n0, c_begin = run.c_begin, count = run.count;
+  const WarpRun run = warp_run<NT>(p.ws, p.wk, p.strips, p.chunks, p.chunks_per_split);
+  const int strip = run.strip, n0 = run.n0, c_begin = run.c_begin, count = run.count;
   const int batch = p.batch, batches = (count + batch - 1) / batch;
   const int stage_size = stage_bytes(p.stage_values, batch);
   unsigned char* my = smem + warp * warp_smem(p.stage_values, batch, Dense);
   uint16_t* tile = reinterpret_cast<uint16_t*>(my + kStages * stage_size);  // sparse configuration only
   uint2* table = reinterpret_cast<uint2*>(my + kStages * stage_size + (Dense ? 0 : kTileBytes));
+  const int64_t group0 = static_cast<int64_t>(strip) * p.chunks + c_begin;
   const int nvalues = static_cast<int>(p.nvalues);  // < 2^31 (the op checks)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // sm_90: lane 0 copies a whole batch with two bulk copies completed on the stage's mbarrier. The batches'
@@ -414,7 +365,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
   const int high = lane >> 4, shift = 2 * (lane & 15);
   const uint32_t below = (1u << shift) - 1u;  // the bits of the lane's word below its two
   const XFragments<NT> xf(p.x, p.ldx, p.n, p.kx, n0, lane);
-  int chunk = c_begin, strip = run.strip;  // the next group's
 
 #pragma unroll
   for (int b = 0; b < kStages - 1; ++b) {
@@ -438,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
     int base = header[0];  // the next group's first value, counted from `first`
     const int ng = min(batch, count - b * batch);
     for (int j = 0; j < ng; ++j) {
-      const int col = chunk * static_cast<int>(kBitmapGroupCols);
+      const int col = (c_begin + b * batch + j) * static_cast<int>(kBitmapGroupCols);
 
       // x for the whole chunk first (NT <= 2): its latency hides behind the decode.
       uint4 xq[NT <= 2 ? NT : 1][2];
@@ -551,10 +501,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
           }
         }
       }
-      if (++chunk == p.chunks && even.warps > 0) {  // the strip ends inside this warp's groups
-        write_even_part<NT>(acc, even, even_warp, strip, n0, p.n, p.m, reinterpret_cast<float*>(p.out));
-        ++strip, chunk = 0;
-      }
     }
   }
   cp_async_wait<0>();
@@ -564,27 +510,19 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
     for (int s = 0; s < kStages; ++s) mbarrier_invalidate(bars + s);
   }
 #endif
-  if (even.warps > 0) {  // block-uniform
-    if (count > 0 && chunk != 0) {
-      write_even_part<NT>(acc, even, even_warp, strip, n0, p.n, p.m, reinterpret_cast<float*>(p.out));
-    }
-    return;
-  }
   __syncthreads();  // every warp is done with its stages: they become the reduction buffer
 
   write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act, p.slope, p.out);
 }
 
-// out[n, m] = act(sum over splits of ws[split, n, m] (in split order) + bias[m]); with the even split
-// (even.warps > 0), over the slots of m's strip.
+// out[n, m] = act(sum over splits of ws[split, n, m] (in split order) + bias[m]).
 template <typename T>
-__global__ void bitmap_splitk_reduce_kernel(const float* ws, int splits, int64_t cells, int64_t m, EvenSplit even,
+__global__ void bitmap_splitk_reduce_kernel(const float* ws, int splits, int64_t cells, int64_t m,
                                             const uint16_t* bias, Activation act, float slope, uint16_t* out) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < cells;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int count = even.warps > 0 ? even.slots(e % m / 16) : splits;
     float z = 0.f;
-    for (int s = 0; s < count; ++s) z += ws[s * cells + e];
+    for (int s = 0; s < splits; ++s) z += ws[s * cells + e];
     if (bias != nullptr) z += Mma<T>::to_float(bias[e % m]);
     out[e] = Mma<T>::from_float(apply_activation(act, z, slope));
   }
@@ -600,7 +538,6 @@ struct Launch {
   int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, blocks_per_sm = 2;
   bool dense = true;
   int batch = 1, stage_values = max_stage_values(1), smem = 0;
-  int even_warps = 0, slots = 0;  // the even split (EvenSplit: gridDim.y * kWarps warps) and its workspace's slots
   int64_t column_tiles = 1, row_blocks = 1;
 };
 constexpr int64_t kBatchValues = 640;  // mean values of four groups at most for the sparse configuration
@@ -700,21 +637,6 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
   if (l.dense) {  // the most blocks that fit one wave
     split_work_one_wave(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits,
                         l.chunks_per_split);
-    // The even split instead when it shortens the busiest warp's share by more than 5% (its fp32 parts
-    // cost a second kernel): H100, 14336 x 4096 at 50%, N = 1, the block split's 224 blocks leave 15% of
-    // the 264 slots idle.
-    const int64_t groups = strips * chunks, wanted = per_sm * sms;
-    const int64_t even_blocks = std::min(wanted / l.column_tiles, groups / (kWarps * kMinChunks));
-    if (even_blocks > 0) {
-      const int64_t even_share = (groups + even_blocks * kWarps - 1) / (even_blocks * kWarps);
-      const int64_t block_blocks = l.row_blocks * l.column_tiles * l.splits;
-      const int64_t block_share = (l.chunks_per_split + l.wk - 1) / l.wk * ((block_blocks + wanted - 1) / wanted);
-      if (20 * even_share < 19 * block_share) {
-        l.even_warps = static_cast<int>(even_blocks * kWarps);
-        l.slots = static_cast<int>(chunks / (groups / l.even_warps) + 2);  // a strip's warps at most
-        l.ws = kWarps, l.wk = 1, l.row_blocks = even_blocks, l.splits = 1, l.chunks_per_split = static_cast<int>(chunks);
-      }
-    }
   } else {
     split_work(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits, l.chunks_per_split);
   }

@@ -62,10 +62,7 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536, "bitmap_linear: at most ",
                     int64_t{65535} * 16 * bitmap::kWarps, " out_features, got ", p.m);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  // The fp32 parts of the chunks split among blocks, or of the even split's warps.
-  const bool parts = l.splits > 1 || l.even_warps > 0;
-  const at::Tensor work =
-      parts ? at::empty({l.even_warps > 0 ? l.slots : l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
+  const at::Tensor work = l.splits > 1 ? at::empty({l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
 
   Params prm{};
   prm.bitmaps = reinterpret_cast<const uint64_t*>(bm.data_ptr<int64_t>());
@@ -76,8 +73,6 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   prm.scatter_max = scatter_max();
   prm.batch = l.batch;
   prm.stage_values = l.stage_values;
-  prm.even_warps = l.even_warps;
-  if (parts) prm.out = work.data_ptr();
   with_tokens_per_warp(l.nt, [&](auto NT) {
     constexpr int nt = decltype(NT)::value;
     if (x.scalar_type() == at::kBFloat16) {
@@ -90,10 +85,7 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
                    l, stream, prm);
     }
   });
-  if (parts) {
-    reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream,
-                  bitmap::EvenSplit{p.strips * p.chunks, static_cast<int>(p.chunks), l.even_warps});
-  }
+  if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);
   return out.view(p.out_shape);
 }
 

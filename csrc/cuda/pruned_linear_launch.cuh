@@ -65,20 +65,19 @@ inline void launch_tiles(void (*kernel)(Params), const Launch& l, cudaStream_t s
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// out (n, m), bf16 or fp16 = act(the splits of work (splits, n, m) added in split order + bias); with the
-// bitmap kernel's even split, the slots of each row's strip.
+// out (n, m), bf16 or fp16 = act(the splits of work (splits, n, m) added in split order + bias).
 inline void reduce_splits(const at::Tensor& work, const at::Tensor& out, const uint16_t* bias, Activation act, float slope,
-                          int sms, cudaStream_t stream, const bitmap::EvenSplit& even = {}) {
+                          int sms, cudaStream_t stream) {
   const int splits = static_cast<int>(work.size(0));
   const int64_t m = work.size(2), cells = work.size(1) * m;
   const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((cells + 255) / 256, int64_t{8} * sms)));
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   if (out.scalar_type() == at::kBFloat16) {
     bitmap::bitmap_splitk_reduce_kernel<__nv_bfloat16>
-        <<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), splits, cells, m, even, bias, act, slope, o);
+        <<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), splits, cells, m, bias, act, slope, o);
   } else {
     bitmap::bitmap_splitk_reduce_kernel<__half>
-        <<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), splits, cells, m, even, bias, act, slope, o);
+        <<<blocks, 256, 0, stream>>>(work.data_ptr<float>(), splits, cells, m, bias, act, slope, o);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
