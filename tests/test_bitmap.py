@@ -171,6 +171,22 @@ def test_cuda_split_k_and_both_paths_repeatable(rng):
                                                  activation="relu"))
 
 
+@pytest.mark.skipif(not CUDA_READY, reason="CUDA not available")
+@pytest.mark.parametrize("sparsity", [0.5, 0.9])
+def test_cuda_llama_shape_launches(rng, sparsity):
+    # A Llama-3-8B MLP weight, 14336 x 4096: at 50% the dense configuration (two groups per stage, the
+    # one-wave grid), at 90% the sparse one, whose first grid exceeds a wave on an H100 and takes the
+    # one-wave split (three chunk splits summed by the second kernel) instead.
+    m, k = 14336, 4096
+    gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(2**31)))
+    w = torch.randn(m, k, generator=gen, device="cuda")
+    w = (w * (torch.rand(m, k, generator=gen, device="cuda") >= sparsity)).to(torch.bfloat16)
+    W = st.BitmapWeight.from_dense(w)
+    for n in (1, 16):
+        x = torch.randn(n, k, generator=gen, device="cuda").to(torch.bfloat16)
+        _check(st.bitmap_linear(x, W), (x.double() @ w.double().t()).cpu(), torch.bfloat16)
+
+
 @pytest.mark.parametrize("n", [1, 16, 40])
 def test_skewed_groups_beyond_the_stage(device, rng, n):
     # The CUDA kernel sizes its shared-memory stages by the weight's mean group and batches several

@@ -574,9 +574,10 @@ inline void split_work(int64_t strips, int64_t chunks, int64_t column_tiles, int
   splits = static_cast<int>(std::max<int64_t>(1, (chunks + chunks_per_split - 1) / chunks_per_split));
 }
 
-// The bitmap kernel's split for dense weights: the most blocks that still run in one wave (at most
-// `wanted`), over wk in {1, 2, 4, 8} and 1..8 chunk splits (any count, not only powers of two), fewer splits on a tie; the
-// fewest blocks when no split fits one wave. H100, 2 blocks per SM (264 slots): 11008 x 4096 went from 50
+// The bitmap kernel's split for dense weights (and for sparse ones when split_work's grid exceeds a
+// wave): the most blocks that still run in one wave (at most `wanted`), over wk in {1, 2, 4, 8} and 1..8
+// chunk splits (any count, not only powers of two), fewer splits on a tie; the fewest blocks when no split
+// fits one wave. H100, 2 blocks per SM (264 slots): 11008 x 4096 went from 50
 // to 43 us (172 -> 258 blocks), 14336 x 4096 from 55 to 51 us (448 -> 224 blocks, a wave and 13% to one).
 inline void split_work_one_wave(int64_t strips, int64_t chunks, int64_t column_tiles, int64_t wanted, int& ws,
                                 int& wk, int64_t& row_blocks, int& splits, int& chunks_per_split) {
@@ -639,6 +640,15 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
                         l.chunks_per_split);
   } else {
     split_work(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits, l.chunks_per_split);
+    // More than a wave: the one-wave split when one fits (H100, 90% at N = 1: 14336 x 4096 448 -> 336 blocks,
+    // 46.3 -> 40.7 us; 11008 x 4096 688 -> 344, 30.9 -> 30.5). Within a wave split_work's grid stays: the
+    // one-wave split's extra chunk splits cost more there (4096 x 4096: 16.7 against 18.3 us).
+    if (l.row_blocks * l.column_tiles * l.splits > per_sm * sms) {
+      Launch w = l;
+      split_work_one_wave(strips, chunks, l.column_tiles, per_sm * sms, w.ws, w.wk, w.row_blocks, w.splits,
+                          w.chunks_per_split);
+      if (w.row_blocks * w.column_tiles * w.splits <= per_sm * sms) l = w;
+    }
   }
   return l;
 }
