@@ -47,13 +47,21 @@ def _autotune_candidates(a, n: int, b_dim: int = 2) -> list:
     return routes
 
 
-def _device_time(call, scratch: torch.Tensor) -> float:
+def _device_time(call, scratch: torch.Tensor, clean: bool = False, budget_ms: float = 1.0,
+                 max_reps: int = 40) -> float:
     """Median device milliseconds of one call with a cold L2, measured as triton's do_bench and the
     benchmark harness measure: the L2 is overwritten (`scratch`, twice its size, is zeroed) before
     each call, each call has its own pair of events. A sleep kernel is queued first so the host
     enqueues everything before the device reaches it: on small graphs (~10 us per call) the host's
-    launch time would otherwise be timed. Short calls get more repetitions (5 to 40, about 1 ms in
-    all): 5 were too few to separate routes 20% apart at ~20 us (G51 in the H200 harness run)."""
+    launch time would otherwise be timed. Short calls get more repetitions (5 to max_reps, about
+    budget_ms in all): 5 were too few to separate routes 20% apart at ~20 us (G51 in the H200 harness
+    run).
+
+    ``clean``: `scratch` is read instead of zeroed, so the call meets a clean L2, as a layer does in a
+    decoder step (the layer before it streamed its weights). After the zeroing the call also writes
+    ~L2-size dirty lines back, which slows a memory-bound call more than a compute-bound one (H100,
+    14336 x 4096 bf16, N = 1: F.linear 54 us after the zeroing, 44 us after a read, 42 us per call in
+    a CUDA graph over 8 distinct weights; a bitmap weight at 50% 46 / 41 / 40 us)."""
     call()  # warm-up: workspaces, descriptors
 
     def timed(reps):
@@ -62,7 +70,10 @@ def _device_time(call, scratch: torch.Tensor) -> float:
         # takes 40-80 us of host time; with ~50 us per call, a slow host moment was timed as the call)
         torch.cuda._sleep(300_000 * reps)
         for start, end in events:
-            scratch.zero_()
+            if clean:
+                scratch.sum(dtype=torch.int32)
+            else:
+                scratch.zero_()
             start.record()
             call()
             end.record()
@@ -70,7 +81,7 @@ def _device_time(call, scratch: torch.Tensor) -> float:
         return sorted(start.elapsed_time(end) for start, end in events)[reps // 2]
 
     first = timed(5)
-    reps = int(min(40, max(5, 1.0 / max(first, 1e-3))))
+    reps = int(min(max_reps, max(5, budget_ms / max(first, 1e-3))))
     return first if reps == 5 else timed(reps)
 
 

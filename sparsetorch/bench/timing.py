@@ -1,5 +1,6 @@
 """Timing done one way for every suite: device events (triton's do_bench when present) with warm-up
-and medians on CUDA, wall-clock medians on the CPU; inputs rotated through copies when they would
+and medians on CUDA (the pruned-weight suites with a clean L2 instead: make_clean_l2_timer), wall-clock
+medians on the CPU; inputs rotated through copies when they would
 otherwise stay in the GPU's L2; ceilings (copy bandwidth, GEMM rate per dtype) measured in the run.
 """
 from __future__ import annotations
@@ -56,6 +57,20 @@ def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], obje
         return statistics.median(times)
 
     return cpu_time
+
+
+def make_clean_l2_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], object]], float]:
+    """On CUDA, the median time of ``fn()`` in seconds with the L2 read (clean) before each call instead
+    of zeroed as do_bench does: how a pruned layer runs in a decoder step, where the layer before it
+    streamed its weights (plan._device_time says what the zeroing costs a memory-bound call). On the
+    CPU, make_timer's."""
+    if device.type != "cuda":
+        return make_timer(device, quick)
+    from sparsetorch.plan import _device_time
+
+    scratch = torch.zeros(2 * l2_bytes(device), dtype=torch.int8, device=device)
+    budget_ms, reps = (20.0, 100) if quick else (50.0, 250)
+    return lambda fn: _device_time(fn, scratch, clean=True, budget_ms=budget_ms, max_reps=reps) * 1e-3
 
 
 def l2_bytes(device: torch.device) -> int:

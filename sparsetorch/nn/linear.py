@@ -90,8 +90,9 @@ def _time_routes(calls: Dict[str, Any], x: torch.Tensor) -> Dict[str, float]:
     for a call whose dense time is 23 us; the layer kept a CSR route 7x slower than dense)."""
     if x.is_cuda:
         l2 = getattr(torch.cuda.get_device_properties(x.device), "L2_cache_size", 50 * 2**20)
-        scratch = torch.empty(2 * l2, dtype=torch.int8, device=x.device)
-        time_one = lambda call: _device_time(call, scratch)  # noqa: E731
+        scratch = torch.empty(2 * l2, dtype=torch.int8, device=x.device).zero_()
+        # A clean L2, as the layer meets it in a decoder step (plan._device_time).
+        time_one = lambda call: _device_time(call, scratch, clean=True)  # noqa: E731
     else:
         time_one = _host_time
     times = {name: time_one(call) for name, call in calls.items()}

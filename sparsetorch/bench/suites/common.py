@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from sparsetorch.bench.timing import Ceilings, Rotating, check, rotation
+from sparsetorch.bench.timing import Ceilings, Rotating, check, make_clean_l2_timer, rotation
 
 Job = Callable[[], List[dict]]
 TOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 3e-2, "float16": 1e-2, "float64": 1e-10}
@@ -38,6 +38,14 @@ class Context:
         if line not in self.left_out:
             self.left_out.append(line)
             print(f"\nleft out: {line}", flush=True)
+
+    @property
+    def weights_timer(self):
+        """The timer of the suites whose calls stream a large weight (pruned, decode): a clean L2 before
+        each call on CUDA (timing.make_clean_l2_timer), the run's timer on the CPU."""
+        if not hasattr(self, "_weights_timer"):
+            self._weights_timer = make_clean_l2_timer(self.device, self.quick) if self.cuda else self.timer
+        return self._weights_timer
 
     @property
     def cuda(self) -> bool:
@@ -94,9 +102,11 @@ def warm_gpu(ctx: Context, impls: Dict[str, tuple], seconds: float = 0.1) -> Non
         pass
 
 
-def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor, rotate_bytes: int) -> List[dict]:
+def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor, rotate_bytes: int,
+            timer=None) -> List[dict]:
     """impls: name -> (fn(B) -> out, list of B copies or None, bytes, flops, rate key, dtype label).
-    Every output is checked before timing; B is rotated through its copies while timing."""
+    Every output is checked before timing; B is rotated through its copies while timing; ``timer``:
+    ctx.timer unless given."""
     rows = []
     warm_gpu(ctx, impls)
     for name, (fn, inputs, nbytes, flops, rate_key, dtype_label) in impls.items():
@@ -110,7 +120,7 @@ def measure(ctx: Context, base: dict, impls: Dict[str, tuple], ref: torch.Tensor
         err = check(out, ref, f"{base['suite']} {base['case']}: {name}", TOL[dtype_label])
         del out
         timed = Rotating(fn, inputs) if inputs else fn
-        seconds = ctx.timer(timed)
+        seconds = (timer or ctx.timer)(timed)
         floor = ctx.ceilings.floor(nbytes, flops, rate_key)
         rows.append({**base, "impl": name, "dtype": dtype_label, "time_ms": seconds * 1e3,
                      "GBps": nbytes / seconds / 1e9, "GFLOPs": flops / seconds / 1e9, "floor_ms": floor * 1e3,

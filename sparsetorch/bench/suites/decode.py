@@ -338,13 +338,14 @@ def _graph_rows(ctx, steps, base, name, n, x, caches, rope, ref, tol, dlabel, ra
             raise AssertionError(f"decode {name}, N={n}, CUDA graph of {impl}: relative error {err:.2e} > {tol:.1e}")
         nbytes, flops = step_model(model, shape, n, value, impl == "sparsetorch")
         rows.append(_row(ctx, {**base, "case": f"{name}, N={n}, CUDA graph", "graph": True}, impl, dlabel,
-                         ctx.timer(graph.replay), nbytes, flops, rate, err, None, model, n, shape))
+                         ctx.weights_timer(graph.replay), nbytes, flops, rate, err, None, model, n, shape))
         del graph
     return rows
 
 
 def _time(ctx: Context, fns: Dict[str, Callable]) -> Dict[str, float]:
-    """Median seconds per call: the run's timer on CUDA; on the CPU the implementations interleaved in
+    """Median seconds per call: the run's timer on CUDA (eager steps are host-bound: no sleep kernel may
+    hide the host's time, as the weights' timer's would); on the CPU the implementations interleaved in
     rounds (cpu.py's time_rounds), so that a change of load on a shared machine hits them alike."""
     if ctx.cuda:
         return {k: ctx.timer(f) for k, f in fns.items()}

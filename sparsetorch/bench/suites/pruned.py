@@ -12,7 +12,8 @@ Floors: for dense, the GEMM model (weight + x + y bytes over the copy bandwidth,
 tensor-core rate); for the sparse rows, an ideal compressed format (values + a bitmap: nnz * value +
 m*k/8 bytes, plus x and y) against the useful flops (2 * nnz * N) at the dense tensor-core rate, which a
 2:4 weight's sparse tensor cores reach at most; for the MLP block the sum of its three layers.
-Each sparse row records the route the layer chose for that N (``route``), what the layer measured for
+Times: device events with the L2 read (clean) before each call, as a layer meets it in a decoder step
+(timing.make_clean_l2_timer), not zeroed as do_bench does. Each sparse row records the route the layer chose for that N (``route``), what the layer measured for
 every candidate form (``route_times``), ``vs_dense`` (dense time / this time) and, for the cuSPARSELt
 paths, the host time per call.
 """
@@ -110,7 +111,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
                 base = {"suite": "pruned", "case": f"{m}x{k} {_label(s)}, N={n}", "shape": f"{m}x{k}",
                         "sparsity": _label(s), "n": n, "m": m, "k": k, "nnz": nnz}
                 with torch.no_grad():
-                    got = measure(ctx, base, impls, ref, gb)
+                    got = measure(ctx, base, impls, ref, gb, ctx.weights_timer)
                     if ctx.cuda and "2:4" in layer.route_times.get(_bucket(n), {}):
                         forced = forced or st.nn.SparseLinear(k, m, layer.crow_indices, layer.col_indices,
                                                               layer.values.detach(), format="2:4")
@@ -119,7 +120,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
                         bsr_ref = x.double() @ bsr_w.double().t()
                         got += measure(ctx, {**base, "bsr_block": block}, {
                             f"torch BSR {block}x{block}": (lambda a: F.linear(a, bsr), xs, sb, sf, rate, label)},
-                            bsr_ref, gb)
+                            bsr_ref, gb, ctx.weights_timer)
                 _annotate(got, layer, n)
                 if ctx.cuda:  # the call that was timed: inference, no gradient recorded
                     with torch.no_grad():
@@ -165,7 +166,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
                         "shape": f"MLP {hidden}-{inner}", "sparsity": _label(s), "n": n, "m": inner, "k": hidden,
                         "nnz": gate.nnz + up.nnz + down.nnz}
                 with torch.no_grad():
-                    got = measure(ctx, base, impls, ref, gb)
+                    got = measure(ctx, base, impls, ref, gb, ctx.weights_timer)
                 for r in got:
                     if r["impl"] == "sparsetorch":
                         r["route"] = "/".join(layer.routes.get(_bucket(n), "?") for layer in (gate, up, down))
@@ -190,7 +191,8 @@ def _forced_24(ctx, base, forced, xs, ref, sb, sf, rate, label, n):
     """The 2:4 (+ residual) form alone (a layer forced to it), whether or not the chosen route is 2:4, as a user
     gets it (its algorithm searched on the first call of the bucket, during warm-up), and its host time per call."""
     forced._forms.refresh(forced)
-    got = measure(ctx, base, {"sparsetorch 2:4 form": (lambda a: forced(a), xs, sb, sf, rate, label)}, ref, 0)
+    got = measure(ctx, base, {"sparsetorch 2:4 form": (lambda a: forced(a), xs, sb, sf, rate, label)}, ref, 0,
+                  ctx.weights_timer)
     # At few tokens a pure 2:4 weight runs on the decode kernel, and the cuSPARSELt form is released: the
     # residual's size is the split's, which both forms share.
     forms = forced._forms
