@@ -9,8 +9,8 @@
 // sm_90 lane 0 fills a stage with two bulk copies (cp.async.bulk: bitmaps, values) completed on the
 // stage's mbarrier, the batches' first values read from a window of offsets the warp holds in registers;
 // before sm_90 the lanes copy 16 bytes each with cp.async. Per group it decodes the four A registers of
-// each mma step straight from the bitmaps and reads its x fragments from global memory (32 contiguous bytes per lane and chunk, L1/L2-resident: x is
-// small next to W). The eight warps of a thread block split the work ws x wk: ws strips, each strip's
+// each mma step straight from the bitmaps and reads its x fragments from global memory (32 contiguous
+// bytes per lane and chunk, L1/L2-resident: x is small next to W). The eight warps of a thread block split the work ws x wk: ws strips, each strip's
 // chunks split among wk warps; their partial sums are added in shared memory in warp order, and the
 // block writes act(sum + bias) for 16 * ws rows x 8 * NT tokens. When the grid would still be too small
 // to fill the GPU (few rows, few tokens), the chunks are also split among thread blocks (blockIdx.z):
@@ -91,8 +91,8 @@ __host__ __device__ constexpr int block_smem(int stage_values, int batch, int nt
              ? kWarps * warp_smem(stage_values, batch, dense)
              : kWarps * 8 * nt * kRedStride * 4;
 }
-static_assert(kBitmapBytes % 16 == 0 && kHeaderBytes % 16 == 0 && (kTileBytes + kTableBytes) % 16 == 0,
-              "stages must stay 16-byte aligned");
+static_assert(kBitmapBytes % 16 == 0 && kHeaderBytes % 16 == 0 && kTileBytes % 16 == 0 && kTableBytes % 16 == 0,
+              "stages, the scatter tile and the gather table must stay 16-byte aligned (both configurations)");
 
 // What both tensor-core kernels (this one, cuda/slot_kernel.cuh) take besides their layout: x, the output
 // and the work split.
@@ -310,13 +310,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
   int offsets_now = window(0), offsets_next = window(1), window_now = 0;
 #endif
 
-  // Copies batch b of this warp (groups b * batch ..) into stage b % kStages: the bitmaps, then the
+  // Copies batch b of this warp (groups b * batch ..) into stage `stage` (b % kStages): the bitmaps, then the
   // values from the batch's first, in 16-byte pieces (the last one, past the end of the values array,
   // value by value). A batch with more values than a stage holds is left in global memory (header:
   // staged = 0) and decoded from there. Offsets are read at the batch's two ends only: inside a batch a
   // group's first value follows from the popcounts of the groups before it.
-  auto issue = [&](int b) {
-    unsigned char* st = my + (b % kStages) * stage_size;
+  auto issue = [&](int b, int stage) {
+    unsigned char* st = my + stage * stage_size;
     const int64_t g = group0 + static_cast<int64_t>(b) * batch;
     const int ng = min(batch, count - b * batch);
     uint16_t* dst = reinterpret_cast<uint16_t*>(st + batch * kBitmapBytes + kHeaderBytes);
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
     __syncwarp();
     if (lane == 0) {
       write_header(st + batch * kBitmapBytes, v);
-      uint64_t* bar = bars + b % kStages;
+      uint64_t* bar = bars + stage;
       mbarrier_arrive_expect_tx(bar, ng * kBitmapBytes + 16 * whole);
       bulk_copy_to_shared(st, p.bitmaps + g * 16, ng * kBitmapBytes, bar);
       if (whole > 0) bulk_copy_to_shared(dst, p.values + v.first, 16 * whole, bar);
@@ -368,19 +368,26 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
 
 #pragma unroll
   for (int b = 0; b < kStages - 1; ++b) {
-    if (b < batches) issue(b);
+    if (b < batches) issue(b, b);
     cp_async_commit();
   }
-  for (int b = 0; b < batches; ++b) {
+  // Batch b is in stage b % kStages, its mbarrier in phase (b / kStages) % 2: from b when kStages is a
+  // power of two (sparse configuration: shifts), else (dense: 3) kept running, without a division per
+  // batch; the running pair costs the sparse configuration's 80 registers spills, so it is not used there.
+  constexpr bool kPow2 = (kStages & (kStages - 1)) == 0;
+  for (int b = 0, run_stage = 0, run_phase = 0; b < batches; ++b) {
+    const int stage = kPow2 ? b % kStages : run_stage;
+    [[maybe_unused]] const int phase = kPow2 ? (b / kStages) & 1 : run_phase;  // the mbarrier's (sm_90)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    mbarrier_wait(bars + b % kStages, (b / kStages) & 1);
+    mbarrier_wait(bars + stage, phase);
 #else
     cp_async_wait<kStages - 2>();
 #endif
     __syncwarp();  // batch b is in its stage for every lane; every lane is done with stage b - 1
-    if (b + kStages - 1 < batches) issue(b + kStages - 1);
+    if (b + kStages - 1 < batches) issue(b + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     cp_async_commit();
-    const unsigned char* st = my + (b % kStages) * stage_size;
+    const unsigned char* st = my + stage * stage_size;
+    if (++run_stage == kStages) run_stage = 0, run_phase ^= 1;
     const int* header = reinterpret_cast<const int*>(st + batch * kBitmapBytes);
     const bool staged = header[1] != 0;
     const int first = header[2];
@@ -532,10 +539,10 @@ __global__ void bitmap_splitk_reduce_kernel(const float* ws, int splits, int64_t
 // stage), warps per block along strips (ws) and along chunks (wk), and chunk splits among blocks. Small N:
 // the product is memory-bound and the grid must keep enough bytes in flight, so the strips' chunks are
 // split among the warps of a block, then among blocks, until there are about as many blocks as fit on
-// the GPU at once (blocks_per_sm: 3 or 2 by registers; shared memory may allow fewer); each warp keeps
+// the GPU at once (min_blocks: 3 or 2 by registers; shared memory may allow fewer); each warp keeps
 // at least kMinChunks chunks so that its pipeline has something to overlap.
 struct Launch {
-  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1, blocks_per_sm = 2;
+  int nt = 1, ws = kWarps, wk = 1, splits = 1, chunks_per_split = 1;
   bool dense = true;
   int batch = 1, stage_values = max_stage_values(1), smem = 0;
   int64_t column_tiles = 1, row_blocks = 1;
@@ -621,10 +628,10 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
   // stage took 90% sparsity from 33.8 to 27.3 us at N = 1).
   const int64_t mean = strips * chunks > 0 ? std::max<int64_t>(nvalues, 0) / (strips * chunks) : 0;
   auto configure = [&](bool dense, int batch) {
-    l.dense = dense, l.batch = batch, l.blocks_per_sm = min_blocks(l.nt, dense);
+    l.dense = dense, l.batch = batch;
     l.stage_values = stage_values_for(nvalues, strips * chunks, batch, dense);
     l.smem = block_smem(l.stage_values, batch, l.nt, dense);
-    return l.blocks_per_sm * (l.smem + smem_reserved) <= smem_per_sm && l.smem <= smem_per_block;
+    return min_blocks(l.nt, dense) * (l.smem + smem_reserved) <= smem_per_sm && l.smem <= smem_per_block;
   };
   if (!(kMaxBatch * mean <= kBatchValues && configure(false, kMaxBatch)) && !configure(true, kDenseBatch)) {
     configure(true, 1);
@@ -634,7 +641,7 @@ inline Launch choose_launch(int64_t m, int64_t n, int64_t k, int64_t nvalues, in
     return l;
   }
   const int64_t per_sm =
-      std::max<int64_t>(1, std::min<int64_t>(l.blocks_per_sm, smem_per_sm / (l.smem + smem_reserved)));
+      std::max<int64_t>(1, std::min<int64_t>(min_blocks(l.nt, l.dense), smem_per_sm / (l.smem + smem_reserved)));
   if (l.dense) {  // the most blocks that fit one wave
     split_work_one_wave(strips, chunks, l.column_tiles, per_sm * sms, l.ws, l.wk, l.row_blocks, l.splits,
                         l.chunks_per_split);
