@@ -187,27 +187,6 @@ def test_cuda_llama_shape_launches(rng, sparsity):
         _check(st.bitmap_linear(x, W), (x.double() @ w.double().t()).cpu(), torch.bfloat16)
 
 
-@pytest.mark.skipif(not CUDA_READY, reason="CUDA not available")
-@pytest.mark.parametrize("shape", [(1024, 4096), (11008, 4096), (100, 3000)])
-def test_cuda_split_sums_in_a_cluster_match_the_second_kernel(rng, monkeypatch, shape):
-    # Few rows: the chunks are split among thread blocks. On sm_90 the dense configuration's splits add in
-    # a thread-block cluster, elsewhere (and with SPARSETORCH_SPLIT_REDUCE=kernel) a second kernel adds them;
-    # both add in split order, so the outputs agree bit for bit, bias and activation included.
-    m, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(2**31)))
-    w = torch.randn(m, k, generator=gen, device="cuda")
-    w = (w * (torch.rand(m, k, generator=gen, device="cuda") >= 0.5)).to(torch.bfloat16)
-    W = st.BitmapWeight.from_dense(w)
-    bias = torch.randn(m, generator=gen, device="cuda").to(torch.bfloat16)
-    for n in (1, 9, 16):
-        x = torch.randn(n, k, generator=gen, device="cuda").to(torch.bfloat16)
-        out = st.bitmap_linear(x, W, bias=bias, activation="silu")
-        _check(out, F.silu(x.double() @ w.double().t() + bias.double()).cpu(), torch.bfloat16)
-        monkeypatch.setenv("SPARSETORCH_SPLIT_REDUCE", "kernel")
-        assert torch.equal(out, st.bitmap_linear(x, W, bias=bias, activation="silu"))
-        monkeypatch.delenv("SPARSETORCH_SPLIT_REDUCE")
-
-
 @pytest.mark.parametrize("n", [1, 16, 40])
 def test_skewed_groups_beyond_the_stage(device, rng, n):
     # The CUDA kernel sizes its shared-memory stages by the weight's mean group and batches several

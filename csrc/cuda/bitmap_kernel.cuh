@@ -13,11 +13,9 @@
 // bytes per lane and chunk, L1/L2-resident: x is small next to W). The eight warps of a thread block split the work ws x wk: ws strips, each strip's
 // chunks split among wk warps; their partial sums are added in shared memory in warp order, and the
 // block writes act(sum + bias) for 16 * ws rows x 8 * NT tokens. When the grid would still be too small
-// to fill the GPU (few rows, few tokens), the chunks are also split among thread blocks (blockIdx.z). On
-// sm_90 the splits of a tile (2 to 8) form one thread-block cluster and add their sums through distributed
-// shared memory in split order (write_block_sums); elsewhere each writes fp32 partial sums to a workspace
-// that a second kernel adds in split order. Every reduction has a fixed order: the result does not depend
-// on timing.
+// to fill the GPU (few rows, few tokens), the chunks are also split among thread blocks (blockIdx.z):
+// each writes fp32 partial sums to a workspace that a second kernel adds in split order. Every reduction
+// has a fixed order: the result does not depend on timing.
 //
 // Decode, two paths chosen per group (Params::scatter_max): gather (work ~ positions: per quadrant a
 // lane's rank is its word's first value, from a warp scan of the 32 words' popcounts, plus one popcount;
@@ -75,13 +73,6 @@ constexpr int kHeaderBytes = 16;                          // lead, staged, first
 constexpr int kTileBytes = kBitmapGroupElems * 2;         // a group's A fragments, fragment order (scatter path)
 constexpr int kTableBytes = 32 * 8;                       // (bitmap word, first value) of the group's 32 words
 constexpr int kRedStride = 20;                            // floats per token row of the reduction buffer
-// Splits of a tile summed in one cluster at most (the portable cluster size).
-constexpr int kMaxClusterSplits = 8;
-// The shared memory write_block_sums uses: the warps' parts (kRedStride floats per token row) and, when the
-// splits add in a cluster, the block's sums (16 rows x 8 * nt tokens per strip and set).
-__host__ __device__ constexpr int reduce_smem(int nt, int sets, bool cluster) {
-  return (kWarps * 8 * nt * sets * kRedStride + (cluster ? kWarps * sets * 16 * 8 * nt : 0)) * 4;
-}
 // The most values a stage ever holds: a batch's 1024 per group, up to 7 before them (16-byte copies).
 __host__ __device__ constexpr int max_stage_values(int batch) { return batch * kBitmapGroupElems + 16; }
 // Bytes of a stage of `batch` groups and `stage_values` values (a multiple of 8: whole 16-byte copies).
@@ -96,9 +87,9 @@ __host__ __device__ constexpr int warp_smem(int stage_values, int batch, bool de
 }
 // The block's shared memory: the warps' stages, reused as the reduction buffer at the end.
 __host__ __device__ constexpr int block_smem(int stage_values, int batch, int nt, bool dense) {
-  return kWarps * warp_smem(stage_values, batch, dense) > reduce_smem(nt, 1, false)
+  return kWarps * warp_smem(stage_values, batch, dense) > kWarps * 8 * nt * kRedStride * 4
              ? kWarps * warp_smem(stage_values, batch, dense)
-             : reduce_smem(nt, 1, false);
+             : kWarps * 8 * nt * kRedStride * 4;
 }
 static_assert(kBitmapBytes % 16 == 0 && kHeaderBytes % 16 == 0 && kTileBytes % 16 == 0 && kTableBytes % 16 == 0,
               "stages, the scatter tile and the gather table must stay 16-byte aligned (both configurations)");
@@ -110,15 +101,13 @@ struct TileParams {
   int64_t ldx;
   int kx;                   // columns of x that may be read: a multiple of 8, zeros past k
   int n, m, strips, chunks;
-  void* out;                // T (n, m) when gridDim.z == 1 or the splits add in a cluster; else float
-                            // (gridDim.z, n, m)
-  const uint16_t* bias;     // (m,) T, or null (not read when the splits go to the float workspace)
+  void* out;                // T (n, m) when gridDim.z == 1; float (gridDim.z, n, m) otherwise
+  const uint16_t* bias;     // (m,) T, or null (only read when gridDim.z == 1)
   Activation act;
   float slope;
   int ws, wk;               // warps per block along strips and along chunks; ws * wk == kWarps
   int chunks_per_split;     // chunks of one blockIdx.z
 };
-
 
 struct Params : TileParams {
   const uint64_t* bitmaps;  // (strips, chunks, 16)
@@ -129,9 +118,6 @@ struct Params : TileParams {
   int batch;                // groups per stage, 1 .. kMaxBatch
   int stage_values;         // values a stage holds (a multiple of 8); a batch with more is read from
                             // global memory instead
-  int cluster_reduces;      // 1: the gridDim.z splits of a tile are one cluster (sm_90, dense configuration)
-                            // and add in shared memory. Last: a field in TileParams moved the 80-register
-                            // kernels' parameter loads and cost them spills (ptxas, sm_90)
 };
 
 template <typename T>
@@ -161,32 +147,17 @@ struct Mma<__half> {
   static __device__ __forceinline__ uint16_t from_float(float v) { return __half_as_ushort(__float2half_rn(v)); }
 };
 
-// A cell's output in write_block_sums: act(z + bias).
-template <typename T>
-__device__ __forceinline__ void write_cell(void* out, const uint16_t* bias, Activation act, float slope, int m_total,
-                                           int64_t m, int n, float z) {
-  if (bias != nullptr) z += Mma<T>::to_float(bias[m]);
-  reinterpret_cast<uint16_t*>(out)[static_cast<int64_t>(n) * m_total + m] = Mma<T>::from_float(apply_activation(act, z, slope));
-}
-
 // The epilogue of the tensor-core kernels (this one and cuda/slot_kernel.cuh), whose kWarps warps each hold
 // m16n8 accumulators acc[NT * set + j] for the 16 rows of strip (blockIdx.y * ws + warp / wk) * SETS + set
 // (SETS = 2: the slot kernel's banded layout, a warp on two strips) and the block's 8 * NT tokens from n0,
 // summed over a 1/wk part of the block's chunks: the parts are added in shared memory (`red`, at least
-// reduce_smem(NT, SETS, cluster) bytes, free for reuse: the caller has synchronized the block) in warp
+// kWarps * 8 * NT * SETS * kRedStride floats, free for reuse: the caller has synchronized the block) in warp
 // order, and the block writes act(sum + bias) (gridDim.z == 1), or the plain sums into split blockIdx.z of
-// the float workspace `out` (n, m) per split. With `cluster` (sm_90: the gridDim.z splits of the tile are
-// one cluster) the blocks' sums stay in shared memory, and after a cluster barrier each block adds a
-// 1/gridDim.z share of the tile's cells over the ranks in split order (the second kernel's arithmetic, with
-// no workspace and no second launch) and writes act(sum + bias); a second barrier keeps every block's
-// shared memory alive until the others have read it.
-template <typename T, int NT, int SETS = 1, bool Clusterable = false>
+// the float workspace `out` (n, m) per split.
+template <typename T, int NT, int SETS = 1>
 __device__ __forceinline__ void write_block_sums(const float (&acc)[SETS * NT][4], float* red, int ws, int wk,
                                                  int m_total, int n_total, int n0, const uint16_t* bias,
-                                                 Activation act, float slope, void* out, bool cluster_flag) {
-  // Compiled only where a launch may ask for it: the cluster code cost the 80-register kernels spills in
-  // their main loop (ptxas, sm_90), even when not taken.
-  const bool cluster = Clusterable && cluster_flag;
+                                                 Activation act, float slope, void* out) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // acc[j]: (row g, token 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1).
 #pragma unroll
@@ -201,9 +172,8 @@ __device__ __forceinline__ void write_block_sums(const float (&acc)[SETS * NT][4
     }
   }
   __syncthreads();
-  // Thread e of the block takes cell e: rows (strip of (ss, set), row) x token, rows fastest: for each
-  // token the block's 16 * SETS * ws rows are contiguous in out.
-  float* sums = red + kWarps * 8 * NT * SETS * kRedStride;  // the block's sums (cluster only)
+  // Thread e of the block writes rows (strip of (ss, set), row) x token, rows fastest: for each token the
+  // block's 16 * SETS * ws rows are contiguous in out.
   const int cells = ws * SETS * 16 * 8 * NT;
   for (int e = threadIdx.x; e < cells; e += kThreads) {
     const int row = e & 15, strip_i = (e >> 4) % (ws * SETS), token = (e >> 4) / (ws * SETS);
@@ -213,32 +183,13 @@ __device__ __forceinline__ void write_block_sums(const float (&acc)[SETS * NT][4
     if (m >= m_total || n >= n_total) continue;
     float z = 0.f;
     for (int k = 0; k < wk; ++k) z += red[(((ws_i * wk + k) * 8 * NT + token) * SETS + set) * kRedStride + row];
-    if (cluster) {
-      sums[e] = z;
-    } else if (gridDim.z == 1) {
-      write_cell<T>(out, bias, act, slope, m_total, m, n, z);
+    if (gridDim.z == 1) {
+      if (bias != nullptr) z += Mma<T>::to_float(bias[m]);
+      reinterpret_cast<uint16_t*>(out)[static_cast<int64_t>(n) * m_total + m] =
+          Mma<T>::from_float(apply_activation(act, z, slope));
     } else {
       reinterpret_cast<float*>(out)[(static_cast<int64_t>(blockIdx.z) * n_total + n) * m_total + m] = z;
     }
-  }
-  if (cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // rank = blockIdx.z: the cluster spans the tile's splits along z.
-    cluster_barrier();
-    const int splits = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
-    const int share = (cells + splits - 1) / splits, e1 = min(cells, (rank + 1) * share);
-    for (int e = rank * share + threadIdx.x; e < e1; e += kThreads) {
-      const int64_t m = (static_cast<int64_t>(blockIdx.y) * ws * SETS + (e >> 4) % (ws * SETS)) * 16 + (e & 15);
-      const int n = n0 + (e >> 4) / (ws * SETS);
-      if (m >= m_total || n >= n_total) continue;
-      float z = 0.f;
-      for (int q = 0; q < splits; ++q) z += ld_cluster_f32(sums + e, q);
-      write_cell<T>(out, bias, act, slope, m_total, m, n, z);
-    }
-    cluster_barrier();
-#else
-    __trap();  // the host asks for the cluster reduction on sm_90 and newer only
-#endif
   }
 }
 
@@ -568,8 +519,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(NT, Dense)) bitmap_linear
 #endif
   __syncthreads();  // every warp is done with its stages: they become the reduction buffer
 
-  write_block_sums<T, NT, 1, Dense>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act,
-                                    p.slope, p.out, p.cluster_reduces != 0);
+  write_block_sums<T, NT>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias, p.act, p.slope, p.out);
 }
 
 // out[n, m] = act(sum over splits of ws[split, n, m] (in split order) + bias[m]).

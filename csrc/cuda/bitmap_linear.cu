@@ -2,8 +2,7 @@
 // kernel, its design and the launch heuristic are described there). This file prepares the operands:
 // x as a (tokens, k) matrix with rows of a multiple of 8 elements, 16-byte aligned (copied, zero-padded,
 // only when it is not already), the layout's tensors contiguous and aligned, and, when the chunks are
-// split among thread blocks that do not add in a cluster (pruned_linear_launch.cuh), the fp32 workspace
-// that the second kernel sums in split order.
+// split among thread blocks, the fp32 workspace that the second kernel sums in split order.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -63,34 +62,30 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536, "bitmap_linear: at most ",
                     int64_t{65535} * 16 * bitmap::kWarps, " out_features, got ", p.m);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  // The dense configuration's kernels are compiled with the cluster reduction (bitmap_linear_kernel).
-  const bool cluster = l.dense && reduce_in_cluster(l.splits, l.smem, l.nt, 1, prop->major);
-  const at::Tensor work =
-      l.splits > 1 && !cluster ? at::empty({l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
+  const at::Tensor work = l.splits > 1 ? at::empty({l.splits, p.n, p.m}, x.options().dtype(at::kFloat)) : at::Tensor();
 
   Params prm{};
   prm.bitmaps = reinterpret_cast<const uint64_t*>(bm.data_ptr<int64_t>());
   prm.offsets = off.data_ptr<int32_t>();
   prm.values = reinterpret_cast<const uint16_t*>(val.data_ptr());
   prm.nvalues = val.size(0);
-  set_tile_params(prm, p, x2, l, out, work, cluster, bias_c, act, negative_slope);
+  set_tile_params(prm, p, x2, l, out, work, bias_c, act, negative_slope);
   prm.scatter_max = scatter_max();
   prm.batch = l.batch;
   prm.stage_values = l.stage_values;
-  prm.cluster_reduces = cluster ? 1 : 0;
   with_tokens_per_warp(l.nt, [&](auto NT) {
     constexpr int nt = decltype(NT)::value;
     if (x.scalar_type() == at::kBFloat16) {
       launch_tiles(l.dense ? bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, true>
                            : bitmap::bitmap_linear_kernel<__nv_bfloat16, nt, false>,
-                   l, stream, prm, cluster);
+                   l, stream, prm);
     } else {
       launch_tiles(l.dense ? bitmap::bitmap_linear_kernel<__half, nt, true>
                            : bitmap::bitmap_linear_kernel<__half, nt, false>,
-                   l, stream, prm, cluster);
+                   l, stream, prm);
     }
   });
-  if (l.splits > 1 && !cluster) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);
+  if (l.splits > 1) reduce_splits(work, out, prm.bias, act, prm.slope, prop->multiProcessorCount, stream);
   return out.view(p.out_shape);
 }
 

@@ -1,6 +1,6 @@
 // cp.async (sm_80+): global -> shared copies that bypass registers, for kernels that stage B (or A's
 // layout) in shared memory while computing on the previous stage (spmm_tiled.cu, spmm_blocked.cu,
-// bitmap_kernel.cuh); on sm_90 bulk copies, mbarriers and the cluster barrier and loads.
+// bitmap_kernel.cuh).
 #pragma once
 
 #include <cstdint>
@@ -71,20 +71,6 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem
           smem_address(smem)),
       "l"(gmem), "r"(bytes), "r"(smem_address(bar))
       : "memory");
-}
-// Thread-block clusters (sm_90): a barrier of every thread of the cluster's blocks (release / acquire:
-// shared-memory writes before it are visible to the cluster's blocks after it), and a load from the
-// shared memory of block `rank` of the cluster at the address `p` has in this block (bitmap_kernel.cuh's
-// split-k sums).
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
 }
 #endif
 

@@ -1,7 +1,6 @@
 // Host-side steps the two tensor-core pruned-weight ops share (bitmap_linear.cu, slot_linear.cu): the
-// launch of a kernel at its token-tile width, and how the partial sums of a launch whose chunks were split
-// among blocks are added: in a thread-block cluster (sm_90), else by a second kernel. (x's layout for
-// 16-byte loads: rows_for_16byte_loads, cuda_utils.h.)
+// launch of a kernel at its token-tile width, and the second kernel that adds the partial sums of a launch
+// whose chunks were split among blocks. (x's layout for 16-byte loads: rows_for_16byte_loads, cuda_utils.h.)
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,8 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cuda/bitmap_kernel.cuh"
@@ -35,24 +32,13 @@ inline void with_tokens_per_warp(int nt, F&& f) {
   }
 }
 
-// Whether a launch of `splits` chunk splits, `smem` bytes per block and tiles of 8 * nt tokens (sets: the
-// kernel's SETS) can add its splits in a cluster (write_block_sums, for kernels compiled Clusterable): sm_90
-// and newer, 2..kMaxClusterSplits splits, and room for the block's sums. That saves the workspace and the second kernel's launch (H100,
-// bitmap kernel, N = 1: 2.7 us of 35 on 11008 x 4096, 3.9 of 13.6 on 1024 x 4096).
-// SPARSETORCH_SPLIT_REDUCE=kernel keeps the second kernel (for benchmarks; read per call).
-inline bool reduce_in_cluster(int splits, int64_t smem, int nt, int sets, int major) {
-  const char* env = std::getenv("SPARSETORCH_SPLIT_REDUCE");
-  if (env != nullptr && std::strcmp(env, "kernel") == 0) return false;
-  return major >= 9 && splits >= 2 && splits <= bitmap::kMaxClusterSplits && smem >= bitmap::reduce_smem(nt, sets, true);
-}
-
 // The shared fields of a tensor-core kernel's parameters for problem p (BitmapProblem, SlotProblem): x2 from
 // rows_for_16byte_loads, the launch's split, and where the sums go (out, or the fp32 workspace `work`
-// (splits, n, m) when the chunks are split among blocks that do not add in a cluster).
+// (splits, n, m) when the chunks are split among blocks).
 template <typename Problem, typename Launch>
 inline void set_tile_params(bitmap::TileParams& prm, const Problem& p, const at::Tensor& x2, const Launch& l,
-                            const at::Tensor& out, const at::Tensor& work, bool cluster, const at::Tensor& bias,
-                            Activation act, double negative_slope) {
+                            const at::Tensor& out, const at::Tensor& work, const at::Tensor& bias, Activation act,
+                            double negative_slope) {
   prm.x = reinterpret_cast<const uint16_t*>(x2.data_ptr());
   prm.ldx = x2.stride(0);
   prm.kx = static_cast<int>(x2.size(1));
@@ -60,7 +46,7 @@ inline void set_tile_params(bitmap::TileParams& prm, const Problem& p, const at:
   prm.m = static_cast<int>(p.m);
   prm.strips = static_cast<int>(p.strips);
   prm.chunks = static_cast<int>(p.chunks);
-  prm.out = l.splits > 1 && !cluster ? work.data_ptr() : out.data_ptr();
+  prm.out = l.splits > 1 ? work.data_ptr() : out.data_ptr();
   prm.bias = bias.defined() ? reinterpret_cast<const uint16_t*>(bias.data_ptr()) : nullptr;
   prm.act = act;
   prm.slope = static_cast<float>(negative_slope);
@@ -70,30 +56,12 @@ inline void set_tile_params(bitmap::TileParams& prm, const Problem& p, const at:
 }
 
 // Launches a tensor-core kernel on the grid of its Launch l (column tiles x row blocks x chunk splits,
-// bitmap::kThreads each, l.smem bytes of shared memory); with `cluster` a tile's splits are one cluster
-// along z.
+// bitmap::kThreads each, l.smem bytes of shared memory).
 template <typename Params, typename Launch>
-inline void launch_tiles(void (*kernel)(Params), const Launch& l, cudaStream_t stream, const Params& p,
-                         bool cluster = false) {
+inline void launch_tiles(void (*kernel)(Params), const Launch& l, cudaStream_t stream, const Params& p) {
   allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel));
-  const dim3 grid(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks), static_cast<unsigned>(l.splits));
-  if (cluster) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(bitmap::kThreads);
-    config.dynamicSmemBytes = static_cast<size_t>(l.smem);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = 1;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = static_cast<unsigned>(l.splits);
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-    return;
-  }
-  kernel<<<grid, bitmap::kThreads, l.smem, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(l.column_tiles), static_cast<unsigned>(l.row_blocks), static_cast<unsigned>(l.splits)),
+           bitmap::kThreads, l.smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -73,9 +73,9 @@ __host__ __device__ constexpr int warp_smem(int nt, bool banded) {
 }
 // The block's shared memory: the warps' rings and tiles, reused as the reduction buffer at the end.
 __host__ __device__ constexpr int block_smem(int nt, bool banded) {
-  return kWarps * warp_smem(nt, banded) > bitmap::reduce_smem(nt, sets(banded), false)
+  return kWarps * warp_smem(nt, banded) > kWarps * 8 * nt * sets(banded) * bitmap::kRedStride * 4
              ? kWarps * warp_smem(nt, banded)
-             : bitmap::reduce_smem(nt, sets(banded), false);
+             : kWarps * 8 * nt * sets(banded) * bitmap::kRedStride * 4;
 }
 // Blocks per SM the launch plans its work split for: 3 while a thread's registers fit in 85, 2 where the
 // accumulators and held x fragments need more (NT = 8; NT = 4 banded).
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) slot_linear_kernel(const
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring and tile: they become the reduction buffer
   bitmap::write_block_sums<T, NT, kSets>(acc, reinterpret_cast<float*>(smem), p.ws, p.wk, p.m, p.n, n0, p.bias,
-                                         p.act, p.slope, p.out, /*cluster_flag=*/false);
+                                         p.act, p.slope, p.out);
 }
 
 // How a call is cut: NT (tiles of 8 tokens per warp) and the work split (bitmap::split_work over strips, or

@@ -53,7 +53,7 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   prm.offsets = off.data_ptr<int32_t>();
   prm.entries = reinterpret_cast<const uint32_t*>(ent.data_ptr<int32_t>());
   prm.nnz = static_cast<int>(ent.size(0));
-  set_tile_params(prm, p, x2, l, out, work, /*cluster=*/false, bias_c, act, negative_slope);
+  set_tile_params(prm, p, x2, l, out, work, bias_c, act, negative_slope);
   prm.strips = static_cast<int>(l.units);  // bands in the banded layout
   // The kernel for tile width NT, layout variant and launch bound (slot_kernel.cuh's kHeldBlocks).
   auto launch = [&](auto NT, auto banded_c, auto min_blocks_c) {
