@@ -3,8 +3,9 @@ forms -- bitmap_linear (bitmap tiles, tensor cores), csr16_linear (CUDA cores, N
 F.linear, bf16, y = x @ W.T, issue 19's shapes (11008 x 4096, 4096 x 11008, 4096 x 4096; magnitude pruning
 at 50 / 70 / 90 / 95%) and N = 1 .. 2048 tokens, in one run; every output checked against float64 first.
 
-Times: the median of triton's do_bench (L2 flushed before each call by a 256 MB memset; the timing issue
-19's table used), in us. Floor next to each: max(bytes / copy bandwidth, 2 M K N / bf16 GEMM rate), both
+Times: the median of device events with the L2 read (clean) before each call, in us (the pruned suite's
+timer, sparsetorch.bench.timing.make_clean_l2_timer; until 2026-11-28 do_bench's 256 MB zeroing, whose
+dirty lines slowed the memory-bound forms more: plan._device_time). Floor next to each: max(bytes / copy bandwidth, 2 M K N / bf16 GEMM rate), both
 measured in this run; bytes = the form's weight as stored + x + y.
 
     python benchmarks/slots_cuda.py [--quick] [--out DIR]
@@ -13,14 +14,18 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-import triton.testing
-
 import sparsetorch as st
 from _results import ceiling_meta, measure_ceilings, write_results, write_table
+from sparsetorch.bench.timing import make_clean_l2_timer
+
+_timer = []
 
 
 def bench(fn):
-    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e-3
+    """Median seconds of fn() with a clean L2 before each call."""
+    if not _timer:
+        _timer.append(make_clean_l2_timer(torch.device("cuda"), quick=False))
+    return _timer[0](fn)
 
 
 def pruned(m, k, sparsity, seed):
@@ -75,11 +80,11 @@ def main():
                     f"{name} {row[f'{name}_us']:7.1f} us {d / row[f'{name}_us']:5.2f}x (floor {row[f'{name}_floor_us']:5.1f})"
                     for name in ("slots", "bitmap", "csr16") if f"{name}_us" in row), flush=True)
     meta = ceiling_meta(copy_bw, rates, "slot_linear, bitmap_linear, csr16_linear vs F.linear, bf16, y = x @ W.T; "
-                        "times in us (do_bench median, L2 flushed)")
+                        "times in us (median, clean L2 before each call)")
     write_results(args.out, "slots_cuda.json", meta, results)
     lines = [f"# Pruned forms vs dense F.linear ({meta['device']}, torch {meta['torch']}, {meta['date']})", "",
              f"Copy {copy_bw / 1e9:.0f} GB/s, bf16 GEMM {rate / 1e12:.0f} TFLOP/s (measured in this run). Median us "
-             "(do_bench, L2 flushed); ratio = dense / form, same run; floor = max(form bytes / copy bandwidth, "
+             "(clean L2 before each call); ratio = dense / form, same run; floor = max(form bytes / copy bandwidth, "
              "flops / GEMM rate).", "",
              "| shape | sparsity | N | dense | slots | ratio | floor | bitmap | ratio | csr16 | ratio |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
