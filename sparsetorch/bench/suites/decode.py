@@ -19,7 +19,8 @@ Weights: Gaussian with heavy-tailed (lognormal) row and column scales, as traine
 
 Tokens per step N = 1, 2, 4, 8, 16 (one new token for each of N sequences; ``--widths`` sets them). Every N
 is warmed up before timing (SparseLinear measures its forms on the first call of a token bucket). Each case
-times the whole step (all layers) of both stacks, eager and (CUDA) replayed from a CUDA graph, and the
+times the whole step (all layers) of both stacks, eager (the run's timer: host-bound steps) and (CUDA)
+replayed from a CUDA graph (a clean L2 before each replay, as the pruned suite times), and the
 projections alone (``linear_ms``: their share of the step). Before timing, both stacks' outputs are checked
 against the float64 stack (the dense pruned weights in float64): the sparse stack must be within bf16
 rounding, i.e. within max(3e-2, 2x the dense bf16 stack's own error).
