@@ -5,27 +5,30 @@ at 50 / 70 / 90 / 95%) and N = 1 .. 2048 tokens, in one run; every output checke
 
 Times: the median of device events with the L2 read (clean) before each call, in us (the pruned suite's
 timer, sparsetorch.bench.timing.make_clean_l2_timer; until 2026-11-28 do_bench's 256 MB zeroing, whose
-dirty lines slowed the memory-bound forms more: plan._device_time). Floor next to each: max(bytes / copy bandwidth, 2 M K N / bf16 GEMM rate), both
-measured in this run; bytes = the form's weight as stored + x + y.
+dirty lines slowed the memory-bound forms more: plan._device_time). Floor next to each: max(bytes / copy
+bandwidth, 2 M K N / bf16 GEMM rate), both measured in this run; bytes = the form's weight as stored + x + y.
 
     python benchmarks/slots_cuda.py [--quick] [--out DIR]
 """
 import argparse
+import functools
 
 import torch
 import torch.nn.functional as F
+
 import sparsetorch as st
 from _results import ceiling_meta, measure_ceilings, write_results, write_table
 from sparsetorch.bench.timing import make_clean_l2_timer
 
-_timer = []
+
+@functools.lru_cache(maxsize=None)
+def _timer():
+    return make_clean_l2_timer(torch.device("cuda"), quick=False)
 
 
 def bench(fn):
     """Median seconds of fn() with a clean L2 before each call."""
-    if not _timer:
-        _timer.append(make_clean_l2_timer(torch.device("cuda"), quick=False))
-    return _timer[0](fn)
+    return _timer()(fn)
 
 
 def pruned(m, k, sparsity, seed):

@@ -47,6 +47,12 @@ def _autotune_candidates(a, n: int, b_dim: int = 2) -> list:
     return routes
 
 
+def _l2_scratch(device: torch.device) -> torch.Tensor:
+    """Zeroed bytes, twice the device's L2, for _device_time to overwrite (or read) the L2 with."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
+    return torch.zeros(2 * l2, dtype=torch.int8, device=device)
+
+
 def _device_time(call, scratch: torch.Tensor, clean: bool = False, budget_ms: float = 1.0,
                  max_reps: int = 40) -> float:
     """Median device milliseconds of one call with a cold L2, measured as triton's do_bench and the
@@ -203,8 +209,7 @@ class SpmmPlan:
             route = ops.spmm_tune(a.crow_indices, a.col_indices, vals, B)
             if "blocked" not in _autotune_candidates(a, B.shape[-1], B.dim()):
                 return route
-            l2 = getattr(torch.cuda.get_device_properties(B.device), "L2_cache_size", 50 * 2**20)
-            scratch = torch.empty(2 * l2, dtype=torch.int8, device=B.device)
+            scratch = _l2_scratch(B.device)
             layout, pair_values = self._blocked_operands(vals)
             blocked = _device_time(lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr,
                                                             layout.block_col, pair_values, B), scratch)

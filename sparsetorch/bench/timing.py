@@ -1,7 +1,7 @@
 """Timing done one way for every suite: device events (triton's do_bench when present) with warm-up
 and medians on CUDA (the pruned-weight suites with a clean L2 instead: make_clean_l2_timer), wall-clock
-medians on the CPU; inputs rotated through copies when they would
-otherwise stay in the GPU's L2; ceilings (copy bandwidth, GEMM rate per dtype) measured in the run.
+medians on the CPU; inputs rotated through copies when they would otherwise stay in the GPU's L2;
+ceilings (copy bandwidth, GEMM rate per dtype) measured in the run.
 """
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def make_clean_l2_timer(device: torch.device, quick: bool) -> Callable[[Callable
     CPU, make_timer's."""
     if device.type != "cuda":
         return make_timer(device, quick)
-    from sparsetorch.plan import _device_time
+    from sparsetorch.plan import _device_time, _l2_scratch
 
-    scratch = torch.zeros(2 * l2_bytes(device), dtype=torch.int8, device=device)
+    scratch = _l2_scratch(device)
     budget_ms, reps = (20.0, 100) if quick else (50.0, 250)
     return lambda fn: _device_time(fn, scratch, clean=True, budget_ms=budget_ms, max_reps=reps) * 1e-3
 

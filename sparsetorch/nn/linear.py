@@ -34,7 +34,7 @@ from sparsetorch._ops import ops
 from sparsetorch._transpose import transpose_pattern, transpose_values
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch.plan import SpmmPlan, _autotune_candidates, _device_time
+from sparsetorch.plan import SpmmPlan, _autotune_candidates, _device_time, _l2_scratch
 from sparsetorch.pruned.bitmap import BitmapWeight, bitmap_linear
 from sparsetorch.pruned.csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
 from sparsetorch.pruned.slots import SlotWeight, applies as slots_applies, slot_linear
@@ -89,8 +89,7 @@ def _time_routes(calls: Dict[str, Any], x: torch.Tensor) -> Dict[str, float]:
     one round, not the choice (seen on the H100: one round timed dense at 343 us and the CSR at 176 us
     for a call whose dense time is 23 us; the layer kept a CSR route 7x slower than dense)."""
     if x.is_cuda:
-        l2 = getattr(torch.cuda.get_device_properties(x.device), "L2_cache_size", 50 * 2**20)
-        scratch = torch.empty(2 * l2, dtype=torch.int8, device=x.device).zero_()
+        scratch = _l2_scratch(x.device)
         # A clean L2, as the layer meets it in a decoder step (plan._device_time).
         time_one = lambda call: _device_time(call, scratch, clean=True)  # noqa: E731
     else:
