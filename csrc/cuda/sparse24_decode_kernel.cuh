@@ -39,7 +39,8 @@
 // Work split: a block of `warps` warps takes warps * RT row tiles (16 rows each) over one K-split
 // of steps_per_split steps of U k-tiles, and stages its slice of x (NT * 8 tokens, zero-padded, x's columns
 // [k0, k0 + slice)) in shared memory once (rows padded by 16 bytes: ldmatrix's 8 rows fall in 8 different bank
-// groups) while its first weight loads are in flight. Splits among blocks (blockIdx.y) keep all SMs streaming
+// groups), with cp.async in four chunks of steps while its first weight loads are in flight; a chunk's steps
+// start when it has arrived. Splits among blocks (blockIdx.y) keep all SMs streaming
 // when M is small (the down projection, 4096 rows = 256 row tiles) and bound the x slice in shared memory;
 // on sm_90 the splits of a row group (at most 8) form one thread-block cluster and add their fp32 sums through
 // distributed shared memory in split order (finish_cluster; no workspace). Elsewhere their partial sums go to a
@@ -66,6 +67,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/cp_async.cuh"
 
 #ifndef SPARSE24_DECODE_ORDERED_METADATA
 // mma.sp::ordered_metadata (PTX 8.5+): the ISA's recommended form (the unordered one "may have substantially
@@ -216,29 +218,31 @@ __device__ __forceinline__ void reduce_rows(const Params& p, int splits, int r0,
 }
 
 // x's slice: rows 0 .. NT*8-1 (tokens >= n zero), columns k0 .. k0 + cols - 1 (>= k zero), rows cols + 8
-// apart; 16 bytes a copy, four copies in flight per thread. The caller synchronizes the block.
+// apart, copied with cp.async in kXChunks chunks of chunk_steps steps each, one commit group per chunk: the
+// products of a chunk's steps start once that chunk has arrived (wait_x_chunk), not the whole slice (at N = 16
+// a block's slice is ~64 KB, several L2 round trips).
+constexpr int kXChunks = 4;
 template <int NT>
-__device__ __forceinline__ void stage_x(const Params& p, uint16_t* xs, int64_t cols, int64_t k0) {
-  const int64_t xstride = cols + 8;
-  const int64_t pieces_per_row = cols / 8, pieces = pieces_per_row * NT * 8;
-  constexpr int kLoads = 4;
-  for (int64_t i0 = threadIdx.x; i0 < pieces; i0 += kLoads * blockDim.x) {
-    uint4 v[kLoads];
-#pragma unroll
-    for (int q = 0; q < kLoads; ++q) {
-      const int64_t i = i0 + q * blockDim.x;
-      const int64_t row = i / pieces_per_row, c = (i % pieces_per_row) * 8;
-      v[q] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < pieces && row < p.n && k0 + c < p.k) v[q] = __ldg(reinterpret_cast<const uint4*>(p.x + row * p.ldx + k0 + c));
+__device__ __forceinline__ void stage_x(const Params& p, uint16_t* xs, int cols, int64_t k0, int chunk_cols) {
+  const int xstride = cols + 8;
+  for (int c = 0; c < kXChunks; ++c) {
+    const int c0 = min(c * chunk_cols, cols), per_row = (min(c0 + chunk_cols, cols) - c0) / 8;
+    for (int i = threadIdx.x; i < per_row * NT * 8; i += blockDim.x) {
+      const int row = i / per_row, col = c0 + (i % per_row) * 8;
+      const bool copy = row < p.n && k0 + col < p.k;
+      cp_async_16(xs + row * xstride + col, copy ? p.x + row * p.ldx + k0 + col : p.x, copy);
     }
-#pragma unroll
-    for (int q = 0; q < kLoads; ++q) {
-      const int64_t i = i0 + q * blockDim.x;
-      if (i < pieces) {
-        const int64_t row = i / pieces_per_row, c = (i % pieces_per_row) * 8;
-        *reinterpret_cast<uint4*>(xs + row * xstride + c) = v[q];
-      }
-    }
+    cp_async_commit();
+  }
+}
+// This thread's copies of chunks 0 .. c have landed (the caller then synchronizes the block).
+__device__ __forceinline__ void wait_x_chunk(int c) {
+  static_assert(kXChunks == 4, "one wait_group per chunk count");
+  switch (c) {
+    case 0: cp_async_wait<3>(); break;
+    case 1: cp_async_wait<2>(); break;
+    case 2: cp_async_wait<1>(); break;
+    default: cp_async_wait<0>(); break;
   }
 }
 
@@ -373,10 +377,10 @@ __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Para
   };
   if (active && nsteps > 0) load_step(0, a, e);  // in flight while x is staged
 
-  const int64_t cols = slice_cols(p.steps_per_split, U);
-  const int64_t xstride = cols + 8;
-  stage_x<NT>(p, xs, cols, static_cast<int64_t>(step0) * U * kTileK);
-  __syncthreads();
+  const int cols = static_cast<int>(slice_cols(p.steps_per_split, U));
+  const int xstride = cols + 8;
+  const int chunk_steps = max(1, (p.steps_per_split + kXChunks - 1) / kXChunks);
+  stage_x<NT>(p, xs, cols, static_cast<int64_t>(step0) * U * kTileK, chunk_steps * U * kTileK);
 
   float acc[RT][NT][4];
 #pragma unroll
@@ -384,11 +388,14 @@ __global__ void __launch_bounds__(kMaxThreads) sparse24_decode_kernel(const Para
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
 
-  if (active) {
-    // ldmatrix.x4 addresses: lane l gives row (l & 7) of matrix l >> 3 (k offset 8 (l >> 3)) of n-tile j.
-    const uint32_t xs_base = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
-    const uint32_t lane_off = static_cast<uint32_t>(((lane & 7) * xstride + 8 * (lane >> 3)) * 2);
-    for (int s = 0; s < nsteps; ++s) {
+  // ldmatrix.x4 addresses: lane l gives row (l & 7) of matrix l >> 3 (k offset 8 (l >> 3)) of n-tile j.
+  const uint32_t xs_base = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+  const uint32_t lane_off = static_cast<uint32_t>(((lane & 7) * xstride + 8 * (lane >> 3)) * 2);
+  for (int c = 0; c < kXChunks; ++c) {  // every thread passes each chunk's barrier
+    wait_x_chunk(c);
+    __syncthreads();  // chunk c of x is in shared memory
+    const int s_end = active ? min(nsteps, (c + 1) * chunk_steps) : 0;
+    for (int s = c * chunk_steps; s < s_end; ++s) {
       uint4 an[RT][U];
       uint32_t en[RT][MW];
       if (s + 1 < nsteps) load_step(s + 1, an, en);
