@@ -39,7 +39,7 @@
 // Work split: a block of `warps` warps takes warps * RT row tiles (16 rows each) over one K-split
 // of steps_per_split steps of U k-tiles, and stages its slice of x (NT * 8 tokens, zero-padded, x's columns
 // [k0, k0 + slice)) in shared memory once (rows padded by 16 bytes: ldmatrix's 8 rows fall in 8 different bank
-// groups), with cp.async in four chunks of steps while its first weight loads are in flight; a chunk's steps
+// groups), with cp.async in two chunks of steps while its first weight loads are in flight; a chunk's steps
 // start when it has arrived. Splits among blocks (blockIdx.y) keep all SMs streaming
 // when M is small (the down projection, 4096 rows = 256 row tiles) and bound the x slice in shared memory;
 // on sm_90 the splits of a row group (at most 8) form one thread-block cluster and add their fp32 sums through
@@ -219,9 +219,11 @@ __device__ __forceinline__ void reduce_rows(const Params& p, int splits, int r0,
 
 // x's slice: rows 0 .. NT*8-1 (tokens >= n zero), columns k0 .. k0 + cols - 1 (>= k zero), rows cols + 8
 // apart, copied with cp.async in kXChunks chunks of chunk_steps steps each, one commit group per chunk: the
-// products of a chunk's steps start once that chunk has arrived (wait_x_chunk), not the whole slice (at N = 16
-// a block's slice is ~64 KB, several L2 round trips).
-constexpr int kXChunks = 4;
+// products of a chunk's steps start once that chunk has arrived, not the whole slice (at N = 16 a block's slice
+// is ~64 KB, several L2 round trips). H100, clean L2, 2026-11-28: 14336 x 4096 at N = 16 33.6 -> 32.9 us with
+// 4 chunks against the slice loaded whole before the loop; 1, 2 and 4 chunks within 1-3% of each other, 8 up
+// to 4% slower (a block barrier per chunk).
+constexpr int kXChunks = 2;
 template <int NT>
 __device__ __forceinline__ void stage_x(const Params& p, uint16_t* xs, int cols, int64_t k0, int chunk_cols) {
   const int xstride = cols + 8;
@@ -237,12 +239,11 @@ __device__ __forceinline__ void stage_x(const Params& p, uint16_t* xs, int cols,
 }
 // This thread's copies of chunks 0 .. c have landed (the caller then synchronizes the block).
 __device__ __forceinline__ void wait_x_chunk(int c) {
-  static_assert(kXChunks == 4, "one wait_group per chunk count");
-  switch (c) {
-    case 0: cp_async_wait<3>(); break;
-    case 1: cp_async_wait<2>(); break;
-    case 2: cp_async_wait<1>(); break;
-    default: cp_async_wait<0>(); break;
+  static_assert(kXChunks == 2, "one wait_group per chunk");
+  if (c == 0) {
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
   }
 }
 
@@ -599,16 +600,18 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
 #define SPARSE24_DECODE_ALL_CONFIGS 0
 #endif
 
-// What the library runs. U = 8 (more weight loads in flight per lane) for tall weights (m >= k), 4 for wide
-// ones (H100, 2026-11-27: 4096 x 14336 at N = 16, 46.0 against 60.4 us; within 1% below N = 4). On sm_90
-// (cluster: the device supports clusters) one row tile per warp and 8 warps per block, the splits summed in
-// the cluster: 16 warps per SM instead of 8 at these registers, and no partials through global memory.
+// What the library runs. On sm_90 (cluster: the device supports clusters) one row tile per warp and 8 warps per
+// block, the splits summed in the cluster: 16 warps per SM instead of 8 at these registers, and no partials
+// through global memory; U = 8 (more weight loads in flight per lane) for every shape (H100, clean L2,
+// 2026-11-28, U = 8 against 4 on wide weights, N = 1 / 16: 4096 x 14336 29.8 / 33.4 against 32.0 / 35.2 us,
+// 4096 x 11008 24.6 / 27.7 against 26.8 / 29.5, 1024 x 4096 9.3 / 9.8 against 10.8 / 11.3). Without clusters
+// U = 8 for tall weights (m >= k), 4 for wide ones (2026-11-27: 4096 x 14336 at N = 16, 46.0 against 60.4 us).
 // H100, 14336 x 4096 / 4096 x 14336 bf16 (git show 44a0bee:benchmarks/probes_48/sp24_cluster/sweep.py):
 // N = 16 from 45.8 / 46.6 us to 36.5 / 36.8, N = 8 from 38.0 / 38.6 to 33.4 / 34.6, N = 1 from 33.5 / 34.4 to
 // 32.2 / 33.1.
 inline Config library_config(int m, int k, bool cluster) {
   Config cfg;
-  cfg.u = m >= k ? 8 : 4;
+  cfg.u = cluster || m >= k ? 8 : 4;
   if (cluster) cfg.rt = 1, cfg.warps = 8, cfg.cluster = 1;
   return cfg;
 }
