@@ -10,12 +10,12 @@
 // stage's mbarrier, the batches' first values read from a window of offsets the warp holds in registers;
 // before sm_90 the lanes copy 16 bytes each with cp.async. Per group it decodes the four A registers of
 // each mma step straight from the bitmaps and reads its x fragments from global memory (32 contiguous
-// bytes per lane and chunk, L1/L2-resident: x is small next to W). The eight warps of a thread block split the work ws x wk: ws strips, each strip's
-// chunks split among wk warps; their partial sums are added in shared memory in warp order, and the
-// block writes act(sum + bias) for 16 * ws rows x 8 * NT tokens. When the grid would still be too small
-// to fill the GPU (few rows, few tokens), the chunks are also split among thread blocks (blockIdx.z):
-// each writes fp32 partial sums to a workspace that a second kernel adds in split order. Every reduction
-// has a fixed order: the result does not depend on timing.
+// bytes per lane and chunk, L1/L2-resident: x is small next to W). The eight warps of a thread block
+// split the work ws x wk: ws strips, each strip's chunks split among wk warps; their partial sums are
+// added in shared memory in warp order, and the block writes act(sum + bias) for 16 * ws rows x 8 * NT
+// tokens. When the grid would still be too small to fill the GPU (few rows, few tokens), the chunks are
+// also split among thread blocks (blockIdx.z): each writes fp32 partial sums to a workspace that a second
+// kernel adds in split order. Every reduction has a fixed order: the result does not depend on timing.
 //
 // Decode, two paths chosen per group (Params::scatter_max): gather (work ~ positions: per quadrant a
 // lane's rank is its word's first value, from a warp scan of the 32 words' popcounts, plus one popcount;

@@ -13,9 +13,9 @@ tensor-core rate); for the sparse rows, an ideal compressed format (values + a b
 m*k/8 bytes, plus x and y) against the useful flops (2 * nnz * N) at the dense tensor-core rate, which a
 2:4 weight's sparse tensor cores reach at most; for the MLP block the sum of its three layers.
 Times: device events with the L2 read (clean) before each call, as a layer meets it in a decoder step
-(timing.make_clean_l2_timer), not zeroed as do_bench does. Each sparse row records the route the layer chose for that N (``route``), what the layer measured for
-every candidate form (``route_times``), ``vs_dense`` (dense time / this time) and, for the cuSPARSELt
-paths, the host time per call.
+(timing.make_clean_l2_timer), not zeroed as do_bench does. Each sparse row records the route the layer
+chose for that N (``route``), what the layer measured for every candidate form (``route_times``),
+``vs_dense`` (dense time / this time) and, for the cuSPARSELt paths, the host time per call.
 """
 from __future__ import annotations
 
