@@ -62,15 +62,6 @@ int64_t csr_analysis_cache_op(bool clear) {
 
 // --- the tuning table (common/spmm_tuning.h; sparsetorch/tuning.py is the Python face) ----------------
 
-tuning::SpmmSignature signature_from(const std::string& device, c10::IntArrayRef fields, const char* what) {
-  TORCH_CHECK_VALUE(fields.size() == tuning::kFields, what, ": a signature has ", static_cast<int>(tuning::kFields),
-                    " fields, got ", fields.size());
-  tuning::SpmmSignature s;
-  s.device = tuning::device_id(device);
-  std::copy(fields.begin(), fields.end(), s.f.begin());
-  return s;
-}
-
 std::tuple<std::string, std::vector<int64_t>> spmm_tuning_signature_op(const at::Tensor& crow, const at::Tensor& col,
                                                                        const at::Tensor& values,
                                                                        const at::Tensor& dense) {
@@ -126,7 +117,7 @@ int64_t spmm_tuning_import_op(const std::vector<std::string>& devices, c10::IntA
     }
     if (route == SpmmBackend::Auto || route == SpmmBackend::Blocked) continue;
     tuning::TuningTable::global().decide(
-        signature_from(devices[i], signatures.slice(i * F, F), "spmm_tuning_import"), route, overwrite);
+        tuning::signature_from_fields(devices[i], signatures.slice(i * F, F), "spmm_tuning_import"), route, overwrite);
     ++taken;
   }
   return taken;
@@ -145,33 +136,6 @@ void spmm_tuning_clear_op() { tuning::TuningTable::global().clear(); }
 int64_t spmm_tuning_capacity_op(int64_t capacity) {
   tuning::TuningTable& t = tuning::TuningTable::global();
   return capacity == 0 ? t.capacity() : t.set_capacity(capacity);  // (a negative bound raises)
-}
-
-// Test hooks: drive the table as the CUDA op does, with synthetic matrices and samples.
-std::tuple<std::string, bool> spmm_tuning_next_op(const std::string& device, c10::IntArrayRef signature,
-                                                  const std::vector<std::string>& candidates, bool tune) {
-  std::vector<SpmmBackend> routes;
-  for (const std::string& name : candidates) routes.push_back(parse_spmm_backend(name));
-  TORCH_CHECK_VALUE(!routes.empty(), "_spmm_tuning_next: no candidates");
-  const tuning::TuningChoice c = tuning::TuningTable::global().next(
-      signature_from(device, signature, "_spmm_tuning_next"), routes, tune && spmm_autotune_enabled());
-  return {spmm_route_name(c.route), c.sample};
-}
-
-void spmm_tuning_record_op(const std::string& device, c10::IntArrayRef signature, const std::string& route,
-                           double device_ms, double host_ms, double work, const std::string& outcome) {
-  const tuning::SpmmSignature s = signature_from(device, signature, "_spmm_tuning_record");
-  const SpmmBackend r = parse_spmm_backend(route);
-  tuning::TuningTable& t = tuning::TuningTable::global();
-  if (outcome == "ok") {
-    t.record(s, r, device_ms, host_ms, work);
-  } else if (outcome == "lost") {
-    t.lost(s, r);
-  } else if (outcome == "failed") {
-    t.fail(s, r);
-  } else {
-    TORCH_CHECK_VALUE(false, "_spmm_tuning_record: outcome must be 'ok', 'lost' or 'failed', got '", outcome, "'");
-  }
 }
 
 }  // namespace
@@ -211,13 +175,6 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   m.def("spmm_tuning_clear() -> ()", &spmm_tuning_clear_op);
   // Sets the table's bound (capacity > 0) and returns the old one; 0 only returns it.
   m.def("spmm_tuning_capacity(int capacity=0) -> int", &spmm_tuning_capacity_op);
-  // Test hooks (tests/test_tuning.py): the choice a call of this signature gets, and a sample's outcome.
-  m.def("_spmm_tuning_next(str device, int[] signature, str[] candidates, bool tune=True) -> (str, bool)",
-        &spmm_tuning_next_op);
-  m.def(
-      "_spmm_tuning_record(str device, int[] signature, str route, float device_ms=0., float host_ms=0., "
-      "float work=1., str outcome=\"ok\") -> ()",
-      &spmm_tuning_record_op);
 }
 
 TORCH_LIBRARY_IMPL(sparsetorch, CompositeExplicitAutograd, m) {

@@ -3,8 +3,8 @@ sparsetorch/tuning.py, docs/tuning.md).
 
 The bookkeeping -- signatures, the rotation over candidates, pruning, the decision, the LRU bound, export
 and import, the cache file -- is pure C++ and is tested here on the CPU through the test hooks
-``_spmm_tuning_next`` / ``_spmm_tuning_record`` (what the CUDA op does with real events). The CUDA tests
-(skipped without a GPU) check that online tuning never changes a result and that it ends decided.
+``torch.ops.sparsetorch_testing.spmm_tuning_next`` / ``spmm_tuning_record`` (what the CUDA op does with real
+events). The CUDA tests (skipped without a GPU) check that online tuning never changes a result and that it ends decided.
 """
 import json
 import os
@@ -48,11 +48,11 @@ def sig(i=0, n=32):
 
 
 def nxt(signature, candidates, device="test-gpu", tune=True):
-    return tuple(ops._spmm_tuning_next(device, signature, candidates, tune))
+    return tuple(torch.ops.sparsetorch_testing.spmm_tuning_next(device, signature, candidates, tune))
 
 
 def record(signature, route, device_ms, host_ms=0.0, work=1.0, device="test-gpu", outcome="ok"):
-    ops._spmm_tuning_record(device, signature, route, device_ms, host_ms, work, outcome)
+    torch.ops.sparsetorch_testing.spmm_tuning_record(device, signature, route, device_ms, host_ms, work, outcome)
 
 
 def entry(signature, device="test-gpu"):

@@ -63,6 +63,15 @@ std::string device_name(int32_t id) {
   return id >= 0 && static_cast<size_t>(id) < d.names.size() ? d.names[id] : std::string("?");
 }
 
+SpmmSignature signature_from_fields(const std::string& device, c10::IntArrayRef fields, const char* what) {
+  TORCH_CHECK_VALUE(fields.size() == kFields, what, ": a signature has ", static_cast<int>(kFields), " fields, got ",
+                    fields.size());
+  SpmmSignature s;
+  s.device = device_id(device);
+  std::copy(fields.begin(), fields.end(), s.f.begin());
+  return s;
+}
+
 int32_t device_id(const at::Device& device) {
   if (!device.is_cuda()) return device_id(std::string(c10::DeviceTypeName(device.type(), /*lower_case=*/true)));
   const int index = device.has_index() ? device.index() : 0;

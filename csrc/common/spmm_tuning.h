@@ -9,7 +9,8 @@
 // samples come back here, and once every surviving candidate has enough of them the signature maps to
 // the fastest route. The table is bounded (least recently used signatures dropped first) and
 // thread-safe. This file is pure C++ (no CUDA): it is compiled and unit-tested on the CPU too
-// (sparsetorch::_spmm_tuning_next / _spmm_tuning_record, tests/test_tuning.py).
+// (the test hooks sparsetorch_testing::spmm_tuning_next / spmm_tuning_record, csrc/testing_ops.cpp,
+// tests/test_tuning.py).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -59,6 +60,10 @@ struct SpmmSignature {
   std::array<int64_t, kFields> f{};
   bool operator==(const SpmmSignature& o) const { return device == o.device && f == o.f; }
 };
+
+// A signature given as a device name and kFields values (a cache file, a test hook); `what` names the
+// caller in the ValueError raised for a wrong count.
+SpmmSignature signature_from_fields(const std::string& device, c10::IntArrayRef fields, const char* what);
 
 // The device names signatures are keyed on, interned to small ids (names, not indices: two GPUs of one
 // model share decisions, and a cache file from another model never matches).
