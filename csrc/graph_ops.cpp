@@ -23,9 +23,11 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
         &csr_analysis_store_op);
   // Internal: loops 0..3 and norm 0..2 as in common/graph_build.h. Returns [crow, col, values, crow_t,
   // col_t, values_t, perm, summary] and records both matrices' analyses; summary: the CPU int64 vector of
-  // graph_build::kSummaryLength values (on CUDA pinned, and valid only once the check has landed).
+  // graph_build::kSummaryLength values (on CUDA pinned, and valid only once the check has landed). The node
+  // counts are SymInts so that torch.compile(dynamic=True) keeps them symbolic (one graph for every batch
+  // size); the kernels take them as int64.
   m.def(
-      "_build_graph(Tensor src, Tensor dst, Tensor? weights, int n_src, int n_dst, int loops, float fill, int norm, "
+      "_build_graph(Tensor src, Tensor dst, Tensor? weights, SymInt n_src, SymInt n_dst, int loops, float fill, int norm, "
       "ScalarType dtype, str what) -> Tensor[]");
 }
 
