@@ -12,31 +12,27 @@ Batched patterns ``(b, m+1)`` / ``(b, L)`` give ``(b, k+1)`` / ``(b, L)``; each 
 slots (after ``crow[i, -1]``) and entries with a column outside ``[0, k)`` (which the CUDA kernels
 skip) go to the end as padding of A^T, so A^T has the same semantics.
 
-The cache is keyed on the index tensors themselves (identity, in-place version counter, k) and
-an entry lives as long as ``crow_indices`` does. It is not used while tracing (fake tensors,
-torch.compile) or for inference-mode tensors, which have no version counter.
-
-Symmetric patterns (``mark_symmetric``): a graph layer that knows its matrix is symmetric (GCN's
-``D^-1/2 (A + I) D^-1/2`` of an undirected graph) or knows its transpose on the same pattern
-(mean aggregation ``D^-1 A``: A^T's values are A's times 1/deg of the column) says so once per
-graph. ``transpose_pattern`` then returns A's own ``crow``/``col`` (nothing is built) and a slot
-map that ``transpose_values`` answers without a gather for the values that were marked; for any
-other values on that pattern (sddmm's backward, an unmarked matrix sharing the indices) it
-computes the real slot map once, so results never depend on the mark being used.
+Two caches (sparsetorch/_cache.py, listed in ``st.cache_info()``), keyed on the tensors themselves
+(identity and in-place version counter) and dropped with them: the patterns (keyed on crow and col,
+and k), and the values of A^T that a caller made together with A (keyed on A's values, for one slot
+map): the fresh-graph builder makes A^T beside A (``remember_transpose``), so a graph layer's
+backward neither sorts nor gathers. Neither is used while tracing (fake tensors, torch.compile) or
+for inference-mode tensors, which have no version counter: a compiled graph layer passes A^T to its
+product itself (sparsetorch/nn/_pyg.py).
 """
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
 from typing import Tuple
 
 import torch
 
-__all__ = ["transpose_pattern", "transpose_values", "row_indices", "transpose_cache_clear", "mark_symmetric",
-           "symmetric_slots", "remember_transpose"]
+from sparsetorch._cache import MISS, TensorCache
 
-_MAX_ENTRIES = 64
-_cache: "OrderedDict[int, tuple]" = OrderedDict()
+__all__ = ["transpose_pattern", "transpose_values", "row_indices", "transpose_cache_clear", "remember_transpose"]
+
+# A layer trains on a few graphs (a full graph, or a mini-batch's one at a time): a few dozen is plenty.
+_patterns = TensorCache("transpose.patterns", max_entries=64)
+_values = TensorCache("transpose.values", max_entries=64)
 
 
 def row_indices(crow: torch.Tensor, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -75,43 +71,9 @@ def _compute(crow: torch.Tensor, col: torch.Tensor, k: int):
     return crow_t, col_t, perm
 
 
-def _cacheable(*tensors: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():
-        return False
-    return all(type(t) is torch.Tensor and not t.is_inference() for t in tensors)
-
-
 def transpose_pattern(crow: torch.Tensor, col: torch.Tensor, k: int):
     """``(crow_t, col_t, perm)`` of A^T for A's pattern (see the module docstring)."""
-    if not _cacheable(crow, col):
-        return _compute(crow, col, k)
-    marked = _symmetric_entry(crow, col, k)
-    if marked is not None:
-        return crow, col, marked
-    key = id(crow)
-    hit = _cache.get(key)
-    if hit is not None:
-        crow_ref, col_ref, versions, hit_k, result = hit
-        if crow_ref() is crow and col_ref() is col and versions == (crow._version, col._version) and hit_k == k:
-            _cache.move_to_end(key)
-            return result
-    result = _compute(crow, col, k)
-    _store(crow, col, k, result)
-    return result
-
-
-def _store(crow: torch.Tensor, col: torch.Tensor, k: int, result: tuple) -> None:
-    key = id(crow)
-
-    def drop(_ref, key=key, cache=_cache):  # the dict bound here: callbacks may run at interpreter exit
-        entry = cache.get(key)
-        if entry is not None and entry[0] is _ref:
-            del cache[key]
-
-    _cache[key] = (weakref.ref(crow, drop), weakref.ref(col), (crow._version, col._version), k, result)
-    _cache.move_to_end(key)
-    while len(_cache) > _MAX_ENTRIES:
-        _cache.popitem(last=False)
+    return _patterns.get((crow, col), (k,), lambda: _compute(crow, col, k))
 
 
 def remember_transpose(crow: torch.Tensor, col: torch.Tensor, k: int, crow_t: torch.Tensor, col_t: torch.Tensor,
@@ -122,149 +84,23 @@ def remember_transpose(crow: torch.Tensor, col: torch.Tensor, k: int, crow_t: to
     target), so that the backward neither sorts nor gathers. The caller guarantees that (crow_t,
     col_t, perm) is what ``transpose_pattern`` would compute up to the order within a row. Ignored
     while tracing and for tensors without a version counter."""
-    if not _cacheable(crow, col):
-        return
-    _store(crow, col, k, (crow_t, col_t, perm))
-    if values is not None and values_t is not None and _cacheable(values):
-        key = id(values)
-
-        def drop(_ref, key=key, known=_known_values):
-            entry = known.get(key)
-            if entry is not None and entry[0] is _ref:
-                del known[key]
-
-        _known_values[key] = (weakref.ref(values, drop), values._version, perm, values_t)
-        _known_values.move_to_end(key)
-        while len(_known_values) > _MAX_ENTRIES:
-            _known_values.popitem(last=False)
-
-
-# id(values) -> (weakref(values), version, perm it belongs to, A^T's values): remember_transpose's
-# values, answered by transpose_values without a gather.
-_known_values: "OrderedDict[int, tuple]" = OrderedDict()
+    _patterns.store((crow, col), (k,), (crow_t, col_t, perm))
+    if values is not None and values_t is not None:
+        _values.store((values,), (), (perm, values_t))
 
 
 def transpose_cache_clear() -> None:
-    """Forget every cached transpose and every symmetric mark."""
-    _cache.clear()
-    _symmetric.clear()
-    _known_values.clear()
+    """Forget every cached transpose (``st.clear_caches()`` clears these with every other cache)."""
+    _patterns.clear()
+    _values.clear()
 
 
-def transpose_values(values: torch.Tensor, perm) -> torch.Tensor:
+def transpose_values(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """A^T's values from A's values (``(L,)`` or ``(b, L)``) and the slot map ``perm``."""
-    if isinstance(perm, _SymmetricPattern):
-        known = perm.transpose_of(values)
-        if known is not None:
-            return known
-        perm = perm.slots()
-    known = _known_values.get(id(values))
-    if known is not None and known[2] is perm and known[0]() is values and known[1] == values._version:
-        return known[3]
+    if not torch.compiler.is_compiling():
+        known = _values.lookup((values,))
+        if known is not MISS and known[0] is perm:
+            return known[1]
     if perm.dim() == 1:
         return values[..., perm]
     return values.gather(-1, perm)
-
-
-# --- symmetric patterns ----------------------------------------------------------------------
-
-_symmetric: "OrderedDict[int, _SymmetricPattern]" = OrderedDict()
-
-
-def symmetric_slots(crow: torch.Tensor, col: torch.Tensor, k: int):
-    """For an unbatched square pattern: the slot map of A^T *on A's own pattern* (``values[slots]``
-    are A^T's values at A's slots) when the pattern is symmetric (as a multiset of (row, column)
-    pairs), else None. Two stable sorts and one comparison (a device sync); O(nnz log nnz)."""
-    if crow.dim() != 1 or crow.shape[0] - 1 != k:
-        return None
-    length = col.shape[0]
-    rows, valid = row_indices(crow, length)
-    rows, valid = rows[0], valid[0]
-    cols = col.long()
-    if not bool((valid & (cols >= 0) & (cols < k)).all()):
-        return None
-    # Sorted by (row, col) and by (col, row): a symmetric pattern gives the same key sequence, and
-    # the t-th slot of one order holds the transpose of the t-th slot of the other.
-    key_rc, by_rc = torch.sort(rows * k + cols, stable=True)
-    key_cr, by_cr = torch.sort(cols * k + rows, stable=True)
-    if not torch.equal(key_rc, key_cr):
-        return None
-    slots = torch.empty_like(by_rc)
-    slots[by_rc] = by_cr
-    return slots
-
-
-class _SymmetricPattern:
-    """A pattern marked symmetric: the transposes known for given values, and the real slot map
-    made on first need (for values nobody marked)."""
-
-    def __init__(self, crow: torch.Tensor, col: torch.Tensor, k: int):
-        self._crow = weakref.ref(crow)
-        self._col = weakref.ref(col)
-        self.versions = (crow._version, col._version)
-        self.k = k
-        self.known: "dict[int, tuple]" = {}  # id(values) -> (weakref(values), version, transpose or None)
-        self._slots = None
-
-    def alive_for(self, crow, col, k) -> bool:
-        return (self._crow() is crow and self._col() is col and self.k == k
-                and self.versions == (crow._version, col._version))
-
-    def transpose_of(self, values: torch.Tensor):
-        hit = self.known.get(id(values))
-        if hit is None or hit[0]() is not values or hit[1] != values._version:
-            return None
-        return values if hit[2] is None else hit[2]
-
-    def slots(self) -> torch.Tensor:
-        if self._slots is None:
-            crow, col = self._crow(), self._col()
-            slots = symmetric_slots(crow, col, self.k)
-            if slots is None:
-                raise ValueError("mark_symmetric: the pattern marked symmetric is not symmetric")
-            self._slots = slots
-        return self._slots
-
-
-def _symmetric_entry(crow, col, k):
-    entry = _symmetric.get(id(crow))
-    if entry is not None and entry.alive_for(crow, col, k):
-        return entry
-    return None
-
-
-def mark_symmetric(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
-                   transpose: "torch.Tensor | None" = None) -> None:
-    """Declare that the unbatched square CSR pattern (crow, col) is symmetric and that A^T, for A
-    with ``values``, has A's pattern with the values ``transpose`` (default: ``values`` itself, i.e.
-    A is symmetric). The caller guarantees it (``symmetric_slots`` checks a pattern). From then on,
-    as long as crow, col and values are alive and unmodified, A^T @ X in spmm's backward runs on
-    A's own indices with no transpose built and no values gathered. Ignored for tensors that have
-    no version counter (inference mode) and while tracing."""
-    if crow.dim() != 1 or values.dim() != 1:
-        raise ValueError(f"mark_symmetric: expected an unbatched pattern, got crow_indices "
-                         f"{tuple(crow.shape)} and values {tuple(values.shape)}")
-    k = crow.shape[0] - 1
-    if transpose is not None and transpose.shape != values.shape:
-        raise ValueError(f"transpose: expected the shape of values {tuple(values.shape)}, got "
-                         f"{tuple(transpose.shape)}")
-    if not _cacheable(crow, col, values):
-        return
-    entry = _symmetric_entry(crow, col, k)
-    if entry is None:
-        entry = _SymmetricPattern(crow, col, k)
-        key = id(crow)
-
-        def drop(_ref, key=key, marks=_symmetric):  # bound here: callbacks may run at interpreter exit
-            current = marks.get(key)
-            if current is not None and current._crow is _ref:
-                del marks[key]
-
-        entry._crow = weakref.ref(crow, drop)
-        _symmetric[key] = entry
-    for vid in [vid for vid, hit in entry.known.items() if hit[0]() is None]:
-        del entry.known[vid]
-    entry.known[id(values)] = (weakref.ref(values), values._version, transpose)
-    _symmetric.move_to_end(id(crow))
-    while len(_symmetric) > _MAX_ENTRIES:
-        _symmetric.popitem(last=False)

@@ -12,16 +12,23 @@ Repeated edges are kept and sum, as PyG's scatter does.
 The layers build their propagation matrix from these once per graph: :func:`cached_graph` keys
 a result on the input tensors themselves (identity and in-place version counter), so calling a
 layer again with the same ``edge_index`` tensor does not rebuild it, and two layers on one graph
-share it. An entry lives as long as its key tensors do (and at most ``_MAX_ENTRIES`` graphs).
+share it. An entry lives as long as its key tensors do (and at most 16 graphs are kept). Nothing is
+cached while torch.compile traces: a compiled layer builds its graph inside the compiled graph (one
+op, sparsetorch/_graph_build.py), or holds it with ``cached=True``.
+
+Under torch.compile the layers take an ``edge_index`` (+ ``edge_weight``), an :class:`CSR`, a
+``Data`` or a ``SparseTensor``; a torch sparse tensor cannot enter a compiled graph (torch raises
+"Attempted to wrap sparse Tensor"): convert it outside with ``st.from_torch(A)``.
 """
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
 from typing import Any, Callable, Optional, Tuple
 
 import torch
 
+from sparsetorch._cache import TensorCache
+from sparsetorch._graph_build import build_graph
+from sparsetorch._ops import ops
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, _is_scipy_sparse, _torch_csr_notices_off, as_csr
 
@@ -194,33 +201,19 @@ def sparse_edges(adj: Any) -> Edges:
 
 
 def csr_edges(crow: torch.Tensor, col: torch.Tensor, values: Optional[torch.Tensor], shape) -> Edges:
-    """The edge list of a valid unbatched CSR (rows = targets), without a device sync."""
-    counts = crow[1:].long() - crow[:-1].long()
-    nnz = col.shape[0]  # a valid unbatched CSR stores exactly crow[-1] == len(col) entries
-    rows = torch.repeat_interleave(torch.arange(shape[0], device=crow.device), counts, output_size=nnz)
-    return Edges(rows, col.long(), values, shape)
+    """The edge list of an unbatched CSR (rows = targets), without a device sync. The rows come from
+    an op that checks the matrix first: sddmm of the row numbers (m, 1) with ones (k, 1) is row(e) at
+    entry e, exact in float64, and the op validates A (ValueError naming the defect; the verdict is
+    cached with A). So the check also runs inside a compiled graph, which drops a check that has no
+    output, and no kernel here reads a malformed row pointer."""
+    m, k = shape
+    float64 = torch.float64
+    rows = ops.sddmm(crow, col, torch.arange(m, dtype=float64, device=crow.device).unsqueeze(1),
+                     torch.ones(k, 1, dtype=float64, device=crow.device))
+    return Edges(rows.long(), col.long(), values, shape)
 
 
 # --- building a CSR ----------------------------------------------------------------------------
-
-def _index_dtype(shape, nnz: int) -> torch.dtype:
-    return torch.int32 if max(max(shape), nnz) < 2**31 - 1 else torch.int64
-
-
-def build_csr(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape,
-              index_dtype: Optional[torch.dtype] = None) -> CSR:
-    """A CSR of the (row, col, value) triples, rows ascending and each row's columns ascending
-    (repeated pairs kept: they sum). One stable sort, O(E log E). Differentiable in ``values``."""
-    m, k = int(shape[0]), int(shape[1])
-    rows, cols = rows.long(), cols.long()
-    order = torch.sort(rows * max(k, 1) + cols, stable=True).indices
-    counts = torch.bincount(rows, minlength=m) if rows.numel() else torch.zeros(m, dtype=torch.int64,
-                                                                                  device=rows.device)
-    crow = torch.zeros(m + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=crow[1:])
-    idx = index_dtype or _index_dtype((m, k), rows.numel())
-    return CSR(crow.to(idx), cols[order].to(idx), values[order], (m, k))
-
 
 def from_edge_index(edge_index: Any, num_nodes: Any = None, edge_weight: Optional[torch.Tensor] = None, *,
                     transpose: bool = False, dtype: Optional[torch.dtype] = None,
@@ -229,21 +222,21 @@ def from_edge_index(edge_index: Any, num_nodes: Any = None, edge_weight: Optiona
     (ones without weights), shape (num_nodes, num_nodes), repeated edges kept (they sum).
 
     ``edge_index`` may also be a ``Data`` (its ``edge_index``, ``edge_weight`` or 1-D ``edge_attr``
-    and ``num_nodes`` are used). ``num_nodes``: default ``edge_index.max() + 1``; a (sources,
-    targets) pair gives a bipartite (sources, targets) matrix. ``transpose=True`` returns ``adj_t``
-    (targets x sources), the matrix that message passing multiplies node features with.
-    Index dtype int32 unless a count needs int64. O(E log E) (one sort); differentiable in
-    ``edge_weight``.
+    and ``num_nodes`` are used). ``num_nodes``: default ``edge_index.max() + 1`` (not while
+    torch.compile traces: pass it); a (sources, targets) pair gives a bipartite (sources, targets)
+    matrix. ``transpose=True`` returns ``adj_t`` (targets x sources), the matrix that message passing
+    multiplies node features with. Within a row, entries keep the order of the edge list. Index dtype
+    int32 unless a count needs int64. Built by the fresh-graph builder (one op, O(E); its transpose is
+    kept for the backward); differentiable in ``edge_weight``.
     """
     e = edges_of(edge_index, edge_weight, num_nodes)
     weights = e.weights
-    if weights is None:
-        weights = torch.ones(e.rows.shape[0], dtype=dtype or torch.float32, device=e.device)
-    elif dtype is not None:
+    if weights is not None and dtype is not None:
         weights = weights.to(dtype)
-    if transpose:
-        return build_csr(e.rows, e.cols, weights, e.shape, index_dtype)
-    return build_csr(e.cols, e.rows, weights, (e.shape[1], e.shape[0]), index_dtype)
+    dtype = weights.dtype if weights is not None else (dtype or torch.float32)
+    built = build_graph(e.cols, e.rows, weights, e.shape[1], e.shape[0], dtype=dtype)
+    a = built.matrix if transpose else built.transpose
+    return a if index_dtype is None else a.to(index_dtype=index_dtype)
 
 
 def to_edge_index(A: Any) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -278,51 +271,20 @@ def graph_keys(graph: Any, edge_weight: Optional[torch.Tensor] = None):
     return None
 
 
-_MAX_ENTRIES = 16
-_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
-
-
-def _cacheable(keys) -> bool:
-    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
-        return False
-    return all(type(t) is torch.Tensor and not t.is_inference() for t in keys)
-
-
-def _version(t: torch.Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # some sparse layouts have no version counter: identity alone
-        return -1
+_graphs = TensorCache("graph.propagation", max_entries=16, unversioned=True)
 
 
 def cached_graph(keys: tuple, extra: tuple, build: Callable[[], Any]):
     """``build()``, reused while the same ``keys`` tensors (identity and version counter) come
-    back with the same ``extra``. Not cached while tracing, for inference-mode tensors, or when a
-    key tensor requires grad (its result would carry one step's autograd graph into the next)."""
-    if not _cacheable(keys) or any(t.requires_grad for t in keys):
+    back with the same ``extra``. Not cached while tracing, in inference mode (the result would be an
+    inference tensor), or when a key tensor requires grad (its result would carry one step's
+    autograd graph into the next). Torch sparse tensors, which have no version counter, are keyed on
+    their identity alone."""
+    if torch.is_inference_mode_enabled() or any(t.requires_grad for t in keys):
         return build()
-    key = tuple(id(t) for t in keys) + tuple(extra)
-    hit = _cache.get(key)
-    if hit is not None:
-        refs, versions, result = hit
-        if all(r() is t for r, t in zip(refs, keys)) and versions == tuple(_version(t) for t in keys):
-            _cache.move_to_end(key)
-            return result
-    result = build()
-
-    def drop(_ref, key=key, cache=_cache):  # the dict bound here: callbacks may run at interpreter exit
-        entry = cache.get(key)
-        if entry is not None and entry[0][0] is _ref:
-            del cache[key]
-
-    refs = (weakref.ref(keys[0], drop),) + tuple(weakref.ref(t) for t in keys[1:])
-    _cache[key] = (refs, tuple(_version(t) for t in keys), result)
-    _cache.move_to_end(key)
-    while len(_cache) > _MAX_ENTRIES:
-        _cache.popitem(last=False)
-    return result
+    return _graphs.get(tuple(keys), tuple(extra), build)
 
 
 def graph_cache_clear() -> None:
-    """Forget every cached propagation matrix."""
-    _cache.clear()
+    """Forget every cached propagation matrix (``st.clear_caches()`` clears it with every other cache)."""
+    _graphs.clear()

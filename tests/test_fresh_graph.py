@@ -1,6 +1,6 @@
 """The fresh-graph builder (sparsetorch/_graph_build.py): a new graph's propagation matrix, its
-transpose and both analyses in one pass, checked against float64 references, the step-by-step path
-it replaces, and on bad input."""
+transpose and both analyses in one pass, checked against float64 references, its torch-op values for
+learnable edge weights, and on bad input."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -72,12 +72,16 @@ def test_matrix_transpose_and_analysis_match_references(device, rng, case, index
     n_src, n_dst, e, loops, fill, norm, weighted = case
     ei = _edges(rng, max(n_src, 1), max(n_dst, 1), e, device=device, index_dtype=index_dtype)
     w = torch.rand(e, dtype=torch.float64, device=device) if weighted else None
-    a = build_graph(ei[0], ei[1], w, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
+    built = build_graph(ei[0], ei[1], w, n_src, n_dst, loops=loops, fill=fill, norm=norm, dtype=torch.float64)
+    a = built.matrix
     ref = _reference(ei[0], ei[1], w, n_src, n_dst, loops, fill, norm)
-    assert a.shape == (n_dst, n_src)
+    assert a.shape == (n_dst, n_src) and built.transpose.shape == (n_src, n_dst)
     np.testing.assert_allclose(st.to_dense(a).cpu().numpy(), ref, rtol=1e-12, atol=1e-14)
-    # The transpose kept for the backward is A^T, for A's values and for any other values.
+    np.testing.assert_allclose(st.to_dense(built.transpose).cpu().numpy(), ref.T, rtol=1e-12, atol=1e-14)
+    # The transpose kept for the backward is the one returned, for A's values and for any other values.
     crow_t, col_t, perm = _transpose.transpose_pattern(a.crow_indices, a.col_indices, n_src)
+    assert crow_t is built.transpose.crow_indices and col_t is built.transpose.col_indices
+    assert _transpose.transpose_values(a.values, perm) is built.transpose.values
     at = st.CSR(crow_t, col_t, _transpose.transpose_values(a.values, perm), (n_src, n_dst))
     np.testing.assert_allclose(st.to_dense(at).cpu().numpy(), ref.T, rtol=1e-12, atol=1e-14)
     other = torch.randn_like(a.values)
@@ -116,7 +120,7 @@ def test_edge_weight_gradient(device, rng):
     x = torch.randn(n, 3, dtype=torch.float64, device=device)
 
     def f(w):
-        a = build_graph(ei[0], ei[1], w, n, n, loops="remaining", fill=2.0, norm="gcn", dtype=torch.float64)
+        a = build_graph(ei[0], ei[1], w, n, n, loops="remaining", fill=2.0, norm="gcn", dtype=torch.float64).matrix
         return st.spmm(a, x)
 
     assert torch.autograd.gradcheck(f, (w,))
@@ -142,7 +146,7 @@ def test_out_of_range_indices_raise_before_use(device, bad):
             st.nn.gcn_norm(torch.tensor([[0], [1]], device=device), num_nodes=2)  # else the next graph built
 
     with pytest.raises(IndexError, match="edge_index"):
-        use(lambda: st.spmm(build_graph(ei[0], ei[1], None, 3, 3, loops="remaining", norm="gcn"),
+        use(lambda: st.spmm(build_graph(ei[0], ei[1], None, 3, 3, loops="remaining", norm="gcn").matrix,
                             torch.randn(3, 2, device=device, requires_grad=True)))
     with pytest.raises(IndexError, match="edge_index"):
         use(lambda: st.nn.GCNConv(4, 2).to(device)(torch.randn(3, 4, device=device), ei))
@@ -163,45 +167,6 @@ def test_arguments_are_checked():
         build_graph(ei[0], ei[1], None, 0, 0)
 
 
-def test_layers_match_the_step_by_step_path(device, rng, monkeypatch):
-    """The builder and the torch-op path kept for torch.compile give the same layer outputs and
-    gradients (edge_index, weighted, bipartite SAGE, sparse adjacency inputs)."""
-    n = 45
-    # At most one self loop per node: with several, torch_geometric's rule takes "one of them" (the
-    # step-by-step path's index_put picks an arbitrary one on CUDA; the builder the last).
-    ei = _edges(rng, n, n, 260, loops=False, device=device)
-    ei = ei[:, ei[0] != ei[1]]
-    loops = torch.from_numpy(rng.choice(n, 10, replace=False)).to(device)
-    ei = torch.cat([ei, torch.stack([loops, loops])], 1)
-    w = torch.rand(ei.shape[1], device=device)
-    x = torch.randn(n, 6, device=device)
-    adj = torch.sparse_coo_tensor(ei.flip(0), w, (n, n), check_invariants=True).coalesce().to_sparse_csr()
-    gcn, sage = st.nn.GCNConv(6, 4).to(device), st.nn.SAGEConv(6, 4).to(device)
-    runs = [lambda: gcn(x, ei), lambda: gcn(x, ei, w), lambda: gcn(x, adj), lambda: sage(x, ei),
-            lambda: sage(x, adj), lambda: sage((x, x[:20]), ei[:, ei[1] < 20], size=(n, 20))]
-
-    def outputs():
-        st.graph.graph_cache_clear()
-        result = []
-        for run in runs:
-            gcn.zero_grad()
-            sage.zero_grad()
-            y = run()
-            y.square().sum().backward()
-            grads = [p.grad.clone() for p in list(gcn.parameters()) + list(sage.parameters()) if p.grad is not None]
-            result.append((y.detach(), grads))
-        return result
-
-    fresh = outputs()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    monkeypatch.setattr(st.graph, "_cacheable", lambda keys: False)
-    stepwise = outputs()
-    for (y1, g1), (y2, g2) in zip(fresh, stepwise):
-        torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-6)
-        for a, b in zip(g1, g2):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-
-
 def test_analysis_store_refuses_a_malformed_vector(device):
     a = st.nn.gcn_norm(torch.tensor([[0, 1], [1, 0]], device=device), num_nodes=2)
     good = ops.csr_analysis(a.crow_indices, a.col_indices, 2)
@@ -213,17 +178,16 @@ def test_analysis_store_refuses_a_malformed_vector(device):
             ops._csr_analysis_store(a.crow_indices, a.col_indices, 2, good.cuda())
 
 
-def _parts(a):
-    crow_t, col_t, perm = _transpose.transpose_pattern(a.crow_indices, a.col_indices, a.shape[1])
-    return a.crow_indices, a.col_indices, a.values, crow_t, col_t, perm
+def _parts(built):
+    a, t = built
+    return a.crow_indices, a.col_indices, a.values, t.crow_indices, t.col_indices, t.values
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[3]}-{c[5]}-{c[0]}x{c[1]}-{c[2]}" for c in CASES])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_op_matches_the_differentiable_path(device, rng, case, index_dtype):
-    """The op (sparsetorch::_build_graph) and the torch-op path kept for weights that require a
-    gradient build the same patterns slot by slot (both sorts are stable), the same A^T slot map and
-    the same values."""
+    """Weights that require a gradient get the op's pattern and values computed by torch ops
+    (_differentiable_values): the same values slot by slot as the op's, in A and in A^T."""
     n_src, n_dst, e, loops, fill, norm, weighted = case
     ei = _edges(rng, max(n_src, 1), max(n_dst, 1), e, device=device, index_dtype=index_dtype)
     w = torch.rand(e, dtype=torch.float64, device=device)
@@ -257,10 +221,10 @@ def test_differentiable_path_sums_half_types_in_float(device, rng, dtype, norm):
     steps = build_graph(ei[0], ei[1], w.clone().requires_grad_(), n, n, loops=loops, norm=norm, dtype=dtype)
     ref = _reference(ei[0], ei[1], w.double(), n, n, loops, 1.0, norm)
     eps = torch.finfo(dtype).eps
-    for a in (native, steps):
+    for a in (native.matrix, steps.matrix):
         np.testing.assert_allclose(st.to_dense(a.to(dtype=torch.float64)).detach().cpu().numpy(), ref, rtol=eps, atol=0)
-    torch.testing.assert_close(steps.values.detach(), native.values, rtol=eps, atol=0)
-    steps.values.float().sum().backward()  # the gradient reaches the weights
+    torch.testing.assert_close(steps.matrix.values.detach(), native.matrix.values, rtol=eps, atol=0)
+    steps.matrix.values.float().sum().backward()  # the gradient reaches the weights
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -273,7 +237,7 @@ def test_op_on_a_skewed_graph_and_low_precision(device, rng, dtype, norm):
     dst = np.where(rng.random(e) < 0.33, 7, rng.integers(0, n // 2, e))
     ei = torch.from_numpy(np.stack([src, dst])).to(device)
     loops = "remaining" if norm == "gcn" else None
-    a = build_graph(ei[0], ei[1], None, n, n, loops=loops, norm=norm, dtype=dtype)
+    a = build_graph(ei[0], ei[1], None, n, n, loops=loops, norm=norm, dtype=dtype).matrix
     ref = _reference(ei[0], ei[1], None, n, n, loops, 1.0, norm)
     # each value rounded once; repeated edges are separate entries, summed in `dtype` by to_dense
     tol = {torch.float32: 1e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]

@@ -1,7 +1,7 @@
 """The PyTorch Geometric drop-in: st.from_edge_index / st.to_edge_index, GCNConv and SAGEConv against
 torch_geometric's layers (same weights: outputs and gradients, forward and backward, every input kind
-PyG users hold), state dicts both ways, the per-graph cache, the free transpose of an undirected
-graph's propagation matrix, and the protocol of distributed adjacencies."""
+PyG users hold), state dicts both ways, the per-graph cache, the transpose the builder makes with a
+propagation matrix (the backward builds none), and the protocol of distributed adjacencies."""
 import os
 
 import numpy as np
@@ -10,7 +10,6 @@ import scipy.sparse as sp
 import torch
 
 import sparsetorch as st
-import sparsetorch._autograd as st_autograd
 import sparsetorch._transpose as st_transpose
 from _helpers import DATA_DIR, HAS_PLANETOID
 
@@ -348,58 +347,31 @@ def test_data_and_layer_call_forms(device):
 
 # --- no wasted work ------------------------------------------------------------------------------
 
-class _CountingOps:
-    """Stands in for torch.ops.sparsetorch inside _autograd: counts the backward's calls."""
-
-    def __init__(self, real):
-        self.real, self.calls = real, []
-
-    def __getattr__(self, name):
-        fn = getattr(self.real, name)
-
-        def call(*args):
-            self.calls.append((name, args))
-            return fn(*args)
-
-        return call
+def _sparsetorch_ops(run):
+    """The sparsetorch ops ``run()`` dispatched, in order, however the Python layer calls them (the
+    profiler records every dispatcher call)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return [e.name.split("::")[1] for e in prof.events() if e.name.startswith("sparsetorch::")]
 
 
-def test_undirected_graph_backward_builds_no_transpose_and_runs_no_sddmm(device, monkeypatch):
-    """GCN's D^-1/2 (A+I) D^-1/2 and SAGE's D^-1 A of an undirected graph: the backward's A^T @ grad
-    runs on A's own indices (no transpose built, no values gathered); adjacency values that need no
-    gradient get none (no SDDMM)."""
+@pytest.mark.parametrize("undirected", [True, False])
+def test_backward_builds_no_transpose_and_runs_no_sddmm(device, monkeypatch, undirected):
+    """GCN's D^-1/2 (A+I) D^-1/2 and SAGE's D^-1 A, of any graph: the backward's A^T @ grad runs on
+    the A^T the builder made with A (no transpose built, no values gathered); adjacency values that
+    need no gradient get none (no SDDMM)."""
     n = 50
-    ei = _graph(n, 200, seed=6, device=device)
-    counting = _CountingOps(st_autograd.ops)
-    monkeypatch.setattr(st_autograd, "ops", counting)
-
+    ei = _graph(n, 200, seed=6, undirected=undirected, device=device)
     def no_transpose(*args):
         raise AssertionError("a transpose pattern was built")
 
     monkeypatch.setattr(st_transpose, "_compute", no_transpose)
-    # The layers check a graph's symmetry through their own reference to symmetric_slots; the
-    # backward would reach it here only to build the real slot map, i.e. a gather.
-    monkeypatch.setattr(st_transpose, "symmetric_slots", no_transpose)
     for conv in ("GCNConv", "SAGEConv"):
         ref, ours = _pair(conv, (16, 6, 3), device)
-        counting.calls.clear()
-        _compare(ref, ours, torch.randn(n, 16, device=device), (ei,))
-        names = [c[0] for c in counting.calls]
+        names = _sparsetorch_ops(lambda: _compare(ref, ours, torch.randn(n, 16, device=device), (ei,)))
         assert "sddmm" not in names, names
-        assert names.count("spmm") >= 2, names  # the backward's A^T @ grad ran, on A's indices
-
-
-_real_symmetric_slots = st_transpose.symmetric_slots
-
-
-def test_directed_graph_backward_still_right(device):
-    """A directed graph's matrix is not marked: the transpose is built as usual, results right."""
-    n = 40
-    ei = _graph(n, 150, seed=7, undirected=False, device=device)
-    a = st.nn.gcn_norm(ei, num_nodes=n)
-    assert st_transpose._symmetric_entry(a.crow_indices, a.col_indices, n) is None
-    ref, ours = _pair("GCNConv", (8, 5, 3), device)
-    _compare(ref, ours, torch.randn(n, 8, device=device), (ei,))
+        assert names.count("_build_graph") == 1, names  # one graph, both layers
+        assert names.count("spmm") == 4, names  # 2 layers, 2 products each: the backward's A^T @ grad ran
 
 
 def test_spmm_runs_on_the_narrower_side(device, monkeypatch):
@@ -423,13 +395,13 @@ def test_spmm_runs_on_the_narrower_side(device, monkeypatch):
 
 def test_graph_is_built_once_per_edge_index(device, monkeypatch):
     calls = []
-    real = st.nn.gcn.gcn_norm
+    real = st.nn.gcn._gcn_graph
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(st.nn.gcn, "gcn_norm", counting)
+    monkeypatch.setattr(st.nn.gcn, "_gcn_graph", counting)
     ei = _graph(30, 90, seed=9, device=device)
     x = torch.randn(30, 4, device=device)
     model = _Net(st.nn, "GCNConv", (4, 8, 2)).to(device)
@@ -448,28 +420,6 @@ def test_graph_is_built_once_per_edge_index(device, monkeypatch):
     assert len(calls) == 7  # learnable weights: the matrix depends on them, built by each layer each call
     with torch.inference_mode():
         model(x, ei)
-
-
-def test_symmetric_mark_answers_only_for_the_marked_values():
-    a = st.from_edge_index(_graph(20, 60, seed=10), 20)
-    crow, col = a.crow_indices, a.col_indices
-    values = torch.rand(a.nnz)
-    sym = values + values[_real_symmetric_slots(crow, col, 20)]
-    st_transpose.mark_symmetric(crow, col, sym)
-    crow_t, col_t, perm = st_transpose.transpose_pattern(crow, col, 20)
-    assert crow_t is crow and col_t is col
-    assert st_transpose.transpose_values(sym, perm) is sym
-    other = torch.rand(a.nnz)  # unmarked values on the marked pattern: the real transpose
-    dense_t = st.to_dense(st.CSR(crow, col, st_transpose.transpose_values(other, perm), (20, 20)))
-    torch.testing.assert_close(dense_t, st.to_dense(st.CSR(crow, col, other, (20, 20))).T)
-    sym.mul_(2.0)  # modified in place: the mark no longer answers for it
-    assert st_transpose.transpose_values(sym, perm) is not sym
-    torch.testing.assert_close(st.transpose(st.CSR(crow, col, sym, (20, 20))).to_dense(),
-                               st.to_dense(st.CSR(crow, col, sym, (20, 20))).T)
-    directed = st.from_edge_index(_graph(20, 60, seed=11, undirected=False), 20)
-    assert _real_symmetric_slots(directed.crow_indices, directed.col_indices, 20) is None
-    with pytest.raises(ValueError, match="unbatched"):
-        st_transpose.mark_symmetric(crow.unsqueeze(0), col.unsqueeze(0), values.unsqueeze(0))
 
 
 # --- distributed adjacencies ---------------------------------------------------------------------
@@ -539,10 +489,10 @@ def test_pyg_dropin_example_runs(device):
 def test_gnn_suite_rows_and_report_on_cpu(tmp_path):
     """One small training-step case through the suite's code: three implementations, outputs
     checked against each other, floors and speedups filled in, the headline and the plot written."""
-    from sparsetorch.bench import report
-    from sparsetorch.bench.suites import gnn
-    from sparsetorch.bench.suites.common import Context
-    from sparsetorch.bench.timing import Ceilings, make_timer
+    from benchmarks import report
+    from benchmarks.harness import Ceilings, make_timer
+    from benchmarks.suites import gnn
+    from benchmarks.suites.common import Context
 
     cpu = torch.device("cpu")
     ctx = Context(cpu, make_timer(cpu, True), Ceilings(2e10, {"float32": 1e11}), True, None)

@@ -1,5 +1,5 @@
-"""What the graph layers share: PyG's constructor keywords, the inputs a PyG user passes, the
-transpose mark of a propagation matrix, and the products in the cheaper order with fused epilogues."""
+"""What the graph layers share: PyG's constructor keywords, the inputs a PyG user passes, and the
+products in the cheaper order with fused epilogues."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
@@ -7,7 +7,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from sparsetorch import functional as F
-from sparsetorch._transpose import mark_symmetric, symmetric_slots
+from sparsetorch._graph_build import GraphMatrix
+from sparsetorch._ops import ops
 from sparsetorch.csr import CSR
 from sparsetorch.graph import is_data
 
@@ -43,43 +44,64 @@ def split_data(x: Any, graph: Any) -> Tuple[Any, Any]:
     return x, graph
 
 
-def mark_transpose(a: CSR) -> CSR:
-    """Mark a propagation matrix whose pattern is symmetric (an undirected graph) so that the
-    backward's A^T @ grad runs on A's own indices, with A's values when A is symmetric (GCN) or
-    with the transposed values computed here once (mean aggregation): no transpose built, no
-    gather per step. One check per graph (two sorts, a device sync); nothing while tracing or
-    when the values require grad (they change every call)."""
-    if (torch.compiler.is_compiling() or a.batched or a.shape[0] != a.shape[1] or a.values.requires_grad
-            or a.values.is_inference()):
-        return a
-    slots = symmetric_slots(a.crow_indices, a.col_indices, a.shape[1])
-    if slots is None:
-        return a
-    transposed = a.values[slots]
-    # Symmetric up to the rounding of the normalisation ((w * d_i) * d_j against (w * d_j) * d_i):
-    # then A serves as its own transpose and nothing more is kept.
-    eps = torch.finfo(a.dtype).eps
-    same = torch.allclose(transposed, a.values, rtol=4 * eps, atol=0.0)
-    mark_symmetric(a.crow_indices, a.col_indices, a.values, None if same else transposed)
-    return a
-
-
 def _training(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def propagate(a: Any, h: torch.Tensor, bias: Optional[torch.Tensor], activation: str, negative_slope: float,
-              backend: str, c: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``act(a @ h + c + bias)``. Inference: bias and activation in the SpMM's epilogue. Training
+def propagate(g: GraphMatrix, h: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
+              negative_slope: float, backend: str, c: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``act(A @ h + c + bias)``. Inference: bias and activation in the SpMM's epilogue. Training
     with an activation: the SpMM (with c), then one fused bias_act, whose backward gives the input
-    and bias gradients in one pass."""
+    and bias gradients in one pass. Under torch.compile, training, a product whose A^T is known
+    multiplies by it in the backward (:class:`_SpmmWithTranspose`)."""
+    a = g.matrix
     beta = 0.0 if c is None else 1.0
     # A distributed matrix gets bias and activation with the product: it runs its own epilogue.
-    if isinstance(a, CSR) and activation != "none" and _training(h, bias, c, a.values):
-        z = F.spmm(a, h, c=c, beta=beta, backend=backend)
+    if isinstance(a, CSR) and _training(h, bias, c, a.values):
+        inner_bias = bias if activation == "none" else None
+        if g.transpose is not None and torch.compiler.is_compiling():
+            t = g.transpose
+            z = _SpmmWithTranspose.apply(a.values, h, c, inner_bias, a.crow_indices, a.col_indices, t.crow_indices,
+                                         t.col_indices, t.values, backend)
+        else:
+            z = F.spmm(a, h, c=c, beta=beta, bias=inner_bias, backend=backend)
+        if activation == "none":
+            return z
         return F.bias_act(z, bias=bias, activation=activation, negative_slope=negative_slope)
     return F.spmm(a, h, c=c, beta=beta, bias=bias, activation=activation, negative_slope=negative_slope,
                   backend=backend)
+
+
+class _SpmmWithTranspose(torch.autograd.Function):
+    """``A @ h + c + bias`` (A unbatched) whose backward multiplies by a given A^T: the fresh-graph
+    builder's, made with A. A compiled graph consults no transpose cache, so spmm's registered
+    backward would sort A's pattern on every step; here the backward is one SpMM on A^T (plus an
+    SDDMM when A's values need a gradient: learnable edge weights). Used while tracing only; eager
+    calls find the same A^T in the transpose cache."""
+
+    @staticmethod
+    def forward(ctx, values, h, c, bias, crow, col, crow_t, col_t, values_t, backend):
+        out = ops.spmm(crow, col, values, h, 1.0, c, 0.0 if c is None else 1.0, bias, "none", 0.01, backend)
+        ctx.save_for_backward(crow, col, h if ctx.needs_input_grad[0] else None, crow_t, col_t, values_t)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        crow, col, h, crow_t, col_t, values_t = ctx.saved_tensors
+        need_values, need_h, need_c, need_bias = ctx.needs_input_grad[:4]
+        gz = grad.contiguous()
+        g_values = g_h = g_c = g_bias = None
+        if need_values:
+            g_values = ops.sddmm(crow, col, gz, h.contiguous())
+            if g_values.dim() == 2:  # h batched over one A: summed over the batch
+                g_values = g_values.sum(0)
+        if need_h:
+            g_h = ops.spmm(crow_t, col_t, values_t, gz, 1.0, None, 0.0, None, "none", 0.01, "auto")
+        if need_c:
+            g_c = gz
+        if need_bias:
+            g_bias = gz.reshape(-1, gz.shape[-1]).sum(0)
+        return g_values, g_h, g_c, g_bias, None, None, None, None, None, None
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: str = "none",

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from sparsetorch import functional as F
+from sparsetorch._graph_build import GraphMatrix, build_graph
 from sparsetorch._transpose import row_indices
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr, sum_dtype
-from sparsetorch._graph_build import build_graph
-from sparsetorch.graph import (Edges, as_adjacency, build_csr, cached_graph, check_coordinates, csr_edges, edges_of,
-                               graph_keys, is_data, is_edge_index, is_sparse_tensor, sparse_edges)
-from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
+from sparsetorch.graph import (as_adjacency, cached_graph, check_coordinates, csr_edges, edges_of, graph_keys,
+                               is_data, is_edge_index, is_sparse_tensor, sparse_edges)
+from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, propagate, split_data
 
 
 def add_self_loops(A: Any, fill_value: float = 1.0) -> CSR:
@@ -90,26 +90,6 @@ def _symmetric_scale(a: CSR) -> CSR:
     return F.scale(a, d, d).to(dtype=dtype)
 
 
-def _edges_with_loops(e: Edges, mode: str, fill_value: float, dtype: torch.dtype) -> CSR:
-    """adj_t of an edge list with self loops as PyG adds them: ``"remaining"`` (an edge_index:
-    existing loops dropped, one loop per node carrying the weight of the node's existing loop, else
-    ``fill_value``; without edge weights every edge, loops included, weighs 1, as in torch_geometric
-    2.8's gcn_norm), ``"fill"`` (a SparseTensor: the diagonal replaced by ``fill_value``) or None."""
-    n = e.shape[0]
-    rows, cols = e.rows.long(), e.cols.long()
-    w = e.weights.to(dtype) if e.weights is not None else torch.ones(rows.shape[0], dtype=dtype, device=e.device)
-    if mode is not None:
-        loop = rows == cols
-        keep = ~loop
-        node = torch.arange(n, device=e.device)
-        loop_w = torch.full((n,), fill_value if e.weights is not None or mode == "fill" else 1.0, dtype=dtype,
-                            device=e.device)
-        if mode == "remaining" and e.weights is not None:
-            loop_w = loop_w.index_put((rows[loop],), w[loop])
-        rows, cols, w = torch.cat([rows[keep], node]), torch.cat([cols[keep], node]), torch.cat([w[keep], loop_w])
-    return build_csr(rows, cols, w, e.shape)
-
-
 _warned_improved = False
 
 
@@ -122,66 +102,60 @@ def gcn_norm(graph: Any, edge_weight: Optional[torch.Tensor] = None, num_nodes: 
     sparse / SciPy / :class:`CSR` adj_t with ``A + fill * I``; from a ``SparseTensor`` with the
     diagonal set to ``fill``; ``fill = 2`` when ``improved``. ``normalize=False``: A as given.
     ``device``: where a graph held on the host (SciPy, lists) is built (the layers pass x's device).
-    The pattern of an undirected graph is marked symmetric (see ``_transpose.mark_symmetric``)."""
+    Built by one op without a device sync (sparsetorch/_graph_build.py), with its transpose for the
+    backward."""
+    return _gcn_graph(graph, edge_weight, num_nodes, improved, add_self_loops, normalize, dtype, device).matrix
+
+
+def _gcn_graph(graph, edge_weight, num_nodes, improved, add_self_loops, normalize, dtype, device) -> GraphMatrix:
+    """:func:`gcn_norm` with A^T where the builder made it (see GraphMatrix)."""
     global _warned_improved
     fill = 2.0 if improved else 1.0
-    # A graph is built by one op without a device sync (sparsetorch/_graph_build.py); while tracing
-    # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
-    fresh = not torch.compiler.is_compiling()
+    what = "adj_t"
     if is_edge_index(graph) or is_data(graph):
-        e = edges_of(graph, edge_weight, num_nodes, check_range=not fresh)
+        # The builder checks the index range on the device (no sync of its own).
+        e = edges_of(graph, edge_weight, num_nodes, check_range=False)
         if improved and add_self_loops and normalize and e.weights is None and not _warned_improved:
             _warned_improved = True
             warnings.warn("GCNConv(improved=True) with an edge_index and no edge_weight: self loops get weight 1, "
                           "as in torch_geometric 2.8's gcn_norm (pass edge_weight=torch.ones(E) for A + 2I)")
-        mode = "remaining" if add_self_loops and normalize else None
-        loop_fill = fill if e.weights is not None else 1.0  # torch_geometric 2.8: unweighted loops weigh 1
-    else:
-        if edge_weight is not None:
-            raise ValueError("edge_weight: only with an edge_index (a sparse adjacency carries its weights as its "
-                             "values)")
-        if not is_sparse_tensor(graph):
-            a = as_csr(as_adjacency(check_coordinates(graph)),
-                       device=None if isinstance(graph, torch.Tensor) else device)
-            ensure_valid(a)  # normalising runs torch ops over the indices: they must be in range first
-            if a.batched:
-                return gcn_normalize(a, add_self_loops, dtype, fill) if normalize else a.to(dtype=dtype)
-            a = a.to(dtype=dtype)
-            if not normalize:
-                return a
-            if fresh:
-                m, k = a.shape
-                if m != k:
-                    raise ValueError(f"A: expected a square matrix (n, n), got shape {a.shape}")
-                e = csr_edges(a.crow_indices, a.col_indices, a.values, a.shape)
-                return build_graph(e.cols, e.rows, e.weights, k, m, loops="add" if add_self_loops else None,
-                                   fill=fill, norm="gcn", dtype=dtype, what="adj_t")
-            a = gcn_normalize(a, add_self_loops, None, fill)
-            return mark_transpose(a)
+        loops = "remaining" if add_self_loops and normalize else None
+        fill = fill if e.weights is not None else 1.0  # torch_geometric 2.8: unweighted loops weigh 1
+        what = "edge_index"
+    elif edge_weight is not None:
+        raise ValueError("edge_weight: only with an edge_index (a sparse adjacency carries its weights as its "
+                         "values)")
+    elif is_sparse_tensor(graph):
         e = sparse_edges(graph)
-        mode = "fill" if add_self_loops and normalize else None
-        loop_fill = fill
+        loops = "fill" if add_self_loops and normalize else None
+    else:
+        a = as_csr(as_adjacency(check_coordinates(graph)), device=None if isinstance(graph, torch.Tensor) else device)
+        ensure_valid(a)  # normalising reads the indices: they must be in range first
+        if a.batched:
+            return GraphMatrix(gcn_normalize(a, add_self_loops, dtype, fill) if normalize else a.to(dtype=dtype), None)
+        a = a.to(dtype=dtype)
+        if not normalize:
+            return GraphMatrix(a, None)
+        if a.shape[0] != a.shape[1]:
+            raise ValueError(f"A: expected a square matrix (n, n), got shape {a.shape}")
+        e = csr_edges(a.crow_indices, a.col_indices, a.values, a.shape)
+        loops = "add" if add_self_loops else None
     if e.shape[0] != e.shape[1]:
-        raise ValueError(f"edge_index: GCNConv needs a square adjacency (one node set), got {e.shape[1]} sources "
-                         f"and {e.shape[0]} targets")
-    if fresh:
-        return build_graph(e.cols, e.rows, e.weights, e.shape[1], e.shape[0], loops=mode, fill=loop_fill,
-                           norm="gcn" if normalize else None, dtype=dtype)
-    a = _edges_with_loops(e, mode, fill, dtype)
-    if normalize:
-        a = _symmetric_scale(a)
-    return mark_transpose(a)
+        raise ValueError(f"{what}: GCNConv needs a square adjacency (one node set), got {e.shape[1]} sources and "
+                         f"{e.shape[0]} targets")
+    return build_graph(e.cols, e.rows, e.weights, e.shape[1], e.shape[0], loops=loops, fill=fill,
+                       norm="gcn" if normalize else None, dtype=dtype, what=what)
 
 
-def graph_linear(a: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
-                 negative_slope: float, backend: str) -> torch.Tensor:
-    """``act(a @ x @ weight.T + bias)`` (weight (out, in)) with the dense product on the cheaper side:
-    ``(a @ x) @ weight.T`` when in < out (the SpMM on the narrower side; a first layer's x needs no
-    gradient, so neither does its SpMM), else ``a @ (x @ weight.T)``. ``a``: a CSR or a
-    distributed matrix."""
+def graph_linear(g: GraphMatrix, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 activation: str, negative_slope: float, backend: str) -> torch.Tensor:
+    """``act(A @ x @ weight.T + bias)`` (weight (out, in)) with the dense product on the cheaper side:
+    ``(A @ x) @ weight.T`` when in < out (the SpMM on the narrower side; a first layer's x needs no
+    gradient, so neither does its SpMM), else ``A @ (x @ weight.T)``. ``g``: A (a CSR or a
+    distributed matrix) and A^T where known."""
     if weight.shape[1] < weight.shape[0]:
-        return dense(propagate(a, x, None, "none", 0.0, backend), weight, bias, activation, negative_slope)
-    return propagate(a, dense(x, weight), bias, activation, negative_slope, backend)
+        return dense(propagate(g, x, None, "none", 0.0, backend), weight, bias, activation, negative_slope)
+    return propagate(g, dense(x, weight), bias, activation, negative_slope, backend)
 
 
 _PYG_DEFAULTS = {"aggr": ("add", "sum"), "flow": ("source_to_target",), "node_dim": (-2, 0),
@@ -262,26 +236,27 @@ class GCNConv(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def propagation_matrix(self, graph: Any, dtype: torch.dtype, num_nodes: Optional[int] = None,
-                           edge_weight: Optional[torch.Tensor] = None, device: Any = None) -> Any:
-        """Â for ``graph`` (cached as described in the class docstring)."""
+                           edge_weight: Optional[torch.Tensor] = None, device: Any = None) -> GraphMatrix:
+        """Â for ``graph`` (cached as described in the class docstring), with Â^T where it was built."""
         if self.cached and self._cached_adjacency is not None:
             return self._cached_adjacency
         if graph is None:
             raise ValueError("edge_index: a graph is needed (an edge_index, a sparse adjacency or a Data)")
         if is_distributed(graph):
-            a = (graph.gcn_normalized(add_self_loops=self.add_self_loops, improved=self.improved)
-                 if self.normalize else graph)
+            g = GraphMatrix(graph.gcn_normalized(add_self_loops=self.add_self_loops, improved=self.improved)
+                            if self.normalize else graph, None)
         else:
             def build():
-                return gcn_norm(graph, edge_weight, num_nodes, self.improved, self.add_self_loops, self.normalize,
-                                dtype, device)
+                return _gcn_graph(graph, edge_weight, num_nodes, self.improved, self.add_self_loops, self.normalize,
+                                  dtype, device)
 
-            keys = graph_keys(graph, edge_weight)
-            a = build() if keys is None else cached_graph(
+            # While tracing nothing is cached: the compiled graph holds the build (one op).
+            keys = None if torch.compiler.is_compiling() else graph_keys(graph, edge_weight)
+            g = build() if keys is None else cached_graph(
                 keys, ("gcn", num_nodes, self.improved, self.add_self_loops, self.normalize, dtype), build)
         if self.cached:
-            self._cached_adjacency = a
-        return a
+            self._cached_adjacency = g
+        return g
 
     def forward(self, x: Any, edge_index: Any = None, edge_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
         x, graph = split_data(x, edge_index)
@@ -291,8 +266,8 @@ class GCNConv(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected (num_nodes, {self.in_channels}) node features (in_channels), got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        a = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight, x.device)
-        return graph_linear(a, x, self.lin.weight, self.bias, self.activation, self.negative_slope, self.backend)
+        g = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight, x.device)
+        return graph_linear(g, x, self.lin.weight, self.bias, self.activation, self.negative_slope, self.backend)
 
     def extra_repr(self) -> str:
         extra = f", activation={self.activation!r}" if self.activation != "none" else ""

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from sparsetorch import functional as F
+from sparsetorch._graph_build import GraphMatrix, build_graph
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch._graph_build import build_graph
-from sparsetorch.graph import (as_adjacency, build_csr, cached_graph, check_coordinates, csr_edges, edges_of,
-                               graph_keys, is_data, is_edge_index, is_sparse_tensor, sparse_edges)
-from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, mark_transpose, propagate, split_data
+from sparsetorch.graph import (as_adjacency, cached_graph, check_coordinates, csr_edges, edges_of, graph_keys,
+                               is_data, is_edge_index, is_sparse_tensor, sparse_edges)
+from sparsetorch.nn._pyg import check_pyg_kwargs, dense, is_distributed, propagate, split_data
 
 _AGGREGATIONS = ("mean", "sum", "add")
 
@@ -25,38 +25,28 @@ def mean_norm(graph: Any, num_nodes: Any = None, aggr: str = "mean", dtype: torc
     a row without entries stays zero), ``"sum"``/``"add"`` keeps A. An ``edge_index`` / ``Data`` /
     ``SparseTensor`` gives ones (SAGEConv takes no edge weights, as in PyG); a torch sparse tensor,
     :class:`CSR` or SciPy matrix keeps its values. ``num_nodes``: (sources, targets) or an int.
-    Its transpose is built with it (sparsetorch/_graph_build.py), so the backward neither sorts nor
-    gathers. ``device``: where a graph held on the host (SciPy, lists) is built."""
-    # A graph is built by one op without a device sync (sparsetorch/_graph_build.py); while tracing
-    # (torch.compile, whose graphs cannot hold the data-dependent sizes) the step-by-step torch ops.
-    fresh = not torch.compiler.is_compiling()
+    Built by one op without a device sync (sparsetorch/_graph_build.py), with its transpose for the
+    backward. ``device``: where a graph held on the host (SciPy, lists) is built."""
+    return _mean_graph(graph, num_nodes, aggr, dtype, device).matrix
+
+
+def _mean_graph(graph, num_nodes, aggr, dtype, device) -> GraphMatrix:
+    """:func:`mean_norm` with its transpose (see GraphMatrix)."""
     norm = "mean" if aggr == "mean" else None
     if is_edge_index(graph) or is_data(graph):
-        e = edges_of(graph, None, num_nodes, check_range=not fresh)
-        if fresh:
-            return build_graph(e.cols, e.rows, None, e.shape[1], e.shape[0], norm=norm, dtype=dtype)
-        a = build_csr(e.rows, e.cols, torch.ones(e.rows.shape[0], dtype=dtype, device=e.device), e.shape)
-    elif is_sparse_tensor(graph):
+        # The builder checks the index range on the device (no sync of its own).
+        e = edges_of(graph, None, num_nodes, check_range=False)
+        return build_graph(e.cols, e.rows, None, e.shape[1], e.shape[0], norm=norm, dtype=dtype)
+    if is_sparse_tensor(graph):
         e = sparse_edges(graph)
-        if fresh:
-            return build_graph(e.cols, e.rows, None, e.shape[1], e.shape[0], norm=norm, dtype=dtype,
-                               what="adj_t")
-        a = build_csr(e.rows, e.cols, torch.ones(e.rows.shape[0], dtype=dtype, device=e.device), e.shape)
-    else:
-        a = as_csr(as_adjacency(check_coordinates(graph)), device=None if isinstance(graph, torch.Tensor) else device)
-        ensure_valid(a)  # the row counts below read crow_indices: it must be well-formed first
-        if a.batched:
-            raise ValueError(f"edge_index: SAGEConv takes one graph (2-D adjacency), got shape {a.shape}")
-        a = a.to(dtype=dtype)
-        if fresh:
-            e = csr_edges(a.crow_indices, a.col_indices, a.values, a.shape)
-            return build_graph(e.cols, e.rows, e.weights, a.shape[1], a.shape[0], norm=norm, dtype=dtype,
-                               what="adj_t")
-    if aggr == "mean":
-        # 1 / count in float64, rounded once to dtype (a bf16 count above 256 would round first)
-        count = (a.crow_indices[1:] - a.crow_indices[:-1]).double()
-        a = F.scale(a, row=torch.where(count > 0, 1.0 / count, torch.zeros_like(count)).to(dtype))
-    return mark_transpose(a)
+        return build_graph(e.cols, e.rows, None, e.shape[1], e.shape[0], norm=norm, dtype=dtype, what="adj_t")
+    a = as_csr(as_adjacency(check_coordinates(graph)), device=None if isinstance(graph, torch.Tensor) else device)
+    ensure_valid(a)  # the edges below read crow_indices: it must be well-formed first
+    if a.batched:
+        raise ValueError(f"edge_index: SAGEConv takes one graph (2-D adjacency), got shape {a.shape}")
+    a = a.to(dtype=dtype)
+    e = csr_edges(a.crow_indices, a.col_indices, a.values, a.shape)
+    return build_graph(e.cols, e.rows, e.weights, a.shape[1], a.shape[0], norm=norm, dtype=dtype, what="adj_t")
 
 
 _PYG_DEFAULTS = {"flow": ("source_to_target",), "node_dim": (-2, 0), "decomposed_layers": (1,),
@@ -122,22 +112,23 @@ class SAGEConv(nn.Module):
         self._cached_adjacency = None
 
     def aggregation_matrix(self, graph: Any, dtype: torch.dtype, num_nodes: Tuple[int, Optional[int]],
-                           device: Any = None) -> Any:
+                           device: Any = None) -> GraphMatrix:
         if self.cached and self._cached_adjacency is not None:
             return self._cached_adjacency
         if graph is None:
             raise ValueError("edge_index: a graph is needed (an edge_index, a sparse adjacency or a Data)")
         if is_distributed(graph):
-            a = graph.mean_normalized() if self.aggr == "mean" else graph
+            g = GraphMatrix(graph.mean_normalized() if self.aggr == "mean" else graph, None)
         else:
             def build():
-                return mean_norm(graph, num_nodes, self.aggr, dtype, device)
+                return _mean_graph(graph, num_nodes, self.aggr, dtype, device)
 
-            keys = graph_keys(graph)
-            a = build() if keys is None else cached_graph(keys, ("sage", self.aggr, num_nodes, dtype), build)
+            # While tracing nothing is cached: the compiled graph holds the build (one op).
+            keys = None if torch.compiler.is_compiling() else graph_keys(graph)
+            g = build() if keys is None else cached_graph(keys, ("sage", self.aggr, num_nodes, dtype), build)
         if self.cached:
-            self._cached_adjacency = a
-        return a
+            self._cached_adjacency = g
+        return g
 
     def forward(self, x: Any, edge_index: Any = None, size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         x, graph = split_data(x, edge_index)
@@ -162,7 +153,7 @@ class SAGEConv(nn.Module):
             size = (x_src.shape[-2], x_dst.shape[-2] if x_dst is not None else None)
         m = self.aggregation_matrix(graph, x_src.dtype, tuple(size), x_src.device)
         act, slope = self.activation, self.negative_slope
-        if is_distributed(m) or x_src.shape[-1] > self.out_channels:
+        if is_distributed(m.matrix) or x_src.shape[-1] > self.out_channels:
             # M (x W_l^T): the SpMM on the narrower side, the root term as its accumulate operand.
             r = dense(x_dst, self.lin_r.weight, b_l) if root else None
             out = propagate(m, dense(x_src, w_l), None if root else b_l, act, slope, self.backend, c=r)
