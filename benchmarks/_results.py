@@ -1,10 +1,18 @@
-"""What every CUDA benchmark script records: the run's header (device, torch, date and the ceilings it
-measured) and the JSON file next to its text log."""
+"""What every CUDA benchmark script shares: its timer (sparsetorch.timing's device events), the run's header
+(device, torch, date and the ceilings it measured) and the JSON file next to its text log."""
 import json
 import os
 import time
 
 import torch
+
+from sparsetorch import timing
+
+
+def bench(fn, l2: str = "flush", budget_ms: float = 100.0) -> float:
+    """Median device seconds of ``fn()``: the L2 zeroed before each call (``l2="flush"``, do_bench's rule)
+    or read (``"clean"``, as a layer meets it in a model step); about ``budget_ms`` of calls, 5 to 250."""
+    return 1e-3 * timing.device_time(fn, l2=l2, budget_ms=budget_ms, max_reps=250, warmup=10)
 
 def run_meta(**measured) -> dict:
     """Device, torch version and date, plus whatever the script measured in the same run."""
@@ -32,8 +40,8 @@ def write_table(out_dir, name: str, lines: list) -> None:
 
 
 def measure_ceilings(bench, dtypes) -> tuple:
-    """(copy bandwidth in bytes/s, {dtype: dense GEMM flop/s}) with the script's timer `bench` (seconds
-    per call): a 256 MB clone and an 8192^3 matmul per dtype, TF32 as the caller set it."""
+    """(copy bandwidth in bytes/s, {dtype: dense GEMM flop/s}) with the timer `bench` (seconds per call):
+    a 256 MB clone and an 8192^3 matmul per dtype, TF32 as the caller set it."""
     x = torch.empty(2**26, device="cuda")
     copy_bw = 2 * x.numel() * 4 / bench(lambda: x.clone())
     del x

@@ -1,8 +1,8 @@
-"""The CPU suite (sparsetorch/bench/suites/cpu.py) run several times in a row, for ranges on a noisy
+"""The CPU suite (benchmarks/suites/cpu.py) run several times in a row, for ranges on a noisy
 machine: per case, sparsetorch's median time and its speedup over each baseline as min .. max over the
 runs; per run, the geomeans; the load average (os.getloadavg) before each run.
 
-    python benchmarks/cpu_repeat.py [--runs 3] [--full] [--out benchmarks/results/cpu/cpu_repeat]
+    python -m benchmarks.cpu_repeat [--runs 3] [--full] [--out benchmarks/results/cpu/cpu_repeat]
 
 Writes cpu_repeat.json (every row of every run) and cpu_repeat.md (the tables) to --out.
 """
@@ -17,10 +17,10 @@ from collections import defaultdict
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench import report
-from sparsetorch.bench.suites import Context
-from sparsetorch.bench.suites.cpu import cpu_suite, headlines
-from sparsetorch.bench.timing import make_timer, measure_ceilings
+from benchmarks import report
+from benchmarks.harness import make_timer, measure_ceilings
+from benchmarks.suites.common import Context
+from benchmarks.suites.cpu import cpu_suite, headlines
 from sparsetorch.datasets import default_data_root
 
 

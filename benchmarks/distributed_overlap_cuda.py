@@ -4,7 +4,7 @@ copy-engine push through PyTorch's symmetric memory (the sender's cudaMemcpy wri
 receiver's halo buffer; no SM runs the transfer; sparsetorch/distributed/transport.py). Also the GCN
 training step with the first layer's dense product on either side of the SpMM.
 
-    python benchmarks/distributed_overlap_cuda.py [--nodes 4194304] [--widths 64,256] [--out DIR]
+    python -m benchmarks.distributed_overlap_cuda [--nodes 4194304] [--widths 64,256] [--out DIR]
 
 Needs 2 CUDA devices (one process each, spawned here); NVLink multicast stays off (launch.py).
 Every time is the slowest rank's median (ranks aligned before each call).
@@ -32,7 +32,7 @@ def _nccl_group(max_ctas):
 
 def _worker(rank, world, cfg):
     import sparsetorch as st
-    from sparsetorch.bench.suites.distributed import _exchange_only, _free, _global_b, _time
+    from benchmarks.suites.distributed import exchange_only, free_memory, global_b, time_ranks
     from sparsetorch.distributed import DistributedCSR, balanced_row_bounds, power_law_block, power_law_degrees
     from sparsetorch.distributed._spmm import _route
 
@@ -41,7 +41,7 @@ def _worker(rank, world, cfg):
     world_group = dist.group.WORLD
     solo = dist.new_group([rank], use_local_synchronization=True)
     reps, warm = cfg["reps"], 2
-    T = functools.partial(_time, group=world_group, device=device, reps=reps, warmup=warm)
+    T = functools.partial(time_ranks, group=world_group, device=device, reps=reps, warmup=warm)
     out = {"rank": rank, "spmm": {}, "gcn": {}}
     log = (lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)) if rank == 0 else (lambda s: None)
 
@@ -58,16 +58,16 @@ def _worker(rank, world, cfg):
         whole = power_law_block(N, deg, seed=seed, device=device, degrees=degrees)
         plan = st.SpmmPlan(whole, validate=False)
         for n in cfg["widths"]:
-            B = _global_b({"seed": seed, "nodes": N}, n, device)
-            out["spmm"].setdefault(n, {})["one_gpu"] = _time(functools.partial(plan, B), solo, device, reps, warm)
+            B = global_b({"seed": seed, "nodes": N}, n, device)
+            out["spmm"].setdefault(n, {})["one_gpu"] = time_ranks(functools.partial(plan, B), solo, device, reps, warm)
             del B
         del plan, whole
-        _free(device)
+        free_memory(device)
         one = DistributedCSR.from_global(power_law_block(N, deg, seed=seed, device=device, degrees=degrees), group=solo)
         for order in ("xw_first", "ax_first"):
             out["gcn"].setdefault(order, {})["one_gpu"] = _gcn_step_time(cfg, one, (0, N), solo, device, order)
         del one
-        _free(device)
+        free_memory(device)
         log(f"1 GPU: {out}")
     dist.barrier()
 
@@ -77,11 +77,11 @@ def _worker(rank, world, cfg):
     plan = A.halo_plan
     for n in cfg["widths"]:
         rec = out["spmm"].setdefault(n, {})
-        B = _global_b({"seed": seed, "nodes": N}, n, device)
+        B = global_b({"seed": seed, "nodes": N}, n, device)
         b = B[A.col_start:A.col_end].clone()
         del B
         rec["default_all_to_all"] = T(functools.partial(st.spmm, A, b))
-        rec["exchange_all_to_all"] = T(functools.partial(_exchange_only, plan, b))
+        rec["exchange_all_to_all"] = T(functools.partial(exchange_only, plan, b))
         halo = plan.exchange(b)
         rl, rr = _route(A, "local", A.local, b, "auto"), _route(A, "remote", A.remote, halo, "auto")
         rec["routes"] = (rl, rr)
@@ -100,7 +100,7 @@ def _worker(rank, world, cfg):
                 g = _nccl_group(ctas)
                 Ag = DistributedCSR.from_blocks(block, group=g, transport="all_to_all")
                 rec[f"default_ctas{ctas}"] = T(functools.partial(st.spmm, Ag, b))
-                rec[f"exchange_ctas{ctas}"] = T(functools.partial(_exchange_only, Ag.halo_plan, b))
+                rec[f"exchange_ctas{ctas}"] = T(functools.partial(exchange_only, Ag.halo_plan, b))
                 del Ag
             except Exception as e:  # noqa: BLE001
                 rec[f"ctas{ctas}_error"] = repr(e)[:300]
@@ -113,16 +113,16 @@ def _worker(rank, world, cfg):
             rec["ce_vs_all_to_all_rel_diff"] = float((y_ce - y_a2a).norm() / y_a2a.norm())
             del y_ce, y_a2a
             rec["default_copy_engine"] = T(functools.partial(st.spmm, Ace, b))
-            rec["exchange_copy_engine"] = T(functools.partial(_exchange_only, Ace.halo_plan, b))
+            rec["exchange_copy_engine"] = T(functools.partial(exchange_only, Ace.halo_plan, b))
             del Ace
         except Exception:  # noqa: BLE001
             import traceback
             rec["ce_error"] = traceback.format_exc()[-1500:]
         log(f"n={n}: {rec}")
         del b, halo
-        _free(device)
+        free_memory(device)
     del A
-    _free(device)
+    free_memory(device)
     A = DistributedCSR.from_blocks(block)  # the default transport
     del block
     for order in ("xw_first", "ax_first"):
@@ -133,7 +133,7 @@ def _worker(rank, world, cfg):
 
 def _gcn_step_time(cfg, A, rows, group, device, order):
     import sparsetorch as st
-    from sparsetorch.bench.suites.distributed import _time
+    from benchmarks.suites.distributed import time_ranks
     from sparsetorch.distributed import GCN, masked_cross_entropy, node_features, node_labels, node_mask, sync_gradients
 
     F_, H, C, seed = 128, 256, 16, 11
@@ -159,7 +159,7 @@ def _gcn_step_time(cfg, A, rows, group, device, order):
         opt.step()
 
     torch.cuda.reset_peak_memory_stats(device)
-    t = _time(step, group, device, cfg["reps"], 2)
+    t = time_ranks(step, group, device, cfg["reps"], 2)
     return {"seconds": t, "peak_GiB": torch.cuda.max_memory_allocated(device) / 2**30}
 
 

@@ -1,28 +1,23 @@
 """CUDA elementwise kernels, the fused bias + activation, the cuBLASLt linear, and the sparse/dense
 crossover, in one run. Outputs are checked against float64 references before timing; times are
-medians of CUDA-event timings (triton.testing.do_bench).
+medians of CUDA-event timings with the L2 zeroed before each call (_results.bench).
 
 Elementwise floor: bytes moved (each input read once, the output written once) over the copy
 bandwidth of a tensor of the same size measured in this run. Linear floor: 2*M*N*K over the GEMM
 rate of the same dtype measured here. Crossover: the density where the sparse kernel's time equals
 the dense GEMM's (linear interpolation between measured densities).
 
-    python benchmarks/elementwise_dense_cuda.py [--out DIR]
+    python -m benchmarks.elementwise_dense_cuda [--out DIR]
 """
 import argparse
 
 import torch
 import torch.nn.functional as F
-import triton.testing
 
 import sparsetorch as st
-from _results import run_meta, write_results
+from benchmarks._results import bench, run_meta, write_results
 
 torch.backends.cuda.matmul.allow_tf32 = False
-
-
-def bench(fn, rep=100):
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3  # seconds
 
 
 def rel_err(x, ref):
@@ -119,8 +114,8 @@ def crossover_suite(results):
             dense = torch.where(mask, torch.randn(m, k, device="cuda", generator=g), 0.0).to(dtype)
             A = st.from_torch(dense.to_sparse_csr())
             plan = st.SpmmPlan(A, validate=False)
-            t_sparse = bench(lambda: plan(B), rep=50)
-            t_dense = bench(lambda: dense @ B, rep=50)
+            t_sparse = bench(lambda: plan(B), budget_ms=50)
+            t_dense = bench(lambda: dense @ B, budget_ms=50)
             rows.append((d, t_sparse, t_dense))
             results.append({"suite": "crossover 8192x8192 @ 8192x1024", "dtype": label, "density": d,
                             "sparse_ms": t_sparse * 1e3, "dense_ms": t_dense * 1e3})

@@ -3,25 +3,27 @@ power-law graph (170k nodes, 2.1M entries, 128 -> 256 channels) and SparseLinear
 (bf16 11008 x 4096 at 90%, N = 1 and 512; fp32 4096 x 4096 at 25%, N = 1024), forward (no grad) and
 forward + backward. The default is the layer as a user builds it (backend / format "auto"); each
 other row is the same weights with one backend (GCNConv; SparseLinear format="csr") or format
-forced. Times: triton do_bench medians after warm-up (so measured routes and derived forms are in
-place, a user's steady state); every output is checked against the default's first.
+forced. Times: median device milliseconds with the L2 zeroed before each call, after warm-up (so
+measured routes and derived forms are in place, a user's steady state); every output is checked against
+the default's first.
 
-    python benchmarks/layer_routes_cuda.py [--out DIR]
+    python -m benchmarks.layer_routes_cuda [--out DIR]
 """
 import argparse
 
 import torch
-import triton.testing
 
 import sparsetorch as st
-from sparsetorch.bench.suites.gnn import power_law_edge_index
-from _results import run_meta, write_results
+from benchmarks._results import run_meta, write_results
+from benchmarks.suites.gnn_common import power_law_edge_index
+from sparsetorch import timing
 
 GCN_BACKENDS = ("native", "balanced", "split", "cusparse")
 
 
 def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    """Median device milliseconds of fn() (the L2 zeroed before each call)."""
+    return timing.device_time(fn, l2="flush", budget_ms=100.0, max_reps=250, warmup=10)
 
 
 def fwd_and_train(layer, inputs, params):

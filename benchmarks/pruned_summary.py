@@ -1,9 +1,9 @@
-"""Issue 19's tables from a pruned-suite run (python -m sparsetorch.bench --suites pruned --out DIR):
+"""Tables from a pruned-suite run (python -m benchmarks --suites pruned --out DIR):
 time / dense F.linear per shape, sparsity and token count for SparseLinear (the route it chose), its 2:4 form
 alone, torch's 2:4 paths and BSR; the MLP block; the host time per call of the cuSPARSELt paths; the largest
 error against float64.
 
-    python benchmarks/pruned_summary.py DIR [--md DIR/summary.md]
+    python -m benchmarks.pruned_summary DIR [--md DIR/summary.md]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 device, each worker process running pairs until one kills it or its CUDA context (then a new one goes
 on from the next pair), tallied by outcome.
 
-    python benchmarks/safety_probe.py --device cuda --out $OUT/safety.json
+    python -m benchmarks.safety_probe --device cuda --out safety.json
 
 tests/test_safety.py asserts the rules; this prints how many pairs ended how (raised / silent / crash /
 dead context / inputs changed), for the default entry points and for validate=False separately.

@@ -5,20 +5,17 @@ in one run, outputs checked against each other before timing. Also the full SpMM
 Floor: bytes of the pattern (indices) + output values + every referenced row of b once + a once,
 over the copy bandwidth measured here.
 
-    python benchmarks/sddmm_cuda.py [--out DIR]
+Times: median device seconds with the L2 zeroed before each call (_results.bench).
+
+    python -m benchmarks.sddmm_cuda [--out DIR]
 """
 import argparse
 import json
 
 import torch
-import triton.testing
 
 import sparsetorch as st
-from _results import run_meta, write_results
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+from benchmarks._results import bench, run_meta, write_results
 
 
 def random_graph(m, k, per_row, device, seed):

@@ -1,7 +1,7 @@
-"""A table of the skew suite (python -m sparsetorch.bench --suites skew): per case the default call,
+"""A table of the skew suite (python -m benchmarks --suites skew): per case the default call,
 the route it took, the fastest route and torch.sparse.mm, with their errors against float64.
 
-    python benchmarks/skew_summary.py results.json [more.json ...] > summary.md
+    python -m benchmarks.skew_summary results.json [more.json ...] > summary.md
 """
 from __future__ import annotations
 

@@ -1,34 +1,25 @@
 """slot_linear (SlotWeight: each value with its slot in the tensor-core fragment) against the other pruned
 forms -- bitmap_linear (bitmap tiles, tensor cores), csr16_linear (CUDA cores, N <= 64) -- and dense
-F.linear, bf16, y = x @ W.T, issue 19's shapes (11008 x 4096, 4096 x 11008, 4096 x 4096; magnitude pruning
+F.linear, bf16, y = x @ W.T, Llama-7B's shapes (11008 x 4096, 4096 x 11008, 4096 x 4096; magnitude pruning
 at 50 / 70 / 90 / 95%) and N = 1 .. 2048 tokens, in one run; every output checked against float64 first.
 
 Times: the median of device events with the L2 read (clean) before each call, in us (the pruned suite's
-timer, sparsetorch.bench.timing.make_clean_l2_timer; until 2026-11-28 do_bench's 256 MB zeroing, whose
-dirty lines slowed the memory-bound forms more: plan._device_time). Floor next to each: max(bytes / copy
+timer, harness.make_clean_l2_timer: zeroing the L2 instead, as do_bench does, leaves dirty lines that slow
+the memory-bound forms more; sparsetorch.timing says by how much). Floor next to each: max(bytes / copy
 bandwidth, 2 M K N / bf16 GEMM rate), both measured in this run; bytes = the form's weight as stored + x + y.
 
-    python benchmarks/slots_cuda.py [--quick] [--out DIR]
+    python -m benchmarks.slots_cuda [--quick] [--out DIR]
 """
 import argparse
-import functools
 
 import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from _results import ceiling_meta, measure_ceilings, write_results, write_table
-from sparsetorch.bench.timing import make_clean_l2_timer
+from benchmarks._results import ceiling_meta, measure_ceilings, write_results, write_table
+from benchmarks.harness import make_clean_l2_timer
 
-
-@functools.lru_cache(maxsize=None)
-def _timer():
-    return make_clean_l2_timer(torch.device("cuda"), quick=False)
-
-
-def bench(fn):
-    """Median seconds of fn() with a clean L2 before each call."""
-    return _timer()(fn)
+bench = make_clean_l2_timer(torch.device("cuda"), quick=False)  # median seconds of fn(), a clean L2 before each call
 
 
 def pruned(m, k, sparsity, seed):

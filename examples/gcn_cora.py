@@ -10,15 +10,17 @@ median over epochs after 10 warm-up epochs.
     python examples/gcn_cora.py                      # CPU or CUDA, whichever is there
     python examples/gcn_cora.py --device cuda --seeds 10 --out results.json
 
-Data (nothing is downloaded): --data DIR, else $SPARSETORCH_DATA, else ../shared/data beside the checkout. DIR
-may be the root a torch_geometric ``Planetoid(DIR, "Cora")`` download used (DIR/Cora/raw/ind.cora.*) or hold
+Data (nothing is downloaded): --data DIR, else $SPARSETORCH_DATA, else ~/.cache/sparsetorch. DIR may be the
+root a torch_geometric ``Planetoid(DIR, "Cora")`` download used (DIR/Cora/raw/ind.cora.*) or hold
 planetoid/ind.cora.*; without it the script says what is missing and how to get it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -26,8 +28,10 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from sparsetorch.bench.ratios import versus
 from sparsetorch.datasets import load_planetoid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's benchmarks/
+from benchmarks.ratios import versus  # noqa: E402
 
 
 class SparseGCN(torch.nn.Module):
@@ -128,7 +132,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dataset", default="cora")
-    ap.add_argument("--data", default=None, help="data folder (default: $SPARSETORCH_DATA, then ../shared/data)")
+    ap.add_argument("--data", default=None, help="data folder (default: $SPARSETORCH_DATA, else ~/.cache/sparsetorch)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--models", default="sparsetorch,dense,pyg")

@@ -18,16 +18,20 @@ float32 stack on the CPU. Tokens/s are for --layers layers.
 """
 import argparse
 import copy
+import os
+import sys
 from dataclasses import replace
 
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench.ratios import versus
-from sparsetorch.bench.suites.decode import (LLAMA3_8B, TINY, dense_stack, heavy_tailed_activations, kv_caches,
-                                             rope_at, routes_by_kind)
-from sparsetorch.bench.timing import make_timer
 from sparsetorch.pruned import input_norms, wanda_prune
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's benchmarks/
+from benchmarks.harness import make_step_timer  # noqa: E402
+from benchmarks.ratios import versus  # noqa: E402
+from benchmarks.suites.decode import (LLAMA3_8B, TINY, dense_stack, heavy_tailed_activations, kv_caches,  # noqa: E402
+                                      rope_at, routes_by_kind)
 
 
 def pruned_copy(model, norms, sparsity, scheme, sparse):
@@ -60,7 +64,7 @@ def main():
     shape = replace(base, **{k: v for k in ("layers", "hidden", "inner", "heads", "kv_heads", "context")
                              if (v := getattr(args, k)) is not None})
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    timer = make_timer(device, quick=True)
+    timer = make_step_timer(device, quick=True)  # whole decode steps: host time included
     g = torch.Generator(device=device).manual_seed(0)
     rope = rope_at(shape, shape.context, device, dtype)
     print(f"{shape.layers} layer(s): hidden {shape.hidden}, {shape.heads}/{shape.kv_heads} heads, MLP {shape.inner}, "

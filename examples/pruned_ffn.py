@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from sparsetorch.bench.ratios import versus
-from sparsetorch.bench.timing import make_timer
 from sparsetorch.pruned import prune_mask
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's benchmarks/
+from benchmarks.harness import make_timer  # noqa: E402
+from benchmarks.ratios import versus  # noqa: E402
 
 
 def load_data(device, seed=0):

@@ -12,7 +12,7 @@ synchronised; the median over epochs after 10 warm-up epochs).
     python examples/pyg_dropin.py --device cpu --seeds 10 --out results.json
 
 Data (nothing is downloaded; sparsetorch.datasets, the same preprocessing as torch_geometric's Planetoid with
-NormalizeFeatures): --data DIR, else $SPARSETORCH_DATA, else ../shared/data beside the checkout. DIR may be the
+NormalizeFeatures): --data DIR, else $SPARSETORCH_DATA, else ~/.cache/sparsetorch. DIR may be the
 root a torch_geometric ``Planetoid(DIR, "Cora")`` download used (DIR/Cora/raw/ind.cora.*) or hold
 planetoid/ind.cora.*; without it the script says what is missing and how to get it.
 """
@@ -21,14 +21,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sparsetorch.bench.ratios import versus
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's benchmarks/
+from benchmarks.ratios import versus  # noqa: E402
 
 
 def recipe(GCNConv, data, epochs, device):  # noqa: N803  (the class is the one thing swapped)
@@ -113,7 +116,7 @@ def cora_data(root, device):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--data", default=None, help="data folder (default: $SPARSETORCH_DATA, then ../shared/data)")
+    ap.add_argument("--data", default=None, help="data folder (default: $SPARSETORCH_DATA, else ~/.cache/sparsetorch)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--out", default=None)

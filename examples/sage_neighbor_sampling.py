@@ -10,15 +10,19 @@ torch-sparse; this script uses a NeighborLoader-style sampler in torch ops, so i
 Models: two SAGEConv layers (hidden 256), the layers swapped by changing one import.
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from sparsetorch.bench.suites.gnn import power_law_edge_index
-from sparsetorch.bench.suites.minibatch import Net3, in_neighbours, sample_subgraph
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's benchmarks/
+from benchmarks.suites.gnn_common import power_law_edge_index  # noqa: E402
+from benchmarks.suites.minibatch import Net3, in_neighbours, sample_subgraph  # noqa: E402
 
 
 def main():

@@ -1,15 +1,15 @@
 """Loaders for the real data the examples and benchmarks use (nothing is downloaded).
 
 Where the data is looked for (the one documented way): the folder given as ``root=`` (``--data DIR`` of the
-examples and of ``python -m sparsetorch.bench``), else ``$SPARSETORCH_DATA``, then ``../shared/data`` beside
-the repository checkout. In each such folder:
+examples and of ``python -m benchmarks``), else ``$SPARSETORCH_DATA``, else the user's cache folder
+``~/.cache/sparsetorch`` (``$XDG_CACHE_HOME/sparsetorch`` where that is set). In that folder:
 
 * ``matrices/*.mtx``: Matrix Market files (the benchmarks' real matrices);
 * the Planetoid citation graphs (Cora, CiteSeer, PubMed) as the original ``ind.<name>.{x,tx,allx,y,ty,ally,
   graph,test.index}`` files (Yang et al. 2016), in any of the layouts users have: the folder that
   torch_geometric's ``Planetoid(root, name)`` download leaves (``<root>/Cora/raw/``, also ``<root>/cora/raw/``),
-  a flat ``<root>/planetoid/`` (this project's data folder), or the files directly in ``<root>``. So a
-  PyG user's cache just works: ``SPARSETORCH_DATA=<the root given to Planetoid>``.
+  a flat ``<root>/planetoid/``, or the files directly in ``<root>``. So a PyG user's cache just works:
+  ``SPARSETORCH_DATA=<the root given to Planetoid>``.
 
 ``load_planetoid(name, root)`` reads a graph exactly as Kipf & Welling's GCN code prepares it: the test nodes'
 rows reordered, features row-normalised, the adjacency symmetric with duplicate edges merged, the standard split
@@ -37,31 +37,17 @@ _PYG_NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 
 
 def default_data_root() -> str:
-    """``$SPARSETORCH_DATA``, else ``../shared/data`` next to the repository checkout."""
+    """``$SPARSETORCH_DATA``, else ``~/.cache/sparsetorch`` (``$XDG_CACHE_HOME/sparsetorch`` where set)."""
     env = os.environ.get("SPARSETORCH_DATA")
     if env:
         return env
-    return _repo_data_root()
-
-
-def _repo_data_root() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "shared", "data"))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "sparsetorch")
 
 
 def data_roots(root: Optional[str] = None) -> List[str]:
-    """The folders searched, in order: ``root`` alone when given; else ``$SPARSETORCH_DATA`` (when set), then
-    ``../shared/data`` beside the checkout."""
-    if root:
-        return [os.fspath(root)]
-    roots = []
-    env = os.environ.get("SPARSETORCH_DATA")
-    if env:
-        roots.append(env)
-    default = _repo_data_root()
-    if default not in roots:
-        roots.append(default)
-    return roots
+    """The folders searched: ``root`` when given, else :func:`default_data_root`."""
+    return [os.fspath(root)] if root else [default_data_root()]
 
 
 def _planetoid_candidates(root: str, name: str) -> List[str]:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 import sparsetorch as st
 from sparsetorch.datasets import data_roots, matrix_files, planetoid_available
 
-# The real data, where sparsetorch.datasets finds it: the first of $SPARSETORCH_DATA and ../shared/data that
-# holds any (tests that need it skip, naming the folder, when none does).
+# The real data, where sparsetorch.datasets finds it ($SPARSETORCH_DATA, which conftest.py sets when a data
+# folder sits beside the checkout); tests that need it skip, naming the folder, when it holds none.
 DATA_DIR = next((r for r in data_roots() if matrix_files(r) or planetoid_available("cora", r)), data_roots()[0])
 HAS_PLANETOID = planetoid_available("cora", DATA_DIR)
 

@@ -1,7 +1,20 @@
+import os
+import sys
+
 import pytest
 import torch
 
-import sparsetorch as st
+# The checkout's root, for the harness's tests (benchmarks/ is not installed with the package).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+# The real data: $SPARSETORCH_DATA when set; else a data folder beside the checkout, where there is one
+# (tests that need data skip, naming the folder, when none is found).
+_BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data")
+if not os.environ.get("SPARSETORCH_DATA") and os.path.isdir(_BESIDE):
+    os.environ["SPARSETORCH_DATA"] = _BESIDE
+
+import sparsetorch as st  # noqa: E402
 
 CUDA_READY = st.build_info()["cuda_available"]
 DEVICES = ["cpu"] + (["cuda"] if CUDA_READY else [])

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sparsetorch.bench import report
+from benchmarks import report
 
 
 def _row(suite, case, impl, t, **kw):
@@ -34,7 +34,7 @@ def test_speedups_and_headlines():
 
 
 def test_ratios_say_which_side_is_faster():
-    from sparsetorch.bench.ratios import summary, versus
+    from benchmarks.ratios import summary, versus
 
     assert versus(1.21, "torch_geometric") == "1.21x faster than torch_geometric"
     assert versus(0.5, "torch.sparse.mm") == "2.00x slower than torch.sparse.mm"
@@ -75,9 +75,9 @@ def test_elementwise_copy_row_is_the_ceiling():
     reads 100% of floor, and the fused kernel's headline quotes the same fraction as its row."""
     import torch
 
-    from sparsetorch.bench.suites.common import Context
-    from sparsetorch.bench.suites.elementwise import elementwise_suite
-    from sparsetorch.bench.timing import make_timer, measure_ceilings
+    from benchmarks.harness import make_timer, measure_ceilings
+    from benchmarks.suites.common import Context
+    from benchmarks.suites.elementwise import elementwise_suite
 
     cpu = torch.device("cpu")
     timer = make_timer(cpu, True)
@@ -94,7 +94,7 @@ def test_elementwise_copy_row_is_the_ceiling():
 
 def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
     pytest.importorskip("scipy")
-    from sparsetorch.bench.__main__ import main
+    from benchmarks.run import main
 
     out = tmp_path / "res"
     main(["--device", "cpu", "--suites", "density,batched", "--no-plots", "--out", str(out)])
@@ -110,15 +110,15 @@ def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
     """Each finished suite's rows are written (marked partial) before the next suite starts, so a run that
     is killed or fails in a later suite leaves a results folder that --replot can redraw."""
     pytest.importorskip("scipy")
-    from sparsetorch.bench import suites
-    from sparsetorch.bench.__main__ import main
+    from benchmarks import run as runner
+    from benchmarks.run import main
 
     def failing_suite(ctx):
         def job():
             raise RuntimeError("stopped here")
         return [job]
 
-    monkeypatch.setitem(suites.SUITES, "graphs", failing_suite)
+    monkeypatch.setitem(runner.SUITES, "graphs", failing_suite)
     out = tmp_path / "res"
     with pytest.raises(RuntimeError, match="stopped here"):
         main(["--device", "cpu", "--suites", "batched,graphs", "--no-plots", "--out", str(out)])
@@ -135,7 +135,7 @@ def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
             raise RuntimeError("stopped here")
         return [lambda: [_row("graphs", "tiny", "sparsetorch", 1.0)], bad]
 
-    monkeypatch.setitem(suites.SUITES, "graphs", half_done_suite)
+    monkeypatch.setitem(runner.SUITES, "graphs", half_done_suite)
     with pytest.raises(RuntimeError, match="stopped here"):
         main(["--device", "cpu", "--suites", "graphs", "--no-plots", "--out", str(out)])
     data = json.loads((out / "results.json").read_text())
@@ -146,8 +146,8 @@ def test_append_adds_suites_to_a_folder_and_replaces_rerun_ones(tmp_path):
     """--append: a second run's suites join the folder's results; a suite run again replaces its old rows; the
     meta lists both commands. A failed appending run leaves the earlier suites in place."""
     pytest.importorskip("scipy")
-    from sparsetorch.bench import suites
-    from sparsetorch.bench.__main__ import main
+    from benchmarks import run as runner
+    from benchmarks.run import main
 
     out = str(tmp_path / "res")
     main(["--device", "cpu", "--suites", "batched", "--no-plots", "--out", out])
@@ -160,7 +160,7 @@ def test_append_adds_suites_to_a_folder_and_replaces_rerun_ones(tmp_path):
     assert len(batched) == len(first["rows"])  # replaced, not doubled
     assert any(r["suite"] == "elementwise" for r in data["rows"])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(suites.SUITES, "graphs", lambda ctx: [lambda: (_ for _ in ()).throw(RuntimeError("cut"))])
+        mp.setitem(runner.SUITES, "graphs", lambda ctx: [lambda: (_ for _ in ()).throw(RuntimeError("cut"))])
         with pytest.raises(RuntimeError, match="cut"):
             main(["--device", "cpu", "--suites", "density,graphs", "--no-plots", "--out", out, "--append"])
     data = json.loads((tmp_path / "res" / "results.json").read_text())
@@ -171,14 +171,14 @@ def test_append_adds_suites_to_a_folder_and_replaces_rerun_ones(tmp_path):
 def test_append_replaces_the_rows_a_suite_emits_under_another_name(tmp_path, monkeypatch):
     """A suite whose jobs also emit rows of another suite name (pruned emits the decode stack's "decode"
     rows) replaces those too on --append: they are not doubled."""
-    from sparsetorch.bench import suites
-    from sparsetorch.bench.__main__ import main
+    from benchmarks import run as runner
+    from benchmarks.run import main
 
     def row(suite, case):
         return {"suite": suite, "case": case, "impl": "sparsetorch", "dtype": "float32", "time_ms": 1.0,
                 "GBps": 0.0, "GFLOPs": 0.0, "floor_ms": 0.0, "of_floor": 0.0}
 
-    monkeypatch.setitem(suites.SUITES, "pruned", lambda ctx: [lambda: [row("pruned", "a"), row("decode", "b")]])
+    monkeypatch.setitem(runner.SUITES, "pruned", lambda ctx: [lambda: [row("pruned", "a"), row("decode", "b")]])
     out = str(tmp_path / "res")
     main(["--device", "cpu", "--suites", "pruned", "--no-plots", "--out", out])
     main(["--device", "cpu", "--suites", "pruned", "--no-plots", "--out", out, "--append"])
@@ -192,10 +192,10 @@ def test_run_says_what_it_left_out_without_data(tmp_path, capsys, monkeypatch):
     the harness's own sparse tensors reaches the output."""
     import warnings
 
-    from sparsetorch.bench import suites
-    from sparsetorch.bench.__main__ import main
+    from benchmarks import run as runner
+    from benchmarks.run import main
 
-    monkeypatch.setitem(suites.SUITES, "graphs", _tiny_graph_suite(suites.SUITES["graphs"]))
+    monkeypatch.setitem(runner.SUITES, "graphs", _tiny_graph_suite(runner.suite_function("graphs")))
     empty = tmp_path / "nodata"
     empty.mkdir()
     with warnings.catch_warnings(record=True) as caught:
@@ -223,7 +223,7 @@ def test_cpu_time_rounds_extends_fast_cases_and_stops_slow_ones():
     least 3 rounds."""
     import time
 
-    from sparsetorch.bench.suites.cpu import time_rounds
+    from benchmarks.suites.cpu import time_rounds
 
     calls = []
     times = time_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=5, budget_s=10.0,
@@ -250,7 +250,7 @@ def test_dense_part_is_the_layer_without_its_aggregation(layer):
     import torch
 
     import sparsetorch as st
-    from sparsetorch.bench.suites.gnn import DENSE_PART
+    from benchmarks.suites.gnn_common import DENSE_PART
 
     torch.manual_seed(0)
     ours = getattr(st.nn, layer)(8, 5)
@@ -272,10 +272,10 @@ def test_dense_part_is_the_layer_without_its_aggregation(layer):
 def test_minibatch_rows_carry_the_dense_part():
     import torch
 
-    from sparsetorch.bench.suites.common import Context
-    from sparsetorch.bench.suites.gnn import power_law_edge_index
-    from sparsetorch.bench.suites.minibatch import minibatch_rows
-    from sparsetorch.bench.timing import make_timer
+    from benchmarks.harness import make_timer
+    from benchmarks.suites.common import Context
+    from benchmarks.suites.gnn_common import power_law_edge_index
+    from benchmarks.suites.minibatch import minibatch_rows
 
     dev = torch.device("cpu")
     ctx = Context(dev, make_timer(dev, True), None, False, None)
@@ -283,3 +283,49 @@ def test_minibatch_rows_carry_the_dense_part():
     rows = minibatch_rows(ctx, "tiny", graph, 3000, "SAGEConv", (4, 3), steps=1)
     assert rows and all(r["dense_part_ms"] > 0 for r in rows)
     assert rows[0]["impl"] == "sparsetorch"
+
+
+def test_harness_times_every_call_through_sparsetorch_timing():
+    """One timing rule: nothing under benchmarks/ makes its own CUDA events, calls triton's do_bench or
+    reaches into private torch APIs (sparsetorch._compat holds those)."""
+    import os
+    import re
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+    banned = re.compile(r"Event\(enable_timing|do_bench\(|torch\._C\.|\"_op\"|\._op\b|_sleep")
+    found = []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    found += [f"{name}:{i}: {line.strip()}" for i, line in enumerate(f, 1) if banned.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_once_and_host_seconds_measure_the_call():
+    import time
+
+    import torch
+
+    from benchmarks.harness import host_seconds, make_step_timer, once
+
+    cpu = torch.device("cpu")
+    out, seconds = once(lambda: time.sleep(0.02) or "result", cpu)
+    assert out == "result" and 0.02 <= seconds < 1.0
+    assert 0.02 <= host_seconds(lambda: time.sleep(0.02), cpu) < 1.0
+    assert 0.005 <= make_step_timer(cpu, True)(lambda: time.sleep(0.005)) < 1.0
+
+
+def test_distributed_suite_rehearses_on_cpu_processes(tmp_path, monkeypatch):
+    """--device cpu runs the distributed suite on 2 gloo processes (a 20k-node graph): one GPU's and two
+    ranks' rows, the two ranks' product equal to the one rank's."""
+    from benchmarks.run import main
+
+    monkeypatch.setenv("SPARSETORCH_BENCH_DIST_RANKS", "2")
+    out = tmp_path / "dist"
+    main(["--device", "cpu", "--suites", "distributed", "--no-plots", "--out", str(out)])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    impls = {r["impl"] for r in rows}
+    assert {"1 GPU: DistributedCSR", "2 GPUs (all-to-all)"} <= impls
+    two = [r for r in rows if r["impl"] == "2 GPUs (all-to-all)" and r["case"].startswith("spmm")]
+    assert two and all(r["rel_err"] < 1e-5 and r["time_ms"] > 0 for r in two)

@@ -1,4 +1,4 @@
-"""The decode suite (sparsetorch/bench/suites/decode.py) at CPU scale: rows, routes, the correctness check,
+"""The decode suite (benchmarks/suites/decode.py) at CPU scale: rows, routes, the correctness check,
 Wanda pruning of the stack, headlines and the command line."""
 import json
 from dataclasses import replace
@@ -6,8 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sparsetorch.bench.suites import Context, decode, pruned
-from sparsetorch.bench.timing import Ceilings, make_timer
+from benchmarks.harness import Ceilings, make_timer
+from benchmarks.suites import decode, pruned
+from benchmarks.suites.common import Context
 
 CPU = torch.device("cpu")
 SMALL = replace(decode.TINY, hidden=128, heads=2, kv_heads=1, inner=256, context=16)
@@ -100,7 +101,7 @@ def test_headlines_say_which_side_is_faster_and_when_dense_runs():
 
 
 def test_command_line_runs_the_decode_suite(small, tmp_path, monkeypatch):
-    from sparsetorch.bench import __main__ as cli
+    from benchmarks import run as cli
 
     monkeypatch.setattr(cli, "measure_ceilings", lambda *a: Ceilings(1e10, {"float32": 1e11}))
     monkeypatch.setattr(decode, "SPARSITIES", decode.SPARSITIES[:1])

@@ -1,6 +1,6 @@
-"""sparsetorch.datasets: where the real data is looked for (root=, $SPARSETORCH_DATA, ../shared/data), the layouts
-of the Planetoid files it reads (torch_geometric's raw folder, a flat planetoid/ folder, the files alone), and the
-message when they are missing; the examples that need the data say so instead of failing with a traceback."""
+"""sparsetorch.datasets: where the real data is looked for (root=, $SPARSETORCH_DATA, ~/.cache/sparsetorch), the
+layouts of the Planetoid files it reads (torch_geometric's raw folder, a flat planetoid/ folder, the files alone), and
+the message when they are missing; the examples that need the data say so instead of failing with a traceback."""
 import os
 import subprocess
 import sys
@@ -50,9 +50,20 @@ def test_missing_file_is_named_with_the_way_to_get_it(tmp_path):
     assert datasets.planetoid_adjacency("cora", str(tmp_path)).shape == (2708, 2708)
 
 
+def test_default_folder_is_the_environment_else_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path / "env"))
+    assert datasets.data_roots() == [str(tmp_path / "env")]
+    monkeypatch.delenv("SPARSETORCH_DATA")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert datasets.data_roots() == [str(tmp_path / "xdg" / "sparsetorch")]
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert datasets.default_data_root() == str(tmp_path / "home" / ".cache" / "sparsetorch")
+
+
 def test_nothing_found_names_the_folders_searched(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path))
-    assert datasets.data_roots()[0] == str(tmp_path)  # the environment first, ../shared/data after it
+    assert datasets.data_roots() == [str(tmp_path)]
     assert datasets.data_roots(str(tmp_path / "x")) == [str(tmp_path / "x")]  # an explicit root alone
     with pytest.raises(FileNotFoundError, match="no Planetoid data for 'citeseer'") as info:
         datasets.find_planetoid("citeseer", str(tmp_path))

@@ -18,7 +18,7 @@ from sparsetorch.distributed import DistributedCSR, balanced_row_bounds, halo_vo
 from sparsetorch.distributed.halo import DENSE_FRACTION, received_counts  # noqa: E402
 from sparsetorch.distributed.launch import spawn  # noqa: E402
 from sparsetorch.distributed.partition import halo_counts  # noqa: E402
-from sparsetorch.bench.suites.distributed import ORDERINGS, node_order, relabel  # noqa: E402
+from benchmarks.distributed_partition import ORDERINGS, node_order, relabel  # noqa: E402
 
 LIMIT = 1.05
 

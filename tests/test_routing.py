@@ -3,7 +3,7 @@ module that decides the SpMM route from it (csrc/common/csr_analysis.h, spmm_rou
 
 The routing decision is device-independent C++: ``spmm_route(..., as_cuda=True)`` asks what the CUDA
 op would take, so the rules are tested here on the CPU too; which route is *fast* is measured by the
-skew suite of the main job (python -m sparsetorch.bench --suites skew), not here.
+skew suite of the main job (python -m benchmarks --suites skew), not here.
 """
 import numpy as np
 import pytest

@@ -326,7 +326,7 @@ def test_pruned_suite_runs_on_cpu(tmp_path):
     """The pruned-model suite end to end on the CPU (its small sizes), as CI runs it."""
     import json
 
-    from sparsetorch.bench.__main__ import main
+    from benchmarks.run import main
 
     out = tmp_path / "pruned"
     main(["--device", "cpu", "--suites", "pruned", "--no-plots", "--out", str(out)])

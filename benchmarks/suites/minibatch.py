@@ -5,8 +5,8 @@ same batches, same run.
 
 The sampler (``sample_subgraph``) runs on the graph's device with torch ops and is not timed: both
 libraries get the same list of pre-sampled batches, each with its own ``edge_index`` tensor, so no
-cache can recognise a graph. (torch_geometric's NeighborLoader needs pyg-lib or torch-sparse, which the
-GPU machines lack; the sampler follows its conventions: seeds first in the node list, edges
+cache can recognise a graph. (torch_geometric's NeighborLoader needs pyg-lib or torch-sparse, which are
+not always installed; the sampler follows its conventions: seeds first in the node list, edges
 ``[source, target]`` in local ids, targets being the nodes sampled from, at most ``fanout`` distinct
 neighbours per node and hop.)
 
@@ -28,15 +28,16 @@ timings: with batches moved each step the copies' waits overlap differently).
 from __future__ import annotations
 
 import statistics
-import time
 from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from sparsetorch.bench.suites.common import Context, Job
-from sparsetorch.bench.timing import check
+from benchmarks.harness import check
+from benchmarks.suites.common import Context, Job
+from benchmarks.suites.gnn_common import DENSE_PART, dense_part_ms, power_law_edge_index, pyg_layers, release_memory
+from sparsetorch import timing
 
 CHANNELS = (128, 256, 256, 47)
 SEEDS = 1024
@@ -128,25 +129,18 @@ def _syncs_per_step(step, batches) -> float:
 
 
 def _time_loops(ctx: Context, step, timed) -> float:
-    """Seconds per step: the median of 3 loops over ``timed`` (a synchronize before and after each loop)."""
-    loops = []
-    for _ in range(3):
-        if ctx.cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    """Seconds per step: the median of 3 loops over ``timed`` (wall time, a synchronize before and after
+    each loop, none inside)."""
+    def loop():
         for b in timed:
             step(b)
-        if ctx.cuda:
-            torch.cuda.synchronize()
-        loops.append((time.perf_counter() - t0) / len(timed))
-    return statistics.median(loops)
+
+    return 1e-3 * timing.wall_time(loop, device=ctx.device, reps=3, warmup=0) / len(timed)
 
 
 def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: int, layer: str,
                    fanouts, steps: int, feed: str = "on the device") -> List[dict]:
-    from sparsetorch.bench.suites.gnn import DENSE_PART, _pyg, _release, dense_part_ms
-
-    pyg_nn, _ = _pyg()
+    pyg_nn, _ = pyg_layers()
     batches = make_batches(ctx, graph, nodes, fanouts, steps + 5, seed=len(fanouts))
     moved = feed != "on the device"
     if moved:  # what a CPU loader yields: host tensors, moved by the step itself
@@ -178,7 +172,7 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
 
     rows, reference = [], None
     for impl, lib in libs.items():
-        _release(ctx.device)
+        release_memory(ctx.device)
         model = Net3(lib, layer).to(ctx.device)
         model.load_state_dict(initial)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -196,7 +190,7 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
         syncs = _syncs_per_step(step, timed[:5]) if ctx.cuda else None
         rows.append({**base, "impl": impl, "time_ms": seconds * 1e3, "rel_err": err, "syncs_per_step": syncs})
         model = opt = step = None
-    _release(ctx.device)
+    release_memory(ctx.device)
 
     def time_dense(model, opt):
         step = make_step(model, opt)
@@ -204,7 +198,7 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
             step(b)
         return _time_loops(ctx, step, batches[5:])
 
-    dense = dense_part_ms(ctx, Net3(DENSE_PART, layer), time_dense)
+    dense = dense_part_ms(ctx.device, Net3(DENSE_PART, layer), time_dense)
     for r in rows:
         r["dense_part_ms"] = dense
     return rows
@@ -212,8 +206,6 @@ def minibatch_rows(ctx: Context, graph_name: str, graph: torch.Tensor, nodes: in
 
 def minibatch_jobs(ctx: Context, layer: str) -> List[Job]:
     """One job per fanout for ``layer`` on a power-law graph of 300k nodes (20k on the CPU)."""
-    from sparsetorch.bench.suites.gnn import power_law_edge_index
-
     nodes, entries = (300_000, 3_000_000) if ctx.cuda else (20_000, 200_000)
     steps = 20 if ctx.cuda else 3
     name = f"power-law {nodes // 1000}k"
@@ -229,50 +221,3 @@ def minibatch_jobs(ctx: Context, layer: str) -> List[Job]:
         return run
 
     return [job(fan) for fan in (FANOUTS if ctx.cuda else FANOUTS[:1])]
-
-
-def profile_minibatch(layer: str = "GCNConv", fanouts=(15, 10), impl: str = "sparsetorch", rows: int = 30) -> str:
-    """torch.profiler over 5 fresh-graph training steps of one implementation on the CUDA power-law
-    graph: the ops sorted by host (CPU) time, and the host synchronisations per step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from sparsetorch.bench.suites.gnn import _pyg, power_law_edge_index
-    from sparsetorch.bench.timing import make_timer
-
-    dev = torch.device("cuda")
-    ctx = Context(dev, make_timer(dev, True), None, True, None)
-    nodes = 300_000
-    graph = power_law_edge_index(nodes, 3_000_000, seed=7, device="cuda")
-    batches = make_batches(ctx, graph, nodes, fanouts, 10, seed=len(fanouts))
-    lib = st.nn if impl == "sparsetorch" else _pyg()[0]
-    torch.manual_seed(0)
-    model = Net3(lib, layer).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-
-    def step(batch):
-        x, edge_index, y, size = batch
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x, edge_index)[:size], y).backward()
-        opt.step()
-
-    for b in batches[:5]:
-        step(b)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for b in batches[5:]:
-            step(b)
-        torch.cuda.synchronize()
-    averages = prof.key_averages()
-    syncs = sum(e.count for e in averages if e.key in SYNC_CALLS) - 1
-    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-    head = (f"{impl} {layer} fanout {list(fanouts)}: per step {syncs / 5:.1f} host syncs, {launches / 5:.0f} kernel "
-            f"launches")
-    return head + "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=55)
-
-
-if __name__ == "__main__":
-    import sys
-
-    for spec in sys.argv[1:] or ["GCNConv:sparsetorch", "GCNConv:pyg", "SAGEConv:sparsetorch", "SAGEConv:pyg"]:
-        layer_name, impl_name = spec.split(":")
-        print(profile_minibatch(layer_name, impl=impl_name))

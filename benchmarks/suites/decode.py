@@ -1,4 +1,4 @@
-"""The decode suite (issue 48): decode steps of a Llama-3-8B-shaped decoder stack, Wanda-pruned, with
+"""The decode suite: decode steps of a Llama-3-8B-shaped decoder stack, Wanda-pruned, with
 ``SparseLinear(format="auto")`` against the same pruned weights stored dense (``F.linear``, what a user runs
 today). Part of the pruned suite (``--suites pruned``), and alone as ``--suites decode``.
 
@@ -19,7 +19,7 @@ Weights: Gaussian with heavy-tailed (lognormal) row and column scales, as traine
 
 Tokens per step N = 1, 2, 4, 8, 16 (one new token for each of N sequences; ``--widths`` sets them). Every N
 is warmed up before timing (SparseLinear measures its forms on the first call of a token bucket). Each case
-times the whole step (all layers) of both stacks, eager (the run's timer: host-bound steps) and (CUDA)
+times the whole step (all layers) of both stacks, eager (the step timer: host-bound steps) and (CUDA)
 replayed from a CUDA graph (a clean L2 before each replay, as the pruned suite times), and the
 projections alone (``linear_ms``: their share of the step). Before timing, both stacks' outputs are checked
 against the float64 stack (the dense pruned weights in float64): the sparse stack must be within bf16
@@ -44,14 +44,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import sparsetorch as st
-from sparsetorch.bench.ratios import versus
-from sparsetorch.bench.suites.common import TOL, Context, Job, warm_gpu
-from sparsetorch.bench.suites.cpu import time_rounds
+from benchmarks.ratios import versus
+from benchmarks.suites.common import TOL, Context, Job, warm_gpu
+from benchmarks.suites.cpu import time_rounds
 from sparsetorch.pruned import input_norms, wanda_prune
 
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
 DENSE = "dense F.linear (pruned weight)"
-SPARSITIES = ((0.5, "row"), (0.5, "2:4"), (0.7, "row"))  # issue 48's target (50% per row) first
+SPARSITIES = ((0.5, "row"), (0.5, "2:4"), (0.7, "row"))  # the main target (50% per row) first: a run cut short has it
 
 
 @dataclass(frozen=True)
@@ -345,11 +345,12 @@ def _graph_rows(ctx, steps, base, name, n, x, caches, rope, ref, tol, dlabel, ra
 
 
 def _time(ctx: Context, fns: Dict[str, Callable]) -> Dict[str, float]:
-    """Median seconds per call: the run's timer on CUDA (eager steps are host-bound: no sleep kernel may
-    hide the host's time, as the weights' timer's would); on the CPU the implementations interleaved in
-    rounds (cpu.py's time_rounds), so that a change of load on a shared machine hits them alike."""
+    """Median seconds per call: the step timer on CUDA (wall time with a synchronize: eager steps are
+    host-bound, and no queued wait may hide the host's time, as the device timers' would); on the CPU the
+    implementations interleaved in rounds (cpu.py's time_rounds), so that a change of load on a shared
+    machine hits them alike."""
     if ctx.cuda:
-        return {k: ctx.timer(f) for k, f in fns.items()}
+        return {k: ctx.step_timer(f) for k, f in fns.items()}
     return {k: statistics.median(v) for k, v in time_rounds(fns, rounds=5, budget_s=1.0).items()}
 
 

@@ -13,7 +13,7 @@ tensor-core rate); for the sparse rows, an ideal compressed format (values + a b
 m*k/8 bytes, plus x and y) against the useful flops (2 * nnz * N) at the dense tensor-core rate, which a
 2:4 weight's sparse tensor cores reach at most; for the MLP block the sum of its three layers.
 Times: device events with the L2 read (clean) before each call, as a layer meets it in a decoder step
-(timing.make_clean_l2_timer), not zeroed as do_bench does. Each sparse row records the route the layer
+(harness.make_clean_l2_timer), not zeroed as do_bench does. Each sparse row records the route the layer
 chose for that N (``route``), what the layer measured for every candidate form (``route_times``),
 ``vs_dense`` (dense time / this time) and, for the cuSPARSELt paths, the host time per call.
 """
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from sparsetorch.bench.suites.common import Context, Job, copies, gemm_model, host_time_per_call, measure
-from sparsetorch.bench.suites.decode import decode_suite
+from benchmarks.suites.common import Context, Job, copies, gemm_model, host_time_per_call, measure
+from benchmarks.suites.decode import decode_suite
 
 SHAPES_CUDA = ((4096, 4096), (11008, 4096), (4096, 11008))
 SHAPES_CPU = ((256, 256), (688, 256), (256, 688))
@@ -69,7 +69,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
         mlp = (256, 688, (1, 16) if ctx.quick else (1, 16, 128))
         if ctx.quick:
             shapes = shapes[1:2]
-    # Issue 19's targets first (2:4 and 90%), so a run cut short still has them.
+    # The main targets first (2:4 and 90%), so a run cut short still has them.
     sparsities = ("2:4", 0.9, 0.5, 0.7, 0.95) if ctx.cuda or not ctx.quick else ("2:4", 0.9)
     rate = "bfloat16" if ctx.cuda else "float32"
     value = torch.tensor([], dtype=dtype).element_size()
@@ -180,7 +180,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
     for group in (sparsities[:2], sparsities[2:]):
         jobs += [layer_job(m, k, s, 1000 * i + j) for j, s in enumerate(group) for i, (m, k) in enumerate(shapes)]
         jobs += [mlp_job(s, 77 + j) for j, s in enumerate(group)]
-    return jobs + decode_suite(ctx)  # the decoder stack's decode steps (issue 48; rows of suite "decode")
+    return jobs + decode_suite(ctx)  # the decoder stack's decode steps (rows of suite "decode")
 
 
 def _bucket(n: int) -> int:

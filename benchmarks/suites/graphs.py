@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench.suites.common import Context, Job, copies, host_time_per_call, measure, spmm_model
+from benchmarks.suites.common import Context, Job, copies, host_time_per_call, measure, spmm_model
 
 
 def random_graph(nodes: int, per_row: int, seed: int):

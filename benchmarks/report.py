@@ -8,17 +8,17 @@ import os
 from collections import OrderedDict, defaultdict
 from typing import Dict, List, Optional
 
-from sparsetorch.bench.ratios import geomean, summary, versus
-from sparsetorch.bench.suites.cpu import headlines as cpu_headlines
-from sparsetorch.bench.suites.decode import headlines as decode_headlines
-from sparsetorch.bench.suites.skew import summarize as skew_summary
+from benchmarks.ratios import geomean, summary, versus
+from benchmarks.suites.cpu import headlines as cpu_headlines
+from benchmarks.suites.decode import headlines as decode_headlines
+from benchmarks.suites.skew import summarize as skew_summary
 
 NOTES = [
     "`sparsetorch is` compares that implementation's time with sparsetorch's (fp32, `SpmmPlan` with backend "
     "\"auto\") in the same case, in words: \"1.21x faster\" means sparsetorch took 1/1.21 of its time. "
     "Elementwise rows compare within a dtype. The JSON/CSV keep the number as `speedup` (their time / ours).",
     "`floor` is max(bytes / copy bandwidth, flops / GEMM rate) with the byte and flop models of "
-    "sparsetorch/bench/suites/common.py and both ceilings measured once at the start of the run (the copy row of "
+    "benchmarks/suites/common.py and both ceilings measured once at the start of the run (the copy row of "
     "the elementwise suite is that measurement); `of floor` is floor / time. `-` where a row has no byte or "
     "flop model (host overhead, accuracy). The copy moves far more than the last-level cache holds, so a small "
     "case whose operands stay in cache between calls can read above 100%: its floor is the memory's.",
@@ -28,7 +28,7 @@ NOTES = [
     "cupy is called as users call it (`csr_matrix @ ndarray` with a row-major ndarray); torch_geometric "
     "is `SimpleConv(aggr=\"sum\")` with edge weights, i.e. its message passing for the same product.",
     "gnn rows time one training step (forward + backward + Adam) of a 2-layer GCN / GraphSAGE; `peak_GiB` in "
-    "the JSON/CSV is the most memory allocated during a step by that variant (sparsetorch/bench/suites/gnn.py); "
+    "the JSON/CSV is the most memory allocated during a step by that variant (benchmarks/suites/gnn.py); "
     "`dense_part_ms` the same step with every layer's aggregation removed (its GEMMs, ReLU, loss and Adam), "
     "work both libraries do, so torch_geometric's time / the dense part's bounds the ratio a step can reach "
     "(approximately: separate timings, and with batches moved each step the copies' waits overlap differently).",

@@ -17,14 +17,18 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from sparsetorch.bench.timing import Ceilings, Rotating, check, make_clean_l2_timer, rotation
+from benchmarks.harness import (Ceilings, Rotating, Timer, check, host_seconds, make_clean_l2_timer, make_step_timer,
+                                rotation)
 
 Job = Callable[[], List[dict]]
 TOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 3e-2, "float16": 1e-2, "float64": 1e-10}
 
 
 class Context:
-    def __init__(self, device: torch.device, timer, ceilings: Ceilings, quick: bool, data_root: Optional[str],
+    """What a suite gets from the runner: the device, the run's timer (harness.make_timer), the ceilings,
+    quick or full sizes, the data folder and the command line's overrides."""
+
+    def __init__(self, device: torch.device, timer: Timer, ceilings: Ceilings, quick: bool, data_root: Optional[str],
                  widths: Optional[tuple] = None, dtypes: Optional[tuple] = None, layers: Optional[int] = None):
         self.device, self.timer, self.ceilings, self.quick = device, timer, ceilings, quick
         self.data_root = data_root
@@ -40,12 +44,16 @@ class Context:
             print(f"\nleft out: {line}", flush=True)
 
     @property
-    def weights_timer(self):
+    def weights_timer(self) -> Timer:
         """The timer of the suites whose calls stream a large weight (pruned, decode): a clean L2 before
-        each call on CUDA (timing.make_clean_l2_timer), the run's timer on the CPU."""
-        if not hasattr(self, "_weights_timer"):
-            self._weights_timer = make_clean_l2_timer(self.device, self.quick) if self.cuda else self.timer
-        return self._weights_timer
+        each call on CUDA (harness.make_clean_l2_timer), the run's timer on the CPU."""
+        return make_clean_l2_timer(self.device, self.quick) if self.cuda else self.timer
+
+    @property
+    def step_timer(self) -> Timer:
+        """The timer of whole steps (training steps, eager decode steps), whose host time counts: wall
+        time with a synchronize on CUDA (harness.make_step_timer), the run's timer on the CPU."""
+        return make_step_timer(self.device, self.quick) if self.cuda else self.timer
 
     @property
     def cuda(self) -> bool:
@@ -76,13 +84,12 @@ def plan_route(plan, b: torch.Tensor) -> str:
 def host_time_per_call(fn, b: torch.Tensor, reps: int = 200) -> float:
     """Seconds the host spends per call of fn(b) on a CUDA stream that keeps up (no sync inside)."""
     fn(b)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn(b)
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / reps
+
+    def loop():
+        for _ in range(reps):
+            fn(b)
+
+    return host_seconds(loop, b.device) / reps
 
 
 def warm_gpu(ctx: Context, impls: Dict[str, tuple], seconds: float = 0.1) -> None:
@@ -92,7 +99,7 @@ def warm_gpu(ctx: Context, impls: Dict[str, tuple], seconds: float = 0.1) -> Non
     if not ctx.cuda or not impls:
         return
     fn, inputs = next(iter(impls.values()))[:2]
-    start = time.perf_counter()
+    start = time.perf_counter()  # a deadline, not a measurement
     try:
         while time.perf_counter() - start < seconds:
             for _ in range(8):

@@ -8,13 +8,15 @@ partition's minimum (its distinct remote rows x n x element size, counted from i
 the exchange plan), peak memory per rank. Also the all-to-all bandwidth between the GPUs (measured
 first) and a capped-memory run: each process's memory capped (set_per_process_memory_fraction)
 between what 2 ranks need and what one GPU needs for the whole training step; one GPU then runs
-out of memory and 2 GPUs train. Skipped with a message when fewer than 2 CUDA devices are present.
+out of memory and 2 GPUs train. Left out, with a message, when fewer than 2 CUDA devices are present.
 
-Rehearsal on CPUs (gloo): ``python -m sparsetorch.bench.suites.distributed --device cpu --nodes 20000``.
+With ``--device cpu`` the suite rehearses on CPU processes (gloo) with a 20k-node graph: the same code
+paths, minutes on a laptop (``SPARSETORCH_BENCH_DIST_RANKS`` sets the process counts there too).
+Times: the slowest rank's median wall time with a synchronize (harness.once per repetition).
+The off-line halo and exchange-volume tables: ``python -m benchmarks.distributed_partition``.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
 import json
@@ -26,9 +28,9 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-from sparsetorch.bench.ratios import versus
-from sparsetorch.bench.suites.common import Context, Job, gemm_model, spmm_model
-from sparsetorch.bench.timing import call_seconds
+from benchmarks.harness import once
+from benchmarks.ratios import versus
+from benchmarks.suites.common import Context, Job, gemm_model, spmm_model
 
 GIB = 2**30
 
@@ -57,7 +59,11 @@ def _count(x: int) -> str:
 
 
 def distributed_suite(ctx: Context) -> List[Job]:
-    count = torch.cuda.device_count() if ctx.cuda else 0
+    if not ctx.cuda:  # the rehearsal: gloo processes on the CPU, a small graph
+        cfg = _config(ctx.quick, "cpu", 20_000)
+        cfg.update(widths=(16, 64), features=32, hidden=64, reps=3)
+        return [functools.partial(run, ctx, cfg, world=w) for w in _worlds(None)]
+    count = torch.cuda.device_count()
     if count < 2:
         ctx.leave_out("distributed (the whole suite)", f"needs at least 2 CUDA devices, found {count}")
         return []
@@ -72,10 +78,11 @@ def distributed_suite(ctx: Context) -> List[Job]:
 RANKS_ENV = "SPARSETORCH_BENCH_DIST_RANKS"  # e.g. "2,3,4": the rank counts the suite runs (default 2)
 
 
-def _worlds(count: int) -> List[int]:
-    """The rank counts to run: those of SPARSETORCH_BENCH_DIST_RANKS (default "2") that the host has."""
+def _worlds(count) -> List[int]:
+    """The rank counts to run: those of SPARSETORCH_BENCH_DIST_RANKS (default "2") that the host has
+    (``count`` GPUs; None: CPU processes, any count)."""
     asked = [int(w) for w in os.environ.get(RANKS_ENV, "2").split(",") if w.strip()]
-    return [w for w in asked if 2 <= w <= count]
+    return [w for w in asked if 2 <= w and (count is None or w <= count)]
 
 
 def run(ctx: Context, cfg: dict, world: int = 2) -> List[dict]:
@@ -111,7 +118,7 @@ def _max(value: float, group, device) -> float:
     return float(t)
 
 
-def _time(fn, group, device, reps: int, warmup: int, calls: int = 1) -> float:
+def time_ranks(fn, group, device, reps: int, warmup: int, calls: int = 1) -> float:
     """The slowest rank's median seconds per call (ranks aligned before each timing). ``calls`` > 1:
     each timing runs that many calls back to back and divides, a loop's steady state, where the
     host's work for a call (argument checks, the ranks' agreement on them) overlaps the GPU's work
@@ -126,7 +133,7 @@ def _time(fn, group, device, reps: int, warmup: int, calls: int = 1) -> float:
 
     for _ in range(reps):
         _sync(group, device)
-        times.append(call_seconds(loop, device) / calls)
+        times.append(once(loop, device)[1] / calls)
     return _max(statistics.median(times), group, device)
 
 
@@ -140,7 +147,7 @@ def _peak(device):
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def _free(device):
+def free_memory(device):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -154,14 +161,14 @@ def _link(cfg, group, device, rank, world) -> List[dict]:
         send = torch.empty(size * (world - 1), dtype=torch.uint8, device=device)
         recv = torch.empty_like(send)
         splits = [0 if p == rank else size for p in range(world)]
-        seconds = _time(functools.partial(dist.all_to_all_single, recv, send, splits, splits, group=group), group,
+        seconds = time_ranks(functools.partial(dist.all_to_all_single, recv, send, splits, splits, group=group), group,
                         device, 5, 2)
         out.append({"bytes_per_peer": size, "seconds": seconds, "GBps_per_rank": size * (world - 1) / seconds / 1e9})
         del send, recv
     return out
 
 
-def _global_b(cfg, n, device):
+def global_b(cfg, n, device):
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg["seed"] * 100 + n)
     return torch.randn(cfg["nodes"], n, generator=gen, device=device)
@@ -180,22 +187,22 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
 
     out = {}
     for n in cfg["widths"]:
-        B = _global_b(cfg, n, device)
+        B = global_b(cfg, n, device)
         rec = {}
         if plan is not None:
             _peak_reset(device)
-            rec["plan_s"] = _time(functools.partial(plan, B), group, device, cfg["reps"], cfg["warmup"])
-            rec["plan_loop_s"] = _time(functools.partial(plan, B), group, device, cfg["reps"], 0, cfg["loop"])
+            rec["plan_s"] = time_ranks(functools.partial(plan, B), group, device, cfg["reps"], cfg["warmup"])
+            rec["plan_loop_s"] = time_ranks(functools.partial(plan, B), group, device, cfg["reps"], 0, cfg["loop"])
             rec["plan_peak"] = _peak(device)
             full = plan(B)
             rec["reference_rows"] = full[b_rows[0]:b_rows[1]].cpu()  # off the GPU: not in the 2-GPU peaks
             del full
         b = B[A.col_start:A.col_end].clone()
         del B
-        _free(device)
+        free_memory(device)
         _peak_reset(device)
-        rec["seconds"] = _time(functools.partial(st.spmm, A, b), group, device, cfg["reps"], cfg["warmup"])
-        rec["loop_s"] = _time(functools.partial(st.spmm, A, b), group, device, cfg["reps"], 0, cfg["loop"])
+        rec["seconds"] = time_ranks(functools.partial(st.spmm, A, b), group, device, cfg["reps"], cfg["warmup"])
+        rec["loop_s"] = time_ranks(functools.partial(st.spmm, A, b), group, device, cfg["reps"], 0, cfg["loop"])
         rec["peak"] = _peak(device)
         A.halo_plan.reset_stats()
         y = st.spmm(A, b)
@@ -207,12 +214,12 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
         if A.halo_plan.active:  # the three parts alone, to see how much of the exchange the overlap hides
             from sparsetorch.distributed._spmm import _route
 
-            rec["exchange_s"] = _time(functools.partial(_exchange_only, A.halo_plan, b), group, device,
+            rec["exchange_s"] = time_ranks(functools.partial(exchange_only, A.halo_plan, b), group, device,
                                       cfg["reps"], 1)
             halo = A.halo_plan.exchange(b)
             for part, operand, key in ((A.local, b, "local"), (A.remote, halo, "remote")):
                 route = _route(A, key, part, operand, "auto")
-                rec[f"{key}_alone_s"] = _time(functools.partial(st.spmm, part, operand, backend=route), group,
+                rec[f"{key}_alone_s"] = time_ranks(functools.partial(st.spmm, part, operand, backend=route), group,
                                               device, cfg["reps"], 1)
             del halo
         if reference is not None:
@@ -223,11 +230,11 @@ def _spmm_cases(cfg, A, group, device, b_rows, reference=None, plan=None):
             del got
         out[n] = rec
         del b, y
-        _free(device)
+        free_memory(device)
     return out
 
 
-def _exchange_only(plan, b):
+def exchange_only(plan, b):
     recv, pending = plan.start(b, plan.exchange_dtype)  # as a product moves the rows
     plan.finish(pending)
     return recv
@@ -262,8 +269,8 @@ def _gcn_case(cfg, A, rows, group, device, steps: int, reps: int):
     rec = {"losses": losses}
     if reps:
         _peak_reset(device)
-        rec["seconds"] = _time(step, group, device, reps, 1)
-        rec["loop_s"] = _time(step, group, device, reps, 0, cfg["loop"])
+        rec["seconds"] = time_ranks(step, group, device, reps, 1)
+        rec["loop_s"] = time_ranks(step, group, device, reps, 0, cfg["loop"])
         rec["peak"] = _peak(device)
         plan = A.gcn_normalized().halo_plan
         plan.reset_stats()
@@ -291,6 +298,7 @@ def _solo_under_cap(cfg, degrees, group, device) -> dict:
 
 
 def _log(rank, start, text):
+    """Rank 0's progress line, with the seconds since ``start`` (the worker's start)."""
     if rank == 0:
         print(f"  [distributed {time.perf_counter() - start:6.1f} s] {text}", flush=True)
 
@@ -322,9 +330,8 @@ def _worker(rank, world, cfg) -> dict:
 
     # 1 GPU: every rank runs the whole graph on its own GPU (rank 0's numbers are reported; the
     # other ranks' give their rows of the reference for the 2-GPU results)
-    t0 = time.perf_counter()
-    whole = power_law_block(N, cfg["degree"], seed=cfg["seed"], device=device, degrees=degrees)
-    res["generate_whole_s"] = time.perf_counter() - t0
+    whole, res["generate_whole_s"] = once(lambda: power_law_block(N, cfg["degree"], seed=cfg["seed"], device=device,
+                                                                   degrees=degrees), device)
     plan = st.SpmmPlan(whole, validate=False)
     one = DistributedCSR.from_global(whole, group=solo)
     _log(rank, start, f"whole graph generated ({res['entries']} entries, {res['generate_whole_s']:.2f} s)")
@@ -333,10 +340,10 @@ def _worker(rank, world, cfg) -> dict:
                                                    for n, v in spmm1.items()))
     reference = {n: spmm1[n].pop("reference_rows") for n in cfg["widths"]}
     del plan, whole
-    _free(device)
+    free_memory(device)
     gcn1 = _gcn_case(cfg, one, (0, N), solo, device, steps=3, reps=cfg["reps"])
     del one
-    _free(device)
+    free_memory(device)
     res["one"] = {"spmm": spmm1, "gcn": gcn1}
     _save_partial(cfg, rank, res)
     _log(rank, start, f"1 GPU: GCN step {gcn1['seconds'] * 1e3:.2f} ms, peak {_gib(gcn1['peak'])} GiB")
@@ -344,9 +351,8 @@ def _worker(rank, world, cfg) -> dict:
     # 2+ GPUs: each rank generates only its rows; the default transport (the headline rows), then the
     # other transport (CUDA), then the default with B's rows moved in bf16 (exchange_dtype)
     _sync(world_group, device)
-    t0 = time.perf_counter()
-    block = power_law_block(N, cfg["degree"], rows=(r0, r1), seed=cfg["seed"], device=device, degrees=degrees)
-    res["generate_block_s"] = time.perf_counter() - t0
+    block, res["generate_block_s"] = once(lambda: power_law_block(N, cfg["degree"], rows=(r0, r1), seed=cfg["seed"],
+                                                                   device=device, degrees=degrees), device)
     res["min_rows"] = _remote_rows(block, r0, r1)
     res["block_entries"] = block.col_indices.numel()
     for key, transport, exchange_dtype in (("two", "auto", None), ("two_other", None, None),
@@ -355,28 +361,30 @@ def _worker(rank, world, cfg) -> dict:
             if device.type != "cuda":
                 continue  # CPU ranks have the all-to-all only
             transport = "all_to_all" if res["two"]["transport"] == "copy_engine" else "copy_engine"
-        t0 = time.perf_counter()
-        try:
+        def build(transport=transport):
             two = DistributedCSR.from_blocks(block, transport=transport)
             # the copy engines map the peers' buffers at the first exchange: fail here, not mid-case
             two.halo_plan.exchange(torch.zeros(two.col_end - two.col_start, 1, device=device))
+            return two
+
+        try:
+            two, res["build_s"] = once(build, device)
         except RuntimeError as e:  # copy engines asked for where the GPUs cannot map each other's memory
             res[f"{key}_skipped"] = str(e)[:200]
             continue
         if exchange_dtype is not None:
             two.exchange_dtype = exchange_dtype
-        res["build_s"] = time.perf_counter() - t0
         res["halo_rows"] = two.halo_size
         spmm2 = _spmm_cases(cfg, two, world_group, device, (r0, r1), reference=reference)
         _log(rank, start, f"{world} GPUs ({two.halo_plan.transport.name}): spmm " +
              ", ".join(f"n={n} {v['seconds'] * 1e3:.2f} ms" for n, v in spmm2.items()))
-        _free(device)
+        free_memory(device)
         gcn2 = _gcn_case(cfg, two, (r0, r1), world_group, device, steps=3, reps=cfg["reps"])
         res[key] = {"spmm": spmm2, "gcn": gcn2, "transport": two.halo_plan.transport.name,
                     "element": 2 if exchange_dtype is not None else 4,  # bytes per exchanged value
                     "label": _impl(world, two.halo_plan.transport.name) + (", B rows in bf16" if exchange_dtype else "")}
         del two
-        _free(device)
+        free_memory(device)
         _save_partial(cfg, rank, res)
         _log(rank, start, f"{world} GPUs ({res[key]['transport']}): GCN step {gcn2['seconds'] * 1e3:.2f} ms, peak "
                           f"{_gib(gcn2['peak'])} GiB (+ {_gib(gcn2['outside_bytes'])} GiB outside the allocator)")
@@ -405,12 +413,12 @@ def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, devi
         return out
     cap = 0.5 * (one_peak + two_peak)
     out["cap"] = cap
-    _free(device)
+    free_memory(device)
     torch.cuda.set_per_process_memory_fraction(cap / total, device)
     try:
         if rank == 0:
             out["one_gpu_under_cap"] = _solo_under_cap(cfg, degrees, solo, device)
-        _free(device)
+        free_memory(device)
         torch.cuda.set_per_process_memory_fraction((cap - outside) / total, device)
         _sync(world_group, device)
         block = power_law_block(cfg["nodes"], cfg["degree"], rows=rows, seed=cfg["seed"], device=device,
@@ -427,7 +435,7 @@ def _capped(cfg, degrees, rank, world, rows, gcn1, gcn2, solo, world_group, devi
     except torch.cuda.OutOfMemoryError as e:
         out["error"] = str(e).split("\n")[0][:300]
     finally:
-        _free(device)
+        free_memory(device)
         torch.cuda.set_per_process_memory_fraction(1.0, device)
     return out
 
@@ -591,211 +599,3 @@ def _print_summary(r0: dict, rows: List[dict]) -> None:
     capped = r0.get("capped")
     if capped and "epoch_s" not in capped:
         print(f"  capped run: {capped}")
-
-
-# --- the halo of a partition, off line (no group, no GPU) -----------------------------------------
-# Relabellings measured against today's balanced-entry blocks of the natural order; none of them
-# wins on the power-law generator (docs/distributed.md, "Partitioning"), so they live here, not in
-# sparsetorch.distributed.partition.
-
-def relabel(a, order: torch.Tensor):
-    """The square matrix with its nodes renumbered: new node j is old node ``order[j]`` (rows and
-    columns alike, ``P A P^T``). Columns keep their order within each row (not re-sorted)."""
-    from sparsetorch.csr import CSR
-
-    m, k = a.shape
-    if m != k:
-        raise ValueError(f"relabel: expected a square matrix, got shape {a.shape}")
-    order = order.long().to(a.crow_indices.device)
-    if order.numel() != m:
-        raise ValueError(f"relabel: expected an order of {m} nodes, got {order.numel()}")
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(m, device=order.device)
-    crow = a.crow_indices.long()
-    counts = (crow[1:] - crow[:-1])[order]
-    new_crow = torch.zeros(m + 1, dtype=torch.int64, device=crow.device)
-    torch.cumsum(counts, 0, out=new_crow[1:])
-    nnz = a.col_indices.numel()
-    # entry e of new row j comes from old entry crow[order[j]] + (e - new_crow[j])
-    src = torch.repeat_interleave(crow[:-1][order] - new_crow[:-1], counts, output_size=nnz)
-    src += torch.arange(nnz, device=crow.device)
-    col = rank[a.col_indices.long()[src]]
-    values = a.values[src]
-    del src
-    return CSR(new_crow.to(a.index_dtype), col.to(a.index_dtype), values, a.shape)
-
-
-ORDERINGS = ("natural", "random", "degree", "rcm")
-
-
-def node_order(a, ordering: str, seed: int = 0) -> torch.Tensor:
-    """A relabelling of the nodes of a square matrix (for :func:`relabel`): "natural" (as stored),
-    "random" (a control), "degree" (by in + out degree, largest first: hubs together), "rcm"
-    (reverse Cuthill-McKee of the symmetrised pattern, SciPy's: a BFS order that keeps neighbours
-    in nearby rows, so in the same block)."""
-    m = a.shape[0]
-    crow = a.crow_indices.long()
-    if ordering == "natural":
-        return torch.arange(m)
-    if ordering == "random":
-        gen = torch.Generator()
-        gen.manual_seed(seed)
-        return torch.randperm(m, generator=gen)
-    if ordering == "degree":
-        deg = (crow[1:] - crow[:-1]).cpu() + torch.bincount(a.col_indices.long().cpu(), minlength=m)
-        return torch.sort(deg, descending=True, stable=True).indices
-    if ordering == "rcm":
-        import numpy as np
-        import scipy.sparse as sp
-        from scipy.sparse.csgraph import reverse_cuthill_mckee
-
-        nnz = a.col_indices.numel()
-        pattern = sp.csr_matrix((np.ones(nnz, dtype=np.bool_), a.col_indices.cpu().numpy(), crow.cpu().numpy()),
-                                shape=(m, m))
-        sym = (pattern + pattern.T).tocsr()
-        del pattern
-        sym.sort_indices()
-        return torch.from_numpy(reverse_cuthill_mckee(sym, symmetric_mode=True).astype(np.int64))
-    raise ValueError(f"ordering: expected one of {', '.join(ORDERINGS)}, got {ordering!r}")
-
-
-
-def _halo_model(nodes: int, degree: float, seed: int, entries: int, parts: int) -> float:
-    """The expected halo rows of a part of the power-law graph: its entries/parts columns are drawn
-    independently with the generator's column probabilities w_c, so it references column c with
-    probability 1 - exp(-entries/parts * w_c), and owns 1/parts of them. No ordering of the nodes
-    changes this sum (only which part owns the hub rows, i.e. the entry balance)."""
-    from sparsetorch.distributed.graphs import _pareto
-
-    w = _pareto(torch.arange(nodes), seed * 4 + 1, 1.5)
-    w /= w.sum()
-    return float((1 - torch.exp(-(entries / parts) * w)).sum()) * (1 - 1 / parts)
-
-
-def halo_table(nodes: int, degree: float = 32, seed: int = 11, parts=(2, 4, 8, 16, 64),
-               orderings=("natural", "random", "degree", "rcm"), widths=(64, 256), log=print) -> List[dict]:
-    """Per ordering and part count: the rows and bytes each part receives per product with the
-    balanced-entry row blocks of the relabelled power-law graph (the suite's generator, on the CPU),
-    against the partition's minimum (partition.halo_counts). Times are of the ordering alone."""
-    from sparsetorch.distributed import balanced_row_bounds, power_law_graph
-    from sparsetorch.distributed.partition import halo_counts
-
-    t0 = time.perf_counter()
-    g = power_law_graph(nodes, degree, seed=seed)
-    entries = g.col_indices.numel()
-    log(f"graph: {nodes} nodes, {entries} entries, generated in {time.perf_counter() - t0:.1f} s")
-    out = []
-    for ordering in orderings:
-        t0 = time.perf_counter()
-        order = node_order(g, ordering, seed)
-        order_s = time.perf_counter() - t0
-        h = g if ordering == "natural" else relabel(g, order)
-        del order
-        for p in parts:
-            bounds = balanced_row_bounds(h.crow_indices, p)
-            c = halo_counts(h, bounds)
-            rec = {"ordering": ordering, "parts": p, "nodes": nodes, "entries": entries, "order_s": order_s,
-                   "model_mean_rows": _halo_model(nodes, degree, seed, entries, p),
-                   "needed_rows": c["needed"], "received_rows": c["received"], "entries_per_part": c["entries"],
-                   "rows_per_part": c["rows"],
-                   "max_needed_rows": max(c["needed"]), "mean_needed_rows": sum(c["needed"]) / p,
-                   "max_received_rows": max(c["received"]), "total_received_rows": sum(c["received"]),
-                   "ratio": max(r / n if n else 1.0 for r, n in zip(c["received"], c["needed"])),
-                   "entry_imbalance": max(c["entries"]) * p / max(1, entries),
-                   "local_entry_fraction": [le / max(1, e) for le, e in zip(c["local_entries"], c["entries"])]}
-            for n in widths:
-                rec[f"max_MiB_per_rank_n{n}"] = rec["max_received_rows"] * n * 4 / 2**20
-            out.append(rec)
-            log(f"{ordering:8s} {p:3d} parts: halo rows per part max {rec['max_needed_rows']}, mean "
-                f"{rec['mean_needed_rows']:.0f} ({rec['mean_needed_rows'] / nodes:.3f} of the nodes; model "
-                f"{rec['model_mean_rows']:.0f}), received / "
-                f"minimum {rec['ratio']:.4f}, n=256 fp32 {rec['max_MiB_per_rank_n256']:.1f} MiB per rank max, "
-                f"entry imbalance {rec['entry_imbalance']:.3f}, local entries {min(rec['local_entry_fraction']):.3f}-"
-                f"{max(rec['local_entry_fraction']):.3f} (ordering {order_s:.1f} s)")
-        del h
-        gc.collect()
-    return out
-
-
-def host_table(nodes: int, degree: float = 32, seed: int = 11, gpus=(8, 16, 64), per_host: int = 8,
-               widths=(64, 256), log=print) -> List[dict]:
-    """Past one host, off line: per GPU count (``per_host`` GPUs per host, balanced-entry row blocks
-    of the power-law graph), the rows each GPU receives per product, the part of them from GPUs on
-    other hosts, and per host what crosses the network: flat (every GPU fetches its own rows) and
-    deduplicated (each distinct row a host needs from another host crosses once, then moves on
-    NVLink: the halo of the host-level partition)."""
-    from sparsetorch.distributed import balanced_row_bounds, power_law_graph
-    from sparsetorch.distributed.partition import halo_counts
-
-    g = power_law_graph(nodes, degree, seed=seed)
-    out = []
-    for p in gpus:
-        bounds = balanced_row_bounds(g.crow_indices, p)
-        c = halo_counts(g, bounds)
-        hosts = max(1, p // per_host)
-        host_of = [r * hosts // p for r in range(p)]
-        off_host = [sum(n for q, n in enumerate(c["pairs"][r]) if host_of[q] != host_of[r]) for r in range(p)]
-        flat = [sum(off_host[r] for r in range(p) if host_of[r] == h) for h in range(hosts)]
-        if hosts > 1:
-            host_bounds = [bounds[h * p // hosts] for h in range(hosts + 1)]
-            dedup = halo_counts(g, host_bounds)["needed"]
-        else:
-            dedup = [0]
-        rec = {"gpus": p, "hosts": hosts, "nodes": nodes, "entries": g.col_indices.numel(),
-               "received_rows_per_gpu_max": max(c["received"]), "received_rows_per_gpu_mean": sum(c["received"]) / p,
-               "min_rows_per_gpu_max": max(c["needed"]), "off_host_rows_per_gpu_max": max(off_host),
-               "network_rows_per_host_flat_max": max(flat), "network_rows_per_host_dedup_max": max(dedup),
-               "total_received_rows": sum(c["received"])}
-        for n in widths:
-            mib = n * 4 / 2**20
-            rec[f"n{n}_MiB"] = {k: v * mib for k, v in rec.items() if k.endswith("_max") or k.endswith("_mean")
-                                or k == "total_received_rows"}
-        out.append(rec)
-        log(f"{p:3d} GPUs on {hosts} host(s): per GPU max {rec['received_rows_per_gpu_max']} rows received "
-            f"(minimum {rec['min_rows_per_gpu_max']}), {rec['off_host_rows_per_gpu_max']} from other hosts; per host "
-            f"over the network: flat {rec['network_rows_per_host_flat_max']}, deduplicated "
-            f"{rec['network_rows_per_host_dedup_max']} rows; all GPUs together {rec['total_received_rows']} rows")
-    return out
-
-
-def main(argv=None):
-    from sparsetorch.bench.timing import make_timer, measure_ceilings
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--nodes", type=int, default=None)
-    ap.add_argument("--full", action="store_true")
-    ap.add_argument("--halo-table", action="store_true",
-                    help="only the off-line halo volume per ordering and part count (CPU, no group)")
-    ap.add_argument("--parts", default="2,4,8,16,64", help="with --halo-table: part counts")
-    ap.add_argument("--orderings", default="natural,random,degree,rcm", help="with --halo-table: orderings")
-    ap.add_argument("--json", default=None, help="with --halo-table: write the rows here")
-    ap.add_argument("--host-table", action="store_true",
-                    help="only the off-line exchange volume past one host (8, 16, 64 GPUs, 8 per host)")
-    args = ap.parse_args(argv)
-    if args.host_table:
-        rows = host_table(args.nodes or (1 << 22))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        return rows
-    if args.halo_table:
-        rows = halo_table(args.nodes or (1 << 22), parts=[int(p) for p in args.parts.split(",")],
-                          orderings=args.orderings.split(","))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        return rows
-    device = torch.device(args.device)
-    timer = make_timer(device, True)
-    ctx = Context(device, timer, measure_ceilings(device, timer, True), not args.full, None)
-    cfg = _config(ctx.quick, args.device, args.nodes or (1 << 23 if args.device == "cuda" else 20_000))
-    if args.device == "cpu":
-        cfg.update(widths=(16, 64), features=32, hidden=64, reps=3)
-    for r in run(ctx, cfg, world=args.ranks):
-        print({k: v for k, v in r.items() if k not in ("link",)})
-
-
-if __name__ == "__main__":
-    main()

@@ -7,8 +7,8 @@ from typing import List
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench.suites.common import Context, Job
-from sparsetorch.bench.timing import check, copy_elements
+from benchmarks.suites.common import Context, Job
+from benchmarks.harness import check, copy_elements
 
 
 def elementwise_suite(ctx: Context) -> List[Job]:

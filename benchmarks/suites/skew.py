@@ -1,6 +1,6 @@
 """The skew suite: matrices built to be adversarial to a route chooser (power-law rows at several
 exponents, a few rows holding most entries, one dense row, half the rows empty, banded, clustered
-blocks, long uniform rows, the real matrices of ../shared/data), B widths 1 .. 512, float32 and bfloat16.
+blocks, long uniform rows, the real matrices of the data folder), B widths 1 .. 512, float32 and bfloat16.
 
 Each case times the default call exactly as a user makes it (``st.spmm(A, B)`` with a torch sparse
 CSR ``A``; its first call is made before timing, so the row is a user's steady state), every route
@@ -9,25 +9,24 @@ reference first. The row of the default call records the route it took. Floors: 
 common.py (A once, each referenced B row once, C once) and the gather bound (every entry gathers a
 B row: nnz * n * value bytes, from L2 when B fits in it).
 
-Two times per implementation on CUDA: ``time_ms``, do_bench's median device time of one call after an
-L2 flush, and ``loop_ms``, the time per call of calls made back to back with one sync at the end (what
-a user's loop sees: host time included, B warm in L2). A route with a heavy host side (cuSPARSE's
+Two times per implementation on CUDA: ``time_ms``, the median device time of one call after an L2 flush
+(the run's timer, do_bench's rule), and ``loop_ms``, the time per call of calls made back to back with one
+sync at the end (what a user's loop sees: host time included, B warm in L2). A route with a heavy host side (cuSPARSE's
 descriptors, densify's GEMM call) can be the fastest by the first and the slowest by the second.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable, List, Tuple
 
 import numpy as np
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench.ratios import summary
-from sparsetorch.bench.suites.common import Context, Job, measure, spmm_model
-from sparsetorch.bench.suites.graphs import real_graphs
-from sparsetorch.bench.timing import l2_bytes
+from benchmarks.harness import host_seconds, once
+from benchmarks.ratios import summary
+from benchmarks.suites.common import Context, Job, measure, spmm_model
+from benchmarks.suites.graphs import real_graphs
+from sparsetorch import timing
 
 ROUTES = ("native", "balanced", "split", "tiled", "cusparse", "densify")
 # The densify route expands A: only where that stays small.
@@ -177,14 +176,14 @@ def skew_suite(ctx: Context) -> List[Job]:
                             "k": k, "nnz": nnz, "dtype_case": label}
                     measured = measure(ctx, base, impls, ref, sb)
                     gather = nnz * n * size
-                    gather_floor = gather / ctx.ceilings.bandwidth if k * n * size > l2_bytes(ctx.device) else None
+                    gather_floor = gather / ctx.ceilings.bandwidth if k * n * size > timing.l2_bytes(ctx.device) else None
                     for r in measured:
                         r["gather_floor_ms"] = gather_floor * 1e3 if gather_floor else None
                         if r["impl"] == "st.spmm (default)":
                             r["route"] = _route_of_default(A_torch, B)
                         if ctx.cuda:
                             fn = impls[r["impl"]][0]
-                            r["loop_ms"] = loop_ms(lambda fn=fn: fn(B), r["time_ms"])
+                            r["loop_ms"] = loop_ms(lambda fn=fn: fn(B), r["time_ms"], ctx.device)
                     rows += measured
             return rows
 
@@ -205,7 +204,7 @@ def overhead_job(ctx: Context) -> Job:
         B = torch.randn(1000, 16, device=ctx.device)
 
         def host_us(fn):
-            return back_to_back(fn, 2000 if ctx.cuda else 200, ctx.cuda)[0] * 1e6
+            return host_per_call(fn, 2000 if ctx.cuda else 200, ctx.device) * 1e6
 
         for name, fn in (("st.spmm (default)", lambda: st.spmm(A, B)),
                          ("st.spmm validate=False", lambda: st.spmm(A, B, validate=False)),
@@ -230,13 +229,7 @@ def overhead_job(ctx: Context) -> Job:
         for _ in range(5):
             fresh = torch.sparse_csr_tensor(Ab.crow_indices().clone(), Ab.col_indices().clone(), Ab.values(),
                                             Ab.shape)
-            if ctx.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            st.spmm(fresh, Bb)
-            if ctx.cuda:
-                torch.cuda.synchronize()
-            firsts.append(time.perf_counter() - t0)
+            firsts.append(once(lambda: st.spmm(fresh, Bb), ctx.device)[1])
         first = sorted(firsts)[2]
         rows.append({**base, "case": f"first call on a new matrix, uniform {m // 1000}k, 16/row, n=32",
                      "impl": "st.spmm (default), first call", "dtype": "float32", "time_ms": first * 1e3,
@@ -246,31 +239,33 @@ def overhead_job(ctx: Context) -> Job:
     return run
 
 
-def back_to_back(fn: Callable[[], object], calls: int, cuda: bool) -> Tuple[float, float]:
-    """(host seconds, seconds) per call of ``fn`` called ``calls`` times back to back after one warm
-    call: the time to issue them, and the time until the device has finished them (one sync)."""
+def _loop(fn: Callable[[], object], calls: int) -> Callable[[], None]:
+    def loop():
+        for _ in range(calls):
+            fn()
+
+    return loop
+
+
+def host_per_call(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Host seconds per call of ``fn`` called ``calls`` times back to back after one warm call: the time
+    to issue them (no sync inside)."""
     fn()
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = time.perf_counter() - t0
-    if cuda:
-        torch.cuda.synchronize()
-    return host / calls, (time.perf_counter() - t0) / calls
+    return host_seconds(_loop(fn, calls), device) / calls
 
 
-def loop_ms(fn: Callable[[], object], per_call_ms: float, repeats: int = 2, budget_ms: float = 10.0) -> float:
-    """Milliseconds per call of ``fn`` (CUDA) called back to back, about ``budget_ms`` of calls (5 to
-    200) and one synchronisation at the end; the median of ``repeats`` such loops."""
+def loop_ms(fn: Callable[[], object], per_call_ms: float, device: torch.device, repeats: int = 2,
+            budget_ms: float = 10.0) -> float:
+    """Milliseconds per call of ``fn`` called back to back, about ``budget_ms`` of calls (5 to 200) and
+    one synchronisation at the end, after one warm call; the median of ``repeats`` such loops."""
     calls = max(5, min(200, int(budget_ms / max(per_call_ms, 1e-3))))
-    return statistics.median(back_to_back(fn, calls, True)[1] for _ in range(repeats)) * 1e3
+    fn()
+    return timing.wall_time(_loop(fn, calls), device=device, reps=repeats, warmup=0) / calls
 
 
 def summarize(rows: List[dict]) -> List[str]:
     """The default call against the best of (torch.sparse.mm, every route) per case, and its geometric
-    mean over torch.sparse.mm, by do_bench's time and (CUDA) by the loop time; the overhead rows."""
+    mean over torch.sparse.mm, by the device time and (CUDA) by the loop time; the overhead rows."""
     lines = []
     for key, how in (("time_ms", ""), ("loop_ms", " in a loop (calls back to back, host time included)")):
         by_case = {}

@@ -22,16 +22,16 @@ compare against torch's own first call and our own steady call.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 
 import sparsetorch as st
+from benchmarks.harness import once
+from benchmarks.suites.common import Context, Job
+from benchmarks.suites.skew import cases as skew_cases, power_law_lengths, with_row_lengths
 from sparsetorch._ops import ops
-from sparsetorch.bench.suites.common import Context, Job
-from sparsetorch.bench.suites.skew import cases as skew_cases, power_law_lengths, with_row_lengths
 
 CALLS = 10
 
@@ -67,10 +67,7 @@ def _call_times(ctx: Context, fn: Callable[[], object], calls: int, allocs: Opti
     for _ in range(calls):
         _sync(ctx)
         before = _device_allocs(ctx) if allocs is not None else 0
-        t0 = time.perf_counter()
-        fn()
-        _sync(ctx)
-        times.append(time.perf_counter() - t0)
+        times.append(once(fn, ctx.device)[1])
         if allocs is not None:
             allocs.append(_device_allocs(ctx) - before)
     return times
@@ -167,14 +164,14 @@ def stream_job(ctx: Context) -> Job:
         for impl, fn in (("st.spmm", st.spmm), ("torch.sparse.mm", torch.sparse.mm)):
             _forget_everything()
             copies = [_copy(a) for a in mats]
-            _sync(ctx)
-            t0 = time.perf_counter()
-            for a in copies:
-                b = B[:a.shape[1]]
-                for _ in range(3):
-                    fn(a, b)
-            _sync(ctx)
-            per = (time.perf_counter() - t0) / count
+
+            def stream(fn=fn, copies=copies):
+                for a in copies:
+                    b = B[:a.shape[1]]
+                    for _ in range(3):
+                        fn(a, b)
+
+            per = once(stream, ctx.device)[1] / count
             rows.append({"suite": "fresh", "case": f"stream of {count} fresh power-law 5k matrices, 3 calls each, n=64",
                          "impl": impl, "dtype": "float32", "time_ms": per * 1e3, "GBps": 0.0, "GFLOPs": 0.0,
                          "floor_ms": 0.0, "of_floor": 0.0})

@@ -1,5 +1,5 @@
-"""python -m sparsetorch.bench: sparsetorch against dense matmul and the libraries users would pick,
-on the best device present (CUDA if available, else the CPU).
+"""python -m benchmarks (or python benchmarks/run.py), from the repository root: sparsetorch against dense
+matmul and the libraries users would pick, on the best device present (CUDA if available, else the CPU).
 
 Suites (--suites, comma-separated; default: the first five, and with --full also gnn and pruned). Sizes are
 the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
@@ -31,40 +31,70 @@ the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
   decode       decode steps (N = 1..16 tokens) of a Llama-3-8B-shaped decoder stack (--layers, default 4 /
                a 1-layer hidden-256 stack on the CPU), Wanda-pruned to 50% and 70% per row and 2:4:
                SparseLinear against the pruned weights stored dense, tokens/s, eager and CUDA graph.
-  distributed  SpMM and GCN steps on 1 vs 2+ GPUs (left out with fewer than 2 devices).
+  distributed  SpMM and GCN steps on 1 vs 2+ GPUs (left out with fewer than 2 devices; with --device cpu a
+               rehearsal on CPU processes).
   cpu          the CPU kernels, on the CPU also on a GPU machine: SpMM on graphs and pruned weights
                (n = 1..128) vs torch.sparse.mm (MKL) and SciPy, SDDMM, scaling, and the elementwise
                ops and fused bias + GELU vs eager torch [and torch.compile].
-Other suites may be listed by --suites' help. Floors (max(bytes / copy bandwidth, flops / GEMM rate)) come
+Floors (max(bytes / copy bandwidth, flops / GEMM rate)) come
 from one copy and one GEMM per dtype measured at the start of the run and printed in its first line.
 --full runs every size. Every implementation's output is checked against a float64 reference before it is
 timed. Results go to --out (default bench-results/<device>): results.json, results.csv, README.md (table +
 headlines) and PNG plots.
 
-Real data (graphs, skew, cpu, gnn): --data DIR, else $SPARSETORCH_DATA, else ../shared/data beside the
-checkout: DIR/matrices/*.mtx and the Planetoid graphs (the folder torch_geometric's Planetoid(DIR, name)
-download leaves, or DIR/planetoid/ind.<name>.*). Without it those suites run their synthetic cases only;
+Real data (graphs, skew, cpu, gnn): --data DIR, else $SPARSETORCH_DATA, else ~/.cache/sparsetorch:
+DIR/matrices/*.mtx and the Planetoid graphs (the folder torch_geometric's Planetoid(DIR, name) download
+leaves, or DIR/planetoid/ind.<name>.*). Without it those suites run their synthetic cases only;
 the run says what it left out, and why, at its start and at its end.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import os
 import re
 import sys
 import time
 import warnings
-from typing import List, Optional
+from typing import Callable, List, Optional
+
+if __package__ in (None, ""):  # run as a file (python benchmarks/run.py): the repository root holds the package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench import report
-from sparsetorch.bench.suites import SUITES, Context
-from sparsetorch.bench.suites.graphs import PLANETOID
-from sparsetorch.bench.timing import make_timer, measure_ceilings
+from benchmarks import report
+from benchmarks.harness import make_timer, measure_ceilings
+from benchmarks.suites.common import Context
+from benchmarks.suites.graphs import PLANETOID
 from sparsetorch.datasets import data_roots, how_to_get_planetoid, matrix_files, planetoid_available
+
+# The suites: name -> "module:function" in benchmarks/suites/ (imported when the run asks for the suite).
+# Adding a suite is its module there and one line here (and a paragraph in the docstring above, for -h).
+SUITES = {
+    "density": "density:density_suite",
+    "graphs": "graphs:graph_suite",
+    "batched": "batched:batched_suite",
+    "elementwise": "elementwise:elementwise_suite",
+    "skew": "skew:skew_suite",
+    "distributed": "distributed:distributed_suite",
+    "pruned": "pruned:pruned_suite",
+    "decode": "decode:decode_suite",
+    "gnn": "gnn:gnn_suite",
+    "fresh": "fresh:fresh_suite",
+    "cpu": "cpu:cpu_suite",
+}
+
+
+def suite_function(name: str) -> Callable:
+    """The function of suite ``name`` (SUITES may also hold the function itself)."""
+    entry = SUITES[name]
+    if callable(entry):
+        return entry
+    module, function = entry.split(":")
+    return getattr(importlib.import_module(f"benchmarks.suites.{module}"), function)
 
 # torch's notices about its own sparse CSR support, provoked by the harness building torch CSR baselines:
 # not about anything the user passed, so they stay out of the output.
@@ -102,8 +132,8 @@ def progress(total: int):
 
 
 def find_data(root: Optional[str]) -> Optional[str]:
-    """The data folder of the run: ``root`` (--data) if it exists, else the first of $SPARSETORCH_DATA and
-    ../shared/data that holds any matrices or Planetoid graphs."""
+    """The data folder of the run: ``root`` (--data) if it exists, else the default folder
+    (sparsetorch.datasets.data_roots) if it holds any matrices or Planetoid graphs."""
     if root:
         return root if os.path.isdir(root) else None
     for r in data_roots():
@@ -177,7 +207,7 @@ def _appended(old: Optional[dict], meta: dict, rows: List[dict]):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m sparsetorch.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--suites", default=None,
@@ -185,7 +215,7 @@ def main(argv=None):
                          "elementwise,skew; with --full also gnn,pruned)")
     ap.add_argument("--full", action="store_true", help="every size (minutes); default: the quick set")
     ap.add_argument("--data", default=None, help="folder with the real data: matrices/*.mtx and the Planetoid graphs "
-                    "(default: $SPARSETORCH_DATA, then ../shared/data)")
+                    "(default: $SPARSETORCH_DATA, else ~/.cache/sparsetorch)")
     ap.add_argument("--out", default=None, help="results folder (default bench-results/<device>)")
     ap.add_argument("--widths", default=None, help="comma-separated B widths, for suites that sweep them (skew; "
                     "decode: the tokens per step)")
@@ -239,7 +269,7 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
     # headlines leave them out.
     if "pruned" in wanted and "decode" in wanted:  # the pruned suite runs the decode suite's jobs itself
         wanted.remove("decode")
-    jobs = [(s, j, s == "cpu" and device.type != "cpu") for s in wanted for j in SUITES[s](ctx)]
+    jobs = [(s, j, s == "cpu" and device.type != "cpu") for s in wanted for j in suite_function(s)(ctx)]
     rows = []
     bar = progress(len(jobs))
     start = time.time()
@@ -251,7 +281,7 @@ def run(args, argv, wanted: List[str], device: torch.device, quick: bool) -> Non
                 "mode": "full" if args.full else "quick", "suites": suites_done,
                 "copy_GBps": ceilings.bandwidth / 1e9, "gemm_flops": ceilings.gemm, "seconds": time.time() - start,
                 "data": data_root, "left_out": left_out + [l for l in ctx.left_out if l not in left_out],
-                "command": "python -m sparsetorch.bench " + " ".join(argv if argv is not None else sys.argv[1:])}
+                "command": "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])}
 
     earlier = _existing(out, name) if args.append else None
     for i, (suite, job, on_cpu) in enumerate(jobs):

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench.suites.common import Context, Job, copies, gemm_model, measure, spmm_model
-from sparsetorch.bench.timing import tf32_mode
+from benchmarks.suites.common import Context, Job, copies, gemm_model, measure, spmm_model
+from benchmarks.harness import tf32_mode
 
 
 def batched_suite(ctx: Context) -> List[Job]:

@@ -6,9 +6,9 @@ from typing import List
 import torch
 
 import sparsetorch as st
-from sparsetorch.bench.suites.common import (Context, Job, copies, densify_model, gemm_model, measure, plan_route,
+from benchmarks.suites.common import (Context, Job, copies, densify_model, gemm_model, measure, plan_route,
                                              spmm_model)
-from sparsetorch.bench.timing import tf32_mode
+from benchmarks.harness import tf32_mode
 
 
 def density_suite(ctx: Context) -> List[Job]:

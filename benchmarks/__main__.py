@@ -1,0 +1,4 @@
+"""python -m benchmarks: the main job (benchmarks/run.py)."""
+from benchmarks.run import main
+
+main()

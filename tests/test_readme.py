@@ -1,0 +1,35 @@
+"""The README's tour runs as written: each Python block of its "A short tour" section is executed, on every
+device under test, with its device line set to that device (the README picks CUDA when present)."""
+import os
+import re
+
+import pytest
+
+from conftest import DEVICES
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+DEVICE_LINE = 'device = "cuda" if torch.cuda.is_available() else "cpu"'
+
+
+def tour_blocks():
+    text = open(README, encoding="utf-8").read()
+    section = re.search(r"^## A short tour\n(.*?)(?=^## )", text, re.M | re.S)
+    assert section, "README.md has no '## A short tour' section"
+    return re.findall(r"^```python\n(.*?)^```", section.group(1), re.M | re.S)
+
+
+def test_the_tour_has_runnable_blocks():
+    blocks = tour_blocks()
+    assert len(blocks) >= 2, "the tour lost its code blocks"
+    for code in blocks:
+        assert DEVICE_LINE in code, f"a tour block does not choose its device as the others do:\n{code[:200]}"
+
+
+@pytest.mark.parametrize("index", range(len(tour_blocks())))
+def test_tour_block_runs(device, index):
+    code = tour_blocks()[index].replace(DEVICE_LINE, f"device = {device!r}")
+    namespace = {"__name__": "readme_tour"}
+    exec(compile(code, f"README.md tour block {index}", "exec"), namespace)
+    # Each block leaves its results on the chosen device.
+    results = [v for k, v in namespace.items() if k in ("C", "y", "h") and hasattr(v, "device")]
+    assert results and all(v.device.type == device for v in results)
