@@ -60,9 +60,9 @@ from sparsetorch.functional import (
     validate_csr,
 )
 
-__version__ = "0.1.0"
+from sparsetorch._version import __version__  # noqa: E402
 
-# The tuning table of "auto" and its opt-in cache file (after __version__: the file's entries are keyed on it).
+# The tuning tables and their opt-in cache file.
 from sparsetorch.tuning import clear_tuning, save_tuning_cache, set_tuning_cache, tuning_signature, tuning_table  # noqa: E402,E501
 
 __all__ = [

@@ -79,15 +79,17 @@ class TensorCache:
         with self._lock:
             self._entries.clear()
 
-    def cacheable(self, tensors: Iterable[torch.Tensor]) -> bool:
+    def cacheable(self, tensors: Iterable[torch.Tensor], extra: tuple = ()) -> bool:
+        """Whether entries can be kept for these tensors: real (not fake, functional or other subclass)
+        tensors with version counters, plain hashable extras, and nothing being traced."""
         if torch.compiler.is_compiling():
             return False
         for t in tensors:
-            if not isinstance(t, torch.Tensor) or t.is_inference():
+            if type(t) is not torch.Tensor or t.is_inference():
                 return False
             if not self.unversioned and _version(t) < 0:
                 return False
-        return True
+        return not any(isinstance(e, (torch.SymInt, torch.SymFloat, torch.SymBool)) for e in extra)
 
     def lookup(self, tensors: tuple, extra: tuple = ()) -> Any:
         """The value stored for these tensors and ``extra``, or :data:`MISS`."""
@@ -106,7 +108,7 @@ class TensorCache:
 
     def store(self, tensors: tuple, extra: tuple, value: Any) -> Any:
         """Keep ``value`` for these tensors and ``extra`` (ignored where :meth:`cacheable` says no)."""
-        if not self.cacheable(tensors):
+        if not self.cacheable(tensors, extra):
             return value
         key = tuple(map(id, tensors)) + tuple(extra)
         entries = self._entries
@@ -126,7 +128,7 @@ class TensorCache:
 
     def get(self, tensors: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
         """The stored value, else ``build()`` stored (where cacheable) and returned."""
-        if self.cacheable(tensors):
+        if self.cacheable(tensors, extra):
             value = self.lookup(tensors, extra)
             if value is not MISS:
                 return value

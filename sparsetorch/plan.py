@@ -7,13 +7,11 @@ instead of on every call. Each call is then a single op call; on the cuSPARSE ro
 reuses its cached descriptors and buffer size (csrc/cuda/spmm_cusparse.cu), so the per-call host
 overhead is the op dispatch plus the library call.
 
-With ``backend="auto"`` on CUDA the plan autotunes: the first call with a given width of B (and
-dtype / batch layout) times the candidate routes the routing module lists for this matrix
-(csrc/common/spmm_routing.cpp; never those its analysis shows to be pathological) on that B -- through
-the op's own measuring (csrc/cuda/spmm_autotune.cu), which decides the matrix's signature with the result
-(docs/tuning.md) -- plus the blocked layout where it applies, and keeps the fastest for later calls. The
-tuning call synchronises; inside CUDA graph capture, or with ``autotune=False``, the plan takes what
-``st.spmm`` takes.
+With ``backend="auto"`` on CUDA the op's own route tuner picks among the CSR routes (st.spmm's "spmm"
+table, docs/tuning.md), and where the blocked layout applies (sparsetorch/pruned/blocked.py: one
+unbatched float32 A, sm_90's shared memory) the plan's calls also sample it against the op's route,
+online, as the real calls, without a sync (the "plan" table of sparsetorch/tuning.py): no call times
+anything synchronously, and inside CUDA graph capture the decided route, else the op's, is taken.
 """
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import as_csr
 from sparsetorch.functional import _activation_name, _prefers_dense, _records_grad, _spmm_op
 from sparsetorch.pruned.blocked import BlockedLayout, blocked_applies
+from sparsetorch.tuning import tuner
 
 
 SPMM_BACKENDS = ("auto", "cusparse", "native", "balanced", "split", "tiled", "densify")
@@ -47,50 +46,6 @@ def _autotune_candidates(a, n: int, b_dim: int = 2) -> list:
     return routes
 
 
-def _l2_scratch(device: torch.device) -> torch.Tensor:
-    """Zeroed bytes, twice the device's L2, for _device_time to overwrite (or read) the L2 with."""
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
-    return torch.zeros(2 * l2, dtype=torch.int8, device=device)
-
-
-def _device_time(call, scratch: torch.Tensor, clean: bool = False, budget_ms: float = 1.0,
-                 max_reps: int = 40) -> float:
-    """Median device milliseconds of one call with a cold L2, measured as triton's do_bench and the
-    benchmark harness measure: the L2 is overwritten (`scratch`, twice its size, is zeroed) before
-    each call, each call has its own pair of events. A sleep kernel is queued first so the host
-    enqueues everything before the device reaches it: on small graphs (~10 us per call) the host's
-    launch time would otherwise be timed. Short calls get more repetitions (5 to max_reps, about
-    budget_ms in all): 5 were too few to separate routes 20% apart at ~20 us (G51 in the H200 harness
-    run).
-
-    ``clean``: `scratch` is read instead of zeroed, so the call meets a clean L2, as a layer does in a
-    decoder step (the layer before it streamed its weights). After the zeroing the call also writes
-    ~L2-size dirty lines back, which slows a memory-bound call more than a compute-bound one (H100,
-    14336 x 4096 bf16, N = 1: F.linear 54 us after the zeroing, 44 us after a read, 42 us per call in
-    a CUDA graph over 8 distinct weights; a bitmap weight at 50% 46 / 41 / 40 us)."""
-    call()  # warm-up: workspaces, descriptors
-
-    def timed(reps):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        # ~150 us per call at 2 GHz: longer than enqueuing it (a SparseLinear candidate through Python
-        # takes 40-80 us of host time; with ~50 us per call, a slow host moment was timed as the call)
-        torch.cuda._sleep(300_000 * reps)
-        for start, end in events:
-            if clean:
-                scratch.sum(dtype=torch.int32)
-            else:
-                scratch.zero_()
-            start.record()
-            call()
-            end.record()
-        events[-1][1].synchronize()
-        return sorted(start.elapsed_time(end) for start, end in events)[reps // 2]
-
-    first = timed(5)
-    reps = int(min(max_reps, max(5, budget_ms / max(first, 1e-3))))
-    return first if reps == 5 else timed(reps)
-
-
 class SpmmPlan:
     """``plan = SpmmPlan(A)``; ``plan(B)`` computes ``act(alpha * A @ B + beta * c + bias)``.
 
@@ -98,10 +53,9 @@ class SpmmPlan:
     re-planning; they must have the shape of ``A.values``. The plan keeps references to A's
     component tensors: do not modify them in place while the plan is in use.
 
-    ``autotune`` (default True; CUDA with ``backend="auto"`` only): the first call for each width,
-    dtype and batch layout of B times the candidate routes (the op's own measuring, which keeps the
-    result for the matrix's signature; the blocked layout where it applies) and remembers the fastest;
-    ``plan.routes`` shows what was chosen. Routes differ only in rounding.
+    ``autotune`` (default True; CUDA with ``backend="auto"`` only): calls sample the blocked layout
+    against the op's route where it applies (module docstring); ``plan.routes`` shows, per width, dtype and
+    batch layout of B, the route calls take now. Routes differ only in rounding.
     """
 
     def __init__(self, A: Any, *, alpha: float = 1.0, bias: Optional[torch.Tensor] = None,
@@ -125,7 +79,7 @@ class SpmmPlan:
         self.negative_slope = float(negative_slope)
         self.backend = backend
         self.autotune = bool(autotune) and backend == "auto" and a.device.type == "cuda"
-        self.routes = {}  # (n, dtype, B batched) -> the route autotuning chose
+        self._keys = {}  # (n, dtype, B batched) -> the "plan" tuner's key (None: no layout to sample)
         if policy not in ("auto", "sparse", "dense"):
             raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
         # Dense policy (see st.spmm): A is expanded once here; each call is one GEMM.
@@ -149,15 +103,38 @@ class SpmmPlan:
             return self._call_dense(B, beta, c, out, values)
         if self._block_diagonal is not None and (out is None or out.is_contiguous()):
             return self._block_diagonal(self, B, vals if values is not None else None, beta, c, out)
-        backend = self._route(B, vals)
+        backend, key, sample = self._route(B, vals)
+        if sample is not None:
+            sample.start()
         if backend == "blocked":
-            return self._call_blocked(B, vals, beta, c, out)
-        if out is not None:
+            res = self._call_blocked(B, vals, beta, c, out)
+        elif out is not None:
             ops.spmm_out(a.crow_indices, a.col_indices, vals, B, out, self.alpha, float(beta), self.bias,
                          self.activation, self.negative_slope, backend, self.validate)
-            return out
-        return _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
-                        self.activation, self.negative_slope, backend, self.validate)
+            res = out
+        else:
+            res = _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
+                           self.activation, self.negative_slope, backend, self.validate)
+        if sample is not None:
+            sample.stop()
+            tuner("plan").submit(key, backend, sample)
+        return res
+
+    @property
+    def routes(self) -> dict:
+        """(width, dtype, B batched) -> the route calls of that B take now: "blocked", or the op's route
+        for this matrix (the "spmm" table's decision, else its rules)."""
+        out = {}
+        for (n, dtype, batched), key in self._keys.items():
+            chosen = tuner("plan").decided(key) if key is not None else None
+            if chosen == "blocked" or self.backend != "auto":
+                out[(n, dtype, batched)] = chosen if chosen == "blocked" else self.backend
+                continue
+            a = self.csr
+            shape = (a.shape[0] if a.batched else 2, a.shape[-1], n) if batched else (a.shape[-1], n)
+            b = torch.empty((), dtype=dtype, device=a.device).expand(shape)  # no storage: only its shape is read
+            out[(n, dtype, batched)] = ops.spmm_route(a.crow_indices, a.col_indices, a.values, b, "auto", False)
+        return out
 
     def _blocked_operands(self, vals):
         """(layout, pair values for vals): the layout built once; the pair values of A's own
@@ -188,34 +165,24 @@ class SpmmPlan:
             return out
         return res
 
-    def _route(self, B: torch.Tensor, vals: torch.Tensor) -> str:
+    def _route(self, B: torch.Tensor, vals: torch.Tensor):
+        """(backend, tuner key, sample or None) for this call."""
         if not self.autotune or not B.is_cuda or B.dtype != vals.dtype:
-            return self.backend  # (a dtype mismatch is reported by the op)
-        key = (B.shape[-1], B.dtype, B.dim() == 3)
-        route = self.routes.get(key)
-        if route is None:
-            if torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
-                return self.backend  # no timing (a sync) inside a capture or a traced graph: the op decides
-            route = self.routes[key] = self._fastest(B, vals)
-        return route
-
-    def _fastest(self, B: torch.Tensor, vals: torch.Tensor) -> str:
-        """The fastest route on this B: the CSR routes are timed by the op's own measuring
-        (ops.spmm_tune, csrc/cuda/spmm_autotune.cu: the result decides the signature of this matrix and B,
-        so st.spmm and the backward on matrices of that signature take it too, docs/tuning.md); where the
-        blocked layout is a candidate it is timed against that route here."""
-        a = self.csr
-        with torch.no_grad():
-            route = ops.spmm_tune(a.crow_indices, a.col_indices, vals, B)
-            if "blocked" not in _autotune_candidates(a, B.shape[-1], B.dim()):
-                return route
-            scratch = _l2_scratch(B.device)
-            layout, pair_values = self._blocked_operands(vals)
-            blocked = _device_time(lambda: ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr,
-                                                            layout.block_col, pair_values, B), scratch)
-            csr = _device_time(lambda: ops.spmm(a.crow_indices, a.col_indices, vals, B, 1.0, None, 0.0, None, "none",
-                                                0.01, route, self.validate), scratch)
-        return "blocked" if blocked < csr else route
+            return self.backend, None, None  # (a dtype mismatch is reported by the op)
+        shape_key = (B.shape[-1], B.dtype, B.dim() == 3)
+        if shape_key not in self._keys:
+            a = self.csr
+            blocked = "blocked" in _autotune_candidates(a, B.shape[-1], B.dim())
+            if blocked:
+                device, fields = ops.spmm_tuning_signature(a.crow_indices, a.col_indices, a.values.to(B.dtype), B)
+                self._keys[shape_key] = (device, *fields)
+            else:
+                self._keys[shape_key] = None
+        key = self._keys[shape_key]
+        if key is None:
+            return self.backend, None, None
+        choice, sample = tuner("plan").choose(key, [self.backend, "blocked"], self.backend, B.device)
+        return choice, key, sample
 
     def _call_dense(self, B, beta, c, out, values):
         from sparsetorch.functional import _spmm_dense

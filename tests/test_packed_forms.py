@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sparsetorch as st
-import sparsetorch.nn.linear as lin
+from sparsetorch.pruned import forms as form_classes
 from sparsetorch.pruned.csr16 import Csr16Weight, csr16_linear
 from sparsetorch._ops import ops
 from sparsetorch.pruned.slots import SlotWeight, slot_linear
@@ -19,17 +19,21 @@ def slots_bytes(layer):
     return 4 * (3 + 3 * layer.nnz)  # 2 strips x 1 chunk + 1 offsets, an entry, a slot and a target per nonzero
 
 
+def slots_compact_bytes(layer):
+    return 4 * (3 + layer.nnz)  # offsets and entries: a compact layer keeps no map from the CSR's order
+
+
 def csr16_bytes(layer):
     # The entries; the row pointers are the layer's own int32 tensor (counted under "csr"), else a copy.
     shared = layer.crow_indices.dtype == torch.int32
     return 4 * ((0 if shared else 25) + layer.nnz)
 
 
-# form: (the layer's op attribute, the op, the weight class, bytes of the form in memory(), the token-count
-# bucket past the form's limit and a token count in it)
+# form: (the form's class in sparsetorch/pruned/forms.py, the op, the weight class, bytes of the form in
+# memory(), the token-count bucket past the form's limit and a token count in it)
 FORMS = {
-    "slots": ("slot_linear", slot_linear, SlotWeight, slots_bytes, (1024, 600)),
-    "csr16": ("csr16_linear", csr16_linear, Csr16Weight, csr16_bytes, (128, 100)),
+    "slots": ("SlotsForm", slot_linear, SlotWeight, slots_bytes, (1024, 600)),
+    "csr16": ("Csr16Form", csr16_linear, Csr16Weight, csr16_bytes, (128, 100)),
 }
 
 
@@ -67,7 +71,7 @@ def test_skewed_rows_and_non_contiguous_x(device, rng, form):
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_sparse_linear_form(device, dtype, form, monkeypatch):
     """SparseLinear(format=form): forward, new values, gradients through the layer's CSR backward."""
-    op_name, op, _, form_bytes, _ = FORMS[form]
+    class_name, op, _, form_bytes, _ = FORMS[form]
     torch.manual_seed(3)
     base = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).to(device=device, dtype=dtype), sparsity=0.8,
                                          activation="gelu")
@@ -84,7 +88,9 @@ def test_sparse_linear_form(device, dtype, form, monkeypatch):
     assert layer.memory()[form] == form_bytes(layer)
 
     calls = []
-    monkeypatch.setattr(lin, op_name, lambda *a, **k: calls.append(1) or op(*a, **k))
+    cls = getattr(form_classes, class_name)
+    original = cls.__call__
+    monkeypatch.setattr(cls, "__call__", lambda *a, **k: calls.append(1) or original(*a, **k))
     xg = x.clone().requires_grad_()
     layer(xg).float().sum().backward()
     assert calls, f"the {form} form ran the forward of a call that records gradients (not the CSR route)"
@@ -99,20 +105,24 @@ def test_sparse_linear_form(device, dtype, form, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the auto route times CUDA forms")
 @pytest.mark.parametrize("form", FORMS)
-def test_sparse_linear_auto_times_form(form):
+def test_sparse_linear_prepare_times_form(form):
     _, _, _, _, (past_bucket, past_tokens) = FORMS[form]
     torch.manual_seed(4)
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 256).cuda().bfloat16(), sparsity=0.9)
+    layer.prepare([3, past_tokens])
     x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         y = layer(x)
     assert form in layer.route_times[4]
     ref = torch.nn.functional.linear(x.double(), layer.to_dense().detach().double(), layer.bias.detach().double())
     assert_matches(y, ref, torch.bfloat16)
-    many = torch.randn(past_tokens, 512, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        layer(many)
     assert form not in layer.route_times[past_bucket]  # beyond the form's token limit: not a candidate
+
+
+def test_compact_slots_layer_holds_offsets_and_entries_only():
+    torch.manual_seed(5)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 24).bfloat16(), sparsity=0.8).compact()
+    assert layer.stored_format == "slots" and layer.memory()["stored"] == slots_compact_bytes(layer)
 
 
 @pytest.mark.parametrize("form", FORMS)

@@ -101,7 +101,7 @@ def test_cpu_reference_path_matches_float64(rng, activation):
     ref = torch.nn.functional.linear(x, w, layer.bias)
     ref = getattr(torch.nn.functional, activation)(ref) if activation else ref
     torch.testing.assert_close(y, ref)
-    assert layer._forms.sparse24 is not None and layer._forms.sparse24.residual_nnz > 0
+    assert layer._derived.forms["2:4"].weight.residual_nnz > 0
     g = torch.randn_like(y)
     gx, gv = torch.autograd.grad(y, (x, layer.values), g)
     gx_ref, gw_ref = torch.autograd.grad(ref, (x, w), g)
@@ -218,24 +218,27 @@ def test_residual_with_one_long_row_and_empty_rows(dtype):
 
 
 @needs_lt
-def test_forced_2to4_layer_searches_its_algorithm_per_bucket():
-    """format="2:4" gets the algorithm cuSPARSELt's search finds for each token-count bucket, as "auto" does
-    (the default algorithm took 2.2x the searched one's time on an H100 at 11008 x 4096, N = 2048), on the
-    inference path and on the autograd one."""
+def test_prepare_searches_the_2to4_algorithm_per_bucket():
+    """A first call runs cuSPARSELt's default algorithm (its search costs tens of calls: never on a call);
+    prepare() searches each bucket's (the default took 2.2x the searched one's time on an H100 at
+    11008 x 4096, N = 2048), for format="2:4" as for "auto", and the calls then run it, also with autograd."""
     torch.manual_seed(7)
     w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(64, device="cuda", dtype=torch.bfloat16)
     layer = st.nn.SparseLinear.from_dense(w, sparsity=0.9, scheme="global", bias=bias, format="2:4")
-    assert layer._forms.sparse24 is None or not layer._forms.sparse24.algs
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         y = layer(x)
-    algs = layer._forms.sparse24.algs
-    assert layer._forms.sparse24.residual_nnz > 0 and set(algs) == {16} and algs[16] >= 0
+    assert not layer._derived.algs
     assert _rel(y, x.double() @ layer.to_dense().double().t() + bias.double()) < 1e-2
+    layer.prepare([16, 100])
+    algs = layer._derived.algs
+    assert layer._derived.forms["2:4"].weight.residual_nnz > 0 and set(algs) == {16, 128} and min(algs.values()) >= 0
+    with torch.no_grad():
+        assert _rel(layer(x), x.double() @ layer.to_dense().double().t() + bias.double()) < 1e-2
     x2 = torch.randn(100, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     layer(x2).float().sum().backward()
-    assert set(algs) == {16, 128} and x2.grad is not None
+    assert x2.grad is not None
 
 
 @needs_lt
@@ -277,7 +280,8 @@ def test_layer_on_cuda_chooses_and_matches(scheme):
         with torch.no_grad():
             assert _rel(layer(x), ref) < 1e-2
     assert set(layer.routes) == {1, 16, 512}
-    assert all("2:4" in t for t in layer.route_times.values())
+    layer.prepare([1, 16, 300])
+    assert all(any(r.startswith("2:4") for r in t) for t in layer.route_times.values())
     forced = st.nn.SparseLinear(256, 128, layer.crow_indices, layer.col_indices, layer.values.detach(),
                                 layer.bias.detach(), activation="relu", format="2:4")
     with torch.no_grad():
@@ -300,26 +304,28 @@ def test_layer_2to4_trains_and_rebuilds_after_step():
 
 
 @needs_lt
-def test_layer_in_cuda_graph_uses_measured_route():
+def test_layer_in_cuda_graph_uses_the_decided_route():
     torch.manual_seed(6)
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64, device="cuda", dtype=torch.bfloat16),
                                           scheme="2:4")
     x = torch.randn(16, 128, device="cuda", dtype=torch.bfloat16)
+    layer.prepare([16])
     with torch.no_grad():
-        eager = layer(x)  # measures bucket 16
+        eager = layer(x)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             layer(x)
         torch.cuda.current_stream().wait_stream(s)
+        held = set(layer._derived.forms)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = layer(x)
-            out32 = layer(torch.randn(32, 128, device="cuda", dtype=torch.bfloat16))  # unmeasured: a rule
+            out32 = layer(torch.randn(32, 128, device="cuda", dtype=torch.bfloat16))  # undecided: a held form
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, eager)
-    assert out32.shape == (32, 64) and 32 not in layer.routes
+    assert out32.shape == (32, 64) and set(layer._derived.forms) == held
 
 
 def test_pruned_suite_runs_on_cpu(tmp_path):

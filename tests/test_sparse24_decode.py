@@ -375,8 +375,9 @@ def test_op_cuda_opcheck_and_compile():
 
 @needs_cuda
 def test_layer_runs_a_pure_2to4_weight_on_the_decode_kernel():
-    """SparseLinear(format="2:4") takes the decode kernel up to SPARSE24_DECODE_TOKENS tokens; "auto" times it
-    among the forms; new values reach it after an optimizer step (the layer trains through its CSR)."""
+    """SparseLinear(format="2:4") takes the decode kernel up to SPARSE24_DECODE_TOKENS tokens; "auto" takes it by
+    rule and prepare() times it among the forms; new values reach it after an optimizer step (the layer trains
+    through its CSR)."""
     from sparsetorch.nn.linear import SPARSE24_DECODE_TOKENS
 
     torch.manual_seed(6)
@@ -384,7 +385,7 @@ def test_layer_runs_a_pure_2to4_weight_on_the_decode_kernel():
     layer = st.nn.SparseLinear.from_dense(lin, scheme="2:4", format="2:4", activation="silu")
     for n in (1, 5, SPARSE24_DECODE_TOKENS):
         x = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
-        assert layer._forms.route(layer, x) == "2:4 decode"
+        assert layer._forced(n) == "2:4 decode"
         ref = F.silu(x.double() @ layer.to_dense().double().t() + layer.bias.double())
         with torch.no_grad():
             assert rel_err(layer(x), ref) < 1e-2, n
@@ -399,9 +400,11 @@ def test_layer_runs_a_pure_2to4_weight_on_the_decode_kernel():
     auto = st.nn.SparseLinear.from_dense(lin, scheme="2:4")
     with torch.no_grad():
         auto(x[:4])
+    assert auto.routes[4] == "2:4 decode"  # the rule's form for a 2:4 weight and few tokens
+    auto.prepare([4])
     assert "2:4 decode" in auto.route_times[4]
     unstructured = st.nn.SparseLinear.from_dense(lin, sparsity=0.5, scheme="row", format="2:4")
-    assert unstructured._forms.route(unstructured, x) != "2:4 decode"  # not 2:4: cuSPARSELt with a residual
+    assert unstructured._forced(8) != "2:4 decode"  # not 2:4: cuSPARSELt with a residual
 
 
 @needs_cuda

@@ -12,8 +12,8 @@ transpose free for an undirected graph) and trace with torch.compile(fullgraph=T
 """
 from sparsetorch.nn.batching import batch_graphs, unbatch
 from sparsetorch.nn.gcn import GCNConv, add_self_loops, gcn_norm, gcn_normalize
-from sparsetorch.nn.linear import SparseLinear
+from sparsetorch.nn.linear import SparseLinear, compact, prepare
 from sparsetorch.nn.sage import SAGEConv, mean_norm
 
-__all__ = ["SparseLinear", "GCNConv", "SAGEConv", "gcn_norm", "gcn_normalize", "mean_norm", "add_self_loops",
+__all__ = ["SparseLinear", "compact", "prepare", "GCNConv", "SAGEConv", "gcn_norm", "gcn_normalize", "mean_norm", "add_self_loops",
            "batch_graphs", "unbatch"]

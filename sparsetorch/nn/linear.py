@@ -1,68 +1,63 @@
-"""SparseLinear: a pruned linear layer whose weight is stored sparse (CSR) and run in the fastest of its forms.
+"""SparseLinear: a pruned linear layer ``y = act(x @ W.T + bias)`` whose weight is stored sparse, run in the
+fastest of its forms (sparsetorch/pruned/forms.py) for each token count.
 
-The CSR components are the layer's state (``values`` is the trainable parameter). From them the layer
-derives, lazily, the forms a product can run on (the pruned-weight formats of sparsetorch/pruned/): the CSR
-itself (sparsetorch's SpMM routes), the dense weight (cuBLASLt), a 2:4 part on sparse tensor cores plus a small
-CSR residual (cuSPARSELt, pruned/sparse24.py), bitmap tiles for tensor cores (pruned/bitmap.py), the slot layout
-(the same tiles, each value stored with its slot in the tensor-core fragment: pruned/slots.py) and, for few
-tokens on CUDA, CSR16 (CSR with each entry's value and 16-bit column in one word, multiplied on CUDA cores:
-pruned/csr16.py). On the first call with a token count in a new bucket (powers of two: 1, 2, 3-4, 5-8, ...) it
-times the forms that apply on that input and keeps the fastest for the bucket (CUDA: device events with a cold
-L2, as SpmmPlan's autotuner; CPU: wall clock); a sparse form must beat dense by 5%, twice apart. Forms that
-win no bucket are freed again; the dense copy costs out * in * element bytes (90 MB for an 11008 x 4096 bf16
-weight) and is kept only when dense wins a bucket.
-Derived forms are rebuilt when the pattern or the values change (their data pointers and version counters
-are compared), never per call. Inside CUDA graph capture (no timing possible) a bucket never measured takes
-the route of the nearest measured bucket, or the CSR; torch.compile traces the CSR route.
+**Modes.** A new layer holds its weight as CSR (``values`` is the trainable parameter) and derives the forms
+its calls choose, lazily; that is the training mode, and it holds the CSR plus every form some token count
+uses (``layer.memory()`` says how much). ``layer.compact()`` (``st.nn.compact(model)``) turns it into an
+inference layer that holds ONE stored form and nothing else: 2:4 decode for a 2:4 weight, the slot layout
+for other half-precision weights, else the CSR. Token counts the stored form does not serve well (prefill
+chunks) expand it to the dense weight for the call and free it after (``memory()["peak_transient"]``).
 
-Forms other than the CSR multiply the weight's zeros, so a NaN/Inf in x reaches every output of its token, as
-in ``nn.Linear`` (the CSR route follows SciPy and skips structural zeros).
+**Choosing a form** per token-count bucket (powers of two) is the tuner's job (sparsetorch/tuning.py, the
+"linear" table): the first call of a bucket takes the rule (sparsetorch/pruned/rule.py), at the cost of one
+call plus building that form; later calls of an undecided bucket sample the forms the layer already holds,
+as the real calls, timed without a sync, until one is decided. Decisions are keyed on the weight's
+signature (GPU, dtype, shape, pattern kind and density, epilogue) and shared by layers of that signature;
+they persist in the tuning cache file (``st.set_tuning_cache``). ``layer.prepare(token_counts)`` /
+``st.nn.prepare(model, token_counts)`` builds and times every form for those buckets now (a server does
+this at load), and searches cuSPARSELt's algorithm for the 2:4 form.
+
+**Compile and CUDA graphs.** The choice lives inside one custom op, ``sparsetorch::sparse_linear``, which
+torch.compile sees as one opaque call: compiled code runs the form the bucket decided, and a CUDA graph
+(``mode="reduce-overhead"``, ``torch.cuda.graph``) captures it. Nothing is sampled or built during a
+capture: a bucket still undecided there takes its rule among the forms the layer holds. Forms are built
+on a side stream, so a graph's private memory pool never holds them.
+
+Forms other than the CSR multiply the weight's zeros, so a NaN/Inf in x reaches every output of its token,
+as in ``nn.Linear`` (the CSR route follows SciPy and skips structural zeros).
 """
 from __future__ import annotations
 
-import math
-import statistics
+import sys
 import time
-from typing import Any, Dict, Optional
+import weakref
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F_torch
 from torch import nn
 
 from sparsetorch import functional as F
+from sparsetorch import timing
+from sparsetorch._compat import below_autograd
 from sparsetorch._ops import ops
 from sparsetorch._transpose import transpose_pattern, transpose_values
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
-from sparsetorch.plan import SpmmPlan, _autotune_candidates, _device_time, _l2_scratch
-from sparsetorch.pruned.bitmap import BitmapWeight, bitmap_linear
-from sparsetorch.pruned.csr16 import Csr16Weight, applies as csr16_applies, csr16_linear
-from sparsetorch.pruned.slots import SlotWeight, applies as slots_applies, slot_linear
-from sparsetorch.pruned.sparse24 import MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, sparse24_applies
-from sparsetorch.pruned.sparse24_decode import DECODE_MAX_TOKENS, Sparse24DecodeWeight, decode_applies
+from sparsetorch.pruned import forms as _forms
+from sparsetorch.pruned import rule as _rule
 from sparsetorch.pruned.wanda import prune_mask
+from sparsetorch.tuning import tuner
+
+__all__ = ["SparseLinear", "FORMATS", "compact", "prepare"]
 
 FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
-# CSR16 is timed for token counts up to this (beyond it every token tile reads the weight again). Under
-# CUDA graph capture a bucket never measured takes its nearest measured bucket's route, csr16 included:
-# correct at any token count, only slower past this.
-CSR16_MAX_TOKENS = 64
-# The slot form is timed up to this many tokens (each 64-token tile reads the weight again; past a few
-# hundred tokens the dense GEMM wins).
-SLOTS_MAX_TOKENS = 512
-# format="2:4" runs a pure 2:4 weight on the decode kernel (mma.sp, pruned/sparse24_decode.py) up to this many
-# tokens and on cuSPARSELt above: on an H100 the decode kernel ran at 1.45-1.70x dense up to N = 16, and at
-# N = 32 1.13-1.24x on tall weights but 0.77x on 4096 x 14336 (2026-11-27, Llama MLP shapes, docs/formats.md);
-# "auto" times it up to DECODE_MAX_TOKENS.
+# format="2:4" runs a pure 2:4 weight on the decode kernel (mma.sp) up to this many tokens and on cuSPARSELt
+# above (H100: the decode kernel 1.45-1.70x dense up to N = 16; see sparsetorch/pruned/rule.py).
 SPARSE24_DECODE_TOKENS = 16
-# A sparse form replaces the dense weight only when it measured at least 5% faster: one measurement
-# per bucket is noisy, and not slower than dense is the aim (seen on the H100: bitmap timed at
-# 45.6 us against dense 47.3 us when routing, 58.7 us in the benchmark after).
-DENSE_MARGIN = 0.95
-
-
-def _index_dtype_for(*sizes: int) -> torch.dtype:
-    return torch.int32 if max(sizes, default=0) < 2**31 - 1 else torch.int64
+# Buckets prepare() decides when not told: decode and prefill sizes up to 2048 tokens.
+DEFAULT_TOKEN_COUNTS = tuple(2 ** i for i in range(12))
+_STORED_CODES = {name: i for i, name in enumerate(_forms.COMPACT_FORMS)}
+_DTYPE_CODES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _bucket(n: int) -> int:
@@ -70,428 +65,102 @@ def _bucket(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+def _index_dtype_for(*sizes: int) -> torch.dtype:
+    return torch.int32 if max(sizes, default=0) < 2**31 - 1 else torch.int64
 
 
-def _host_time(call, reps: int = 5) -> float:
-    """Median wall milliseconds of call() after one warm-up (the CPU's measurement)."""
-    call()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+# --- the layers behind the op's integer handle ---------------------------------------------------------
+
+_LAYERS: Dict[int, "weakref.ref[SparseLinear]"] = {}
+_next_handle = [0]
 
 
-def _time_routes(calls: Dict[str, Any], x: torch.Tensor) -> Dict[str, float]:
-    """Milliseconds of each candidate call on this input (tests replace this function): the smaller of
-    two rounds, the second in reverse order, so that a moment when the device or host ran slow spoils
-    one round, not the choice (seen on the H100: one round timed dense at 343 us and the CSR at 176 us
-    for a call whose dense time is 23 us; the layer kept a CSR route 7x slower than dense)."""
-    if x.is_cuda:
-        scratch = _l2_scratch(x.device)
-        # A clean L2, as the layer meets it in a decoder step (plan._device_time).
-        time_one = lambda call: _device_time(call, scratch, clean=True)  # noqa: E731
-    else:
-        time_one = _host_time
-    times = {name: time_one(call) for name, call in calls.items()}
-    for name in reversed(list(calls)):
-        times[name] = min(times[name], time_one(calls[name]))
-    best = min(times, key=times.get)
-    if "dense" in calls and best != "dense":
-        # Two rounds were not enough once: dense timed at 253 us in both for a call of 23 us (H100, 2026-11-27,
-        # 4096^2 at 70%, N = 128; cause not found), and the layer kept slots, 2.4x slower than dense. The two
-        # finalists once more, after all the others, before a form is preferred to dense.
-        for name in (best, "dense"):
-            times[name] = min(times[name], time_one(calls[name]))
-    return times
+def _register(layer: "SparseLinear") -> int:
+    _next_handle[0] += 1
+    handle = _next_handle[0]
+    _LAYERS[handle] = weakref.ref(layer, lambda _ref, h=handle: _LAYERS.pop(h, None))
+    return handle
 
 
-class _BitmapForm:
-    """Adapter to sparsetorch.pruned.bitmap: the one place that knows its API."""
-
-    def __init__(self, csr: CSR):
-        self.weight = BitmapWeight.from_csr(csr)  # the pattern once, with these values
-
-    def set_values(self, values: torch.Tensor) -> None:
-        self.weight.values_from_csr(values.detach())  # in place: one gather
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.weight.nbytes)
-
-    def __call__(self, x, bias, activation, negative_slope):
-        return bitmap_linear(x, self.weight, bias=bias, activation=activation, negative_slope=negative_slope)
+def _layer(handle: int) -> "SparseLinear":
+    ref = _LAYERS.get(int(handle))
+    layer = ref() if ref is not None else None
+    if layer is None:
+        raise RuntimeError(f"sparse_linear: no live SparseLinear for handle {handle} (the layer was freed)")
+    return layer
 
 
-class _Forms:
-    """A SparseLinear's derived forms and its route per token-count bucket (not part of the state_dict)."""
+_side_streams: Dict[int, torch.cuda.Stream] = {}
+
+
+def _outside_graph_pool(build, device: torch.device):
+    """build() on a side stream when on CUDA: a graph's warm-up routes the current stream's allocations to
+    its private pool, whose blocks later replays reuse; a form must never live there."""
+    if device.type != "cuda":
+        return build()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side = _side_streams.get(index)
+    if side is None:
+        side = _side_streams[index] = torch.cuda.Stream(device=index)
+    current = torch.cuda.current_stream(index)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        form = build()
+    current.wait_stream(side)
+    for t in _tensors_of(form):
+        t.record_stream(current)
+    return form
+
+
+def _tensors_of(form) -> Iterable[torch.Tensor]:
+    seen = []
+    for t in form.tensors().values():
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            seen.append(t)
+    inner = getattr(form, "weight", None)
+    for t in vars(inner).values() if inner is not None and hasattr(inner, "__dict__") else ():
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            seen.append(t)
+    return seen
+
+
+class _Derived:
+    """A layer's derived state (not in its state_dict): the pattern's summary, the forms it holds, the
+    choice per bucket and the bound call per decided bucket. A copied or unpickled layer starts afresh."""
 
     def __init__(self):
-        self.key = self.pattern_key = None
-        self._reset()
+        self.key = None            # what the forms were made from (tensor identities and versions)
+        self.pattern: Optional[_forms.Pattern] = None
+        self.forms: Dict[str, Any] = {}
+        self.choices: Dict[int, str] = {}   # bucket -> the route its calls take now (decided or rule)
+        self.decided: Dict[int, bool] = {}
+        self.runners: Dict[int, Any] = {}   # bucket -> bound call, once decided
+        self.algs: Dict[int, int] = {}      # bucket -> cuSPARSELt algorithm of the 2:4 form (prepare())
+        self.skipped: Dict[str, str] = {}   # form -> why it was not built
+        self.peak_transient = 0
+        self.values_meta = None            # (shape, dtype, device) of the values the forms were made from
+        self.signature = None              # the tuner's signature of this weight (without the bucket)
 
-    # Derived state (and bound calls, which do not pickle): a copied or unpickled layer starts afresh.
     def __getstate__(self):
         return {}
 
     def __setstate__(self, state):
         self.__init__()
 
-    def _reset(self):
-        self.routes: Dict[int, str] = {}               # bucket -> route ("dense", "2:4", "bitmap", "csr:<backend>")
-        self.times: Dict[int, Dict[str, float]] = {}   # bucket -> route -> ms, as measured
-        self.skipped: Dict[str, str] = {}              # route -> why it could not be built
-        self.dense = None
-        self.split24 = None
-        self.residual24 = None  # entries the 2:4 part cannot hold, once counted
-        self.sparse24 = None
-        self.decode24 = None  # the pure 2:4 weight packed for the decode kernel ("2:4 decode")
-        self.bitmap = None
-        self.csr16 = None
-        self.slots = None
-        self.blocked = None
-        self.runners: Dict[int, Any] = {}  # bucket -> the inference call of its route, arguments bound
-
-    # -- keeping the forms in step with the layer's tensors --
-
-    def refresh(self, layer: "SparseLinear", v=None, crow=None, col=None) -> None:
-        if v is None:
-            v, crow, col = layer.values, layer.crow_indices, layer.col_indices
-        try:  # the cheap test first: nothing written in place, nothing swapped (.to(), load_state_dict)
-            key = (v._version, crow._version, col._version, v.data_ptr(), crow.data_ptr(), col.data_ptr())
-        except RuntimeError:  # inference tensors have no version counter
-            key = (-1, -1, -1, v.data_ptr(), crow.data_ptr(), col.data_ptr())
-        bias = layer._parameters.get("bias")
-        # What the bound calls also capture: the bias and the epilogue settings.
-        key += (id(bias), layer.activation, layer.negative_slope, layer.format, layer.backend)
-        if key == self.key:
-            return
-        self.runners = {}
-        if key[:6] == (self.key or ())[:6]:  # only the bias or a setting changed: the forms still hold
-            self.key = key
-            return
-        pattern = key[1:3] + key[4:6] + (tuple(v.shape), v.dtype, v.device)
-        if pattern != self.pattern_key:
-            self._reset()
-            self.pattern_key = pattern
-        else:
-            with torch.no_grad():
-                if self.dense is not None:
-                    self.dense = layer.weight.to_dense().detach()
-                if self.sparse24 is not None:
-                    self.sparse24.set_values(v)
-                if self.decode24 is not None:
-                    self.decode24.set_values(v)
-                if self.bitmap is not None:
-                    self.bitmap.set_values(v)
-                if self.csr16 is not None:
-                    self.csr16.set_values(v)
-                if self.slots is not None:
-                    self.slots.set_values(v)
-                if self.blocked is not None:
-                    self.blocked._blocked_values = None  # the plan re-derives its pair values on the next call
-        self.key = key
-
-    def has(self, route: str) -> bool:
-        if route == "dense":
-            return self.dense is not None
-        if route == "2:4":
-            return self.sparse24 is not None
-        if route == "2:4 decode":
-            return self.decode24 is not None
-        if route == "bitmap":
-            return self.bitmap is not None
-        if route == "csr16":
-            return self.csr16 is not None
-        if route == "slots":
-            return self.slots is not None
-        return route != "csr:blocked" or self.blocked is not None
-
-    def build(self, layer: "SparseLinear", route: str) -> None:
-        """Make the form `route` runs on (raises ValueError/RuntimeError/TypeError when it cannot apply)."""
-        if self.has(route):
-            return
-        v = layer.values.detach()
-        with torch.no_grad():
-            if route == "dense":
-                self.dense = layer.weight.to_dense().detach()
-            elif route == "2:4":
-                reason = sparse24_applies((layer.out_features, layer.in_features), v.dtype, v.device)
-                if reason is not None and v.device.type == "cuda":
-                    raise ValueError(f"format '2:4': {reason}")
-                if self.split24 is None:
-                    self.split24 = Sparse24Split(layer.crow_indices, layer.col_indices,
-                                                 (layer.out_features, layer.in_features))
-                self.sparse24 = Sparse24Weight(self.split24, v)
-            elif route == "2:4 decode":
-                if v.device.type != "cuda":
-                    raise ValueError("format '2:4': the decode kernel runs on CUDA")
-                self.decode24 = Sparse24DecodeWeight.from_split(self._split24(layer), v)  # ValueError if not 2:4
-            elif route == "bitmap":
-                self.bitmap = _BitmapForm(layer.weight.with_values(v))
-            elif route == "csr16":
-                self.csr16 = Csr16Weight(layer.crow_indices, layer.col_indices, v,
-                                         (layer.out_features, layer.in_features))
-            elif route == "slots":
-                self.slots = SlotWeight(layer.crow_indices, layer.col_indices, v, (layer.out_features, layer.in_features))
-            elif route == "csr:blocked":
-                self.blocked = SpmmPlan(layer.weight, backend="blocked", validate=False, autotune=False)
-
-    def _split24(self, layer: "SparseLinear") -> Sparse24Split:
-        if self.split24 is None:  # counted once per pattern
-            self.split24 = Sparse24Split(layer.crow_indices, layer.col_indices, (layer.out_features, layer.in_features))
-            self.residual24 = self.split24.residual_nnz
-        return self.split24
-
-    def decode24_applies(self, layer: "SparseLinear", x: torch.Tensor) -> bool:
-        """Whether the 2:4 decode kernel can run this weight on x: CUDA, bf16/fp16, out % 16, in % 32, a pure 2:4
-        pattern."""
-        if not x.is_cuda or decode_applies((layer.out_features, layer.in_features), layer.values.dtype) is not None:
-            return False
-        if self.residual24 is None:
-            self._split24(layer)
-        return self.residual24 == 0
-
-    # -- choosing --
-
-    def candidates(self, layer: "SparseLinear", x: torch.Tensor):
-        """The routes worth timing for this input."""
-        if not x.is_cuda:
-            return ["csr", "dense"]
-        csr = layer.weight
-        if layer.backend != "auto":
-            routes = ["csr:" + layer.backend]
-        else:  # densify is left out: the dense form keeps what it re-expands per call
-            routes = ["csr:" + r for r in _autotune_candidates(csr, x.shape[0], 2) if r != "densify"]
-        routes.append("dense")
-        if x.shape[0] <= DECODE_MAX_TOKENS and self.decode24_applies(layer, x):
-            routes.append("2:4 decode")
-        if sparse24_applies((layer.out_features, layer.in_features), csr.dtype, x.device) is None:
-            if self.residual24 is None:
-                self._split24(layer)
-            if self.residual24 <= MAX_RESIDUAL_DENSITY * layer.out_features * layer.in_features:
-                routes.append("2:4")
-            else:
-                self.skipped["2:4"] = (f"{self.residual24} entries beyond 2 per group of 4 (more than "
-                                       f"{MAX_RESIDUAL_DENSITY:.1%} of the positions)")
-        if csr.dtype in (torch.float16, torch.bfloat16):
-            routes.append("bitmap")
-        if x.shape[0] <= SLOTS_MAX_TOKENS and slots_applies((layer.out_features, layer.in_features), csr.dtype,
-                                                             csr.nnz) is None:
-            routes.append("slots")
-        if x.shape[0] <= CSR16_MAX_TOKENS and csr16_applies((layer.out_features, layer.in_features), csr.dtype,
-                                                             csr.nnz) is None:
-            routes.append("csr16")
-        return routes
-
-    def route(self, layer: "SparseLinear", x: torch.Tensor) -> str:
-        if layer.format == "2:4" and x.shape[0] <= SPARSE24_DECODE_TOKENS and self.decode24_applies(layer, x):
-            return "2:4 decode"
-        if layer.format != "auto":
-            return "csr:" + layer.backend if layer.format == "csr" else layer.format
-        bucket = _bucket(x.shape[0])
-        route = self.routes.get(bucket)
-        if route is not None and (self.has(route) or not _capturing(x)):
-            return route
-        if bucket == 0 or _capturing(x):
-            return self._rule(bucket)
-        return self._measure(layer, x, bucket)
-
-    def _rule(self, bucket: int) -> str:
-        """Without measuring: the route of the nearest measured bucket whose form exists, else the CSR."""
-        measured = [b for b, r in self.routes.items() if self.has(r)]
-        if measured and bucket > 0:
-            nearest = min(measured, key=lambda b: abs(math.log2(b) - math.log2(bucket)))
-            return self.routes[nearest]
-        return "csr"
-
-    def _measure(self, layer: "SparseLinear", x: torch.Tensor, bucket: int) -> str:
-        calls = {}
-        with torch.no_grad():
-            for route in self.candidates(layer, x):
-                try:
-                    self.build(layer, route)
-                    # A candidate that fails on this input is left out; the 2:4 form searches its algorithm here.
-                    self.run(layer, route, x, bucket)
-                except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
-                    self.skipped[route] = f"{type(e).__name__}: {e}"
-                    continue
-                calls[route] = lambda route=route: self.run(layer, route, x, bucket)
-            times = _time_routes(calls, x) if calls else {"csr": float("nan")}
-        best = min(times, key=times.get)
-        if best != "dense" and times.get("dense", math.inf) * DENSE_MARGIN < times[best]:
-            best = "dense"
-        self.routes[bucket], self.times[bucket] = best, times
-        self._release_unused()
-        return best
-
-    def _release_unused(self) -> None:
-        used = set(self.routes.values())
-        if "dense" not in used:
-            self.dense = None
-        if "2:4 decode" not in used:
-            self.decode24 = None
-        if "2:4" not in used:
-            self.sparse24 = None
-            if self.decode24 is None:
-                self.split24 = None  # the split (a byte per entry and more) is rebuilt if needed
-        if "bitmap" not in used:
-            self.bitmap = None
-        if "csr16" not in used:
-            self.csr16 = None
-        if "slots" not in used:
-            self.slots = None
-        if "csr:blocked" not in used:
-            self.blocked = None
-
-    # -- running --
-
-    def run(self, layer: "SparseLinear", route: str, x: torch.Tensor, bucket: Optional[int] = None,
-            bias: Any = "layer", activation: Optional[str] = None) -> torch.Tensor:
-        """act(x @ W^T + bias) on one form, without autograd. x (N, in)."""
-        bias = layer.bias if isinstance(bias, str) else bias
-        act = layer.activation if activation is None else activation
-        slope = layer.negative_slope
-        self.build(layer, route)
-        if route == "dense":  # torch's F.linear has the lower host overhead where no activation is fused
-            return F_torch.linear(x, self.dense, bias) if act == "none" else ops.linear(x, self.dense, bias, act, slope)
-        if route == "2:4":
-            return self.sparse24(x, bias, act, slope, bucket)
-        if route == "2:4 decode":
-            return self.decode24(x, bias, act, slope)
-        if route == "bitmap":
-            return self.bitmap(x, bias, act, slope)
-        if route == "csr16":
-            return csr16_linear(x, self.csr16, bias, act, slope)
-        if route == "slots":
-            return slot_linear(x, self.slots, bias, act, slope)
-        backend = route.partition(":")[2] or layer.backend
-        if backend == "blocked":
-            y_t = self.blocked(x.t())
-        else:
-            y_t = F._without_autograd(ops.spmm.default, layer.crow_indices, layer.col_indices, layer.values, x.t(),
-                                      1.0, None, 0.0, None, "none", 0.01, backend)
-        if bias is not None or act != "none":
-            return F._without_autograd(ops.bias_act.default, y_t.t(), None, bias, act, slope)
-        return y_t.t().contiguous()
-
-    def runner(self, layer: "SparseLinear", x: torch.Tensor, bucket: int):
-        """The inference call for this bucket with its operands bound (kept until the forms change), so a
-        steady-state call does no route logic in Python."""
-        call = self.runners.get(bucket)
-        if call is not None:
-            return call
-        route = self.route(layer, x)
-        self.build(layer, route)
-        bias, act, slope = layer.bias, layer.activation, layer.negative_slope
-        if route == "dense":
-            dense = self.dense
-            if act == "none":  # torch's F.linear: the lowest host overhead
-                call = lambda a: F_torch.linear(a, dense, bias)  # noqa: E731
-            else:
-                call = lambda a: ops.linear.default(a, dense, bias, act, slope)  # noqa: E731
-        elif route == "2:4" and self.sparse24.compressed is not None:
-            w = self.sparse24
-            alg = w.alg_for(x, bias, bucket)
-            args = (w.compressed, w.split.shape[0], *w._residual(), bias, act, slope, alg)
-            call = lambda a: ops.sparse24_linear.default(a, *args)  # noqa: E731
-            if bucket not in w.algs:  # captured before any search: the runner would pin the default algorithm
-                return call
-        elif route in ("bitmap", "slots", "csr16", "2:4 decode"):  # the op below autograd: no wrapper per call
-            if route == "2:4 decode":
-                w = self.decode24
-                op, args = ops.sparse24_decode_linear.default, (w.values, w.meta, w.shape[0], w.shape[1], bias, act,
-                                                                 slope)
-            elif route == "bitmap":
-                w = self.bitmap.weight
-                op, args = ops.bitmap_linear.default, (w.bitmaps, w.offsets, w.values, w.shape[0], bias, act, slope)
-            elif route == "slots":
-                w = self.slots
-                op, args = ops.slot_linear.default, (w.offsets, w.entries, w.shape[0], bias, act, slope, w.banded)
-            else:
-                op, args = ops.csr16_linear.default, (self.csr16.crow, self.csr16.entries, bias, act, slope)
-            call = lambda a: F._without_autograd(op, a, *args)  # noqa: E731
-        else:
-            call = lambda a: self.run(layer, route, a, bucket)  # noqa: E731
-        if layer.format != "auto" or bucket in self.routes:  # not a stand-in rule: keep it
-            self.runners[bucket] = call
-        return call
-
-    def memory(self, state_crow: torch.Tensor) -> Dict[str, int]:
-        """Bytes held by the derived forms (the CSR itself is the layer's state: row pointers a form shares
-        with it, state_crow, are not counted again)."""
-        out = {}
-        if self.dense is not None:
-            out["dense"] = self.dense.numel() * self.dense.element_size()
-        if self.sparse24 is not None:
-            out["2:4"] = self.sparse24.nbytes
-        elif self.split24 is not None:
-            out["2:4 split"] = self.split24.nbytes
-        if self.decode24 is not None:  # its split is counted above ("2:4" or "2:4 split") when shared
-            shared = self.decode24.split is not None and self.decode24.split is self.split24 and (
-                self.sparse24 is not None or "2:4 split" in out)
-            out["2:4 decode"] = self.decode24.nbytes - (self.split24.nbytes if shared else 0)
-        if self.bitmap is not None:
-            out["bitmap"] = self.bitmap.nbytes
-        if self.slots is not None:
-            out["slots"] = self.slots.nbytes
-        if self.csr16 is not None:
-            shared = self.csr16.crow.data_ptr() == state_crow.data_ptr()
-            out["csr16"] = self.csr16.nbytes - (self.csr16.crow.numel() * 4 if shared else 0)
-        return out
-
-
-def _capturing(x: torch.Tensor) -> bool:
-    return x.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-class _FormMatmul(torch.autograd.Function):
-    """x @ W^T on a derived form, with the gradients of x and of the CSR values: grad_x from the dense copy
-    when the layer holds one, else from the cached transpose of the pattern (st.transpose's cache);
-    grad_values by the SDDMM on the pattern, as for the CSR route."""
-
-    @staticmethod
-    def forward(ctx, x, values, layer, route, bucket):
-        ctx.save_for_backward(x, values)
-        ctx.layer = layer
-        with torch.no_grad():
-            return layer._forms.run(layer, route, x, bucket, bias=None, activation="none")
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, values = ctx.saved_tensors
-        layer = ctx.layer
-        gy = grad.contiguous()
-        crow, col = layer.crow_indices, layer.col_indices
-        grad_x = grad_values = None
-        if ctx.needs_input_grad[0]:
-            dense = layer._forms.dense
-            if dense is not None and dense.dtype == gy.dtype:
-                grad_x = gy @ dense
-            else:
-                crow_t, col_t, perm = transpose_pattern(crow, col, layer.in_features)
-                grad_x = ops.spmm(crow_t, col_t, transpose_values(values, perm), gy.t(), 1.0, None, 0.0, None,
-                                  "none", 0.01, "auto").t()
-        if ctx.needs_input_grad[1]:
-            grad_values = ops.sddmm(crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto")
-        return grad_x, grad_values, None, None, None
-
 
 class SparseLinear(nn.Module):
-    """``y = act(x @ W.T + bias)`` with the weight ``W`` (out_features, in_features) stored in CSR.
+    """``y = act(x @ W.T + bias)`` with the weight ``W`` (out_features, in_features) stored sparse.
 
     The pattern (``crow_indices``, ``col_indices``) is a buffer; the stored values are the trainable
-    parameter ``values``. Build one from a dense layer with :meth:`from_dense` (magnitude pruning, also to
-    2:4) or from any sparse matrix with :meth:`from_sparse`. ``x`` is (..., in_features).
+    parameter ``values``. Build one from a dense layer with :meth:`from_dense` (magnitude or Wanda pruning,
+    also to 2:4) or from any sparse matrix with :meth:`from_sparse`. ``x`` is (..., in_features).
 
-    ``format``: ``"auto"`` (default) times the forms that apply on the first call of each token-count
-    bucket and keeps the fastest (see the module docstring; ``layer.routes`` shows the choices,
-    ``layer.route_times`` the measurements, ``layer.memory()`` the bytes of the derived forms); or one of
-    ``"csr"``, ``"dense"``, ``"2:4"`` (cuSPARSELt on CUDA, a dense reference on the CPU; any pattern: the
-    entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"``, ``"slots"`` (bfloat16/float16) and
-    ``"csr16"`` (bfloat16/float16, in_features <= 65535) to force a form. ``backend``
-    is the SpMM route of the CSR form (``"auto"``: every applicable route is a candidate).
+    ``format``: ``"auto"`` (default) chooses per token-count bucket (module docstring; ``layer.routes``
+    shows the choices, ``layer.route_times`` the measurements, ``layer.memory()`` the bytes held); or one of
+    ``"csr"``, ``"dense"``, ``"2:4"`` (the decode kernel up to 16 tokens for a pure 2:4 weight, cuSPARSELt
+    above; any pattern: the entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"``, ``"slots"``
+    and ``"csr16"`` (bfloat16/float16) to force a form. ``backend`` is the SpMM route of the CSR form
+    (``"auto"``: st.spmm's own tuning).
     """
 
     def __init__(self, in_features: int, out_features: int, crow_indices: torch.Tensor,
@@ -515,7 +184,18 @@ class SparseLinear(nn.Module):
         self.negative_slope = float(negative_slope)
         self.backend = backend
         self.format = format
-        self._forms = _Forms()
+        self.stored_format: Optional[str] = None  # the compact layer's one form (None: training mode)
+        self._dtype = values.dtype
+        self._derived = _Derived()
+        self._handle = _register(self)
+
+    # Copies (copy.deepcopy, pickle) get their own handle and derived state.
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._derived = _Derived()
+        self._handle = _register(self)
+
+    # --- construction --------------------------------------------------------------------------------
 
     @classmethod
     def from_sparse(cls, weight: Any, bias: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None,
@@ -542,14 +222,12 @@ class SparseLinear(nn.Module):
 
         ``sparsity`` is the fraction of weights removed (default 0.9; 0.5 for ``"2:4"``).
         ``scheme="global"`` keeps the ``round((1 - sparsity) * out * in)`` highest scores of the whole
-        matrix; ``"row"`` keeps the ``round((1 - sparsity) * in)`` highest of each row (the same nnz per
-        row, which balances the SpMM's work); ``"2:4"`` keeps the 2 highest of every group of 4
-        consecutive weights of a row (2:4 semi-structured sparsity, for sparse tensor cores), and a
-        ``sparsity`` above 0.5 then removes the lowest kept scores of the whole matrix as well (the
-        pattern stays 2:4). The score is |w|, or with ``importance`` (in_features,) |w_ij| * importance_j:
-        Wanda pruning when importance holds the L2 norms of the input channels over calibration data
-        (:func:`sparsetorch.pruned.input_norms`). Ties are broken by position. The mask is
-        :func:`sparsetorch.pruned.prune_mask`'s. The bias (of the ``nn.Linear``, or ``bias=``) is copied.
+        matrix; ``"row"`` keeps the ``round((1 - sparsity) * in)`` highest of each row; ``"2:4"`` keeps the 2
+        highest of every group of 4 consecutive weights of a row (2:4 semi-structured sparsity), and a
+        ``sparsity`` above 0.5 then removes the lowest kept scores of the whole matrix as well. The score
+        is |w|, or with ``importance`` (in_features,) |w_ij| * importance_j: Wanda pruning when importance
+        holds the L2 norms of the input channels over calibration data
+        (:func:`sparsetorch.pruned.input_norms`). The mask is :func:`sparsetorch.pruned.prune_mask`'s.
         """
         if isinstance(linear, nn.Linear):
             weight = linear.weight.detach()
@@ -568,13 +246,18 @@ class SparseLinear(nn.Module):
         return cls(in_f, out_f, crow.to(index_dtype), cols.to(index_dtype), weight[rows, cols].clone(),
                    None if bias is None else bias.clone(), **kwargs)
 
+    # --- what it holds -------------------------------------------------------------------------------
+
     @property
     def weight(self) -> CSR:
-        """The weight as a :class:`sparsetorch.CSR` (sharing this layer's tensors)."""
+        """The weight as a :class:`sparsetorch.CSR` (sharing this layer's tensors; training mode only)."""
+        self._require_csr("weight")
         return CSR(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features))
 
     @property
     def nnz(self) -> int:
+        if self.stored_format is not None:
+            return self._pattern_summary()[0]
         return int(self.col_indices.numel())
 
     @property
@@ -583,66 +266,467 @@ class SparseLinear(nn.Module):
 
     @property
     def routes(self) -> Dict[int, str]:
-        """Token-count bucket (a power of two) -> the route chosen for it."""
-        return dict(self._forms.routes)
+        """Token-count bucket (a power of two) -> the form its calls run now (decided or the rule's)."""
+        return dict(self._derived.choices)
 
     @property
     def route_times(self) -> Dict[int, Dict[str, float]]:
-        """Token-count bucket -> route -> milliseconds, as measured when the bucket was first seen."""
-        return {b: dict(t) for b, t in self._forms.times.items()}
+        """Token-count bucket -> form -> milliseconds measured (samples' medians, or prepare()'s times)."""
+        out = {}
+        table = tuner("linear")
+        for bucket in self._derived.choices:
+            for e in table.entries():
+                if e["key"] == self._tuning_key(bucket):
+                    out[bucket] = {n: sorted(c["costs_ms"])[len(c["costs_ms"]) // 2]
+                                   for n, c in e["candidates"].items() if c["costs_ms"]}
+        return out
 
     def memory(self) -> Dict[str, int]:
-        """Bytes: the CSR state ("csr") and each derived form the layer holds now."""
-        state = [self.crow_indices, self.col_indices, self.values] + ([self.bias] if self.bias is not None else [])
-        return {"csr": sum(t.numel() * t.element_size() for t in state), **self._forms.memory(self.crow_indices)}
+        """Bytes held: the CSR state ("csr", 0 for a compact layer), each form ("stored" for a compact
+        layer's one form), the bias, their total ("held"), the dense weight's bytes for comparison
+        ("dense_weight") and the largest transient buffer a call has made ("peak_transient": a compact
+        layer's dense expansion)."""
+        out: Dict[str, int] = {}
+        if self.stored_format is None:
+            out["csr"] = sum(t.numel() * t.element_size() for t in (self.crow_indices, self.col_indices, self.values))
+        for name, form in self._derived.forms.items():
+            if name == "csr":
+                continue
+            out["stored" if name == self.stored_format else name] = int(form.nbytes)
+        if self.stored_format is not None and "stored" not in out:
+            out["stored"] = sum(t.numel() * t.element_size() for t in self._stored_buffers().values())
+        if self.bias is not None:
+            out["bias"] = self.bias.numel() * self.bias.element_size()
+        out["held"] = sum(out.values())
+        out["dense_weight"] = self.out_features * self.in_features * torch.empty((), dtype=self._dtype).element_size()
+        out["peak_transient"] = int(self._derived.peak_transient)
+        return out
 
     def to_dense(self) -> torch.Tensor:
-        """The dense (out_features, in_features) weight (differentiable w.r.t. ``values``)."""
+        """The dense (out_features, in_features) weight (differentiable w.r.t. ``values`` in training mode)."""
+        if self.stored_format is not None:
+            return self._stored_form().to_dense().clone()
         return self.weight.to_dense()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        params = self._parameters  # read directly: nn.Module.__getattr__ costs microseconds per call
-        values, bias = params["values"], params.get("bias")
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x: expected last dimension {self.in_features} (in_features), got shape {tuple(x.shape)}")
-        if x.dtype != values.dtype:
-            raise TypeError(f"x: expected dtype {values.dtype} (the layer's), got {x.dtype}")
-        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if torch.compiler.is_compiling():  # traced: the CSR op (its C++ rules pick the kernel), no timing
-            y = self._epilogue(F.spmm(self.weight, x2.t(), backend=self.backend).t())
-        else:
-            forms = self._forms
-            forms.refresh(self, values, self._buffers["crow_indices"], self._buffers["col_indices"])
-            bucket = _bucket(x2.shape[0])
-            if not (torch.is_grad_enabled() and (x2.requires_grad or values.requires_grad
-                                                 or (bias is not None and bias.requires_grad))):
-                y = forms.runner(self, x2, bucket)(x2)
+    # --- compact (inference) mode --------------------------------------------------------------------
+
+    def compact(self, format: Optional[str] = None) -> "SparseLinear":
+        """Keep one stored form and drop the CSR and every other form (inference only: ``values`` is no
+        longer a parameter). ``format``: one of "2:4 decode", "slots", "csr"; default by the weight (see
+        the module docstring). Returns self."""
+        if self.stored_format is not None:
+            return self
+        pattern = self._pattern()
+        available = _forms.applicable(pattern)
+        name = format or (self.format if self.format in _forms.COMPACT_FORMS else None) or _rule.compact_form(
+            pattern, available)
+        if name not in _forms.COMPACT_FORMS:
+            raise ValueError(f"format: expected one of {', '.join(_forms.COMPACT_FORMS)}, got {name!r}")
+        if available.get(name) is not None:
+            raise ValueError(f"format {name!r}: {available[name]}")
+        with torch.no_grad():
+            form = _forms.build(name, pattern, self.crow_indices, self.col_indices, self.values.detach(),
+                                self.backend)
+            if hasattr(form, "compact"):
+                form.compact()
+        tensors = {k: v.detach() for k, v in form.tensors().items()}
+        banded = int(getattr(form.weight, "banded", False)) if name == "slots" else 0
+        summary = torch.tensor([_STORED_CODES[name], banded, pattern.nnz, _DTYPE_CODES.index(self._dtype)],
+                               dtype=torch.int64)
+        self._become_compact(name, tensors, summary, form)
+        return self
+
+    def _become_compact(self, name: str, tensors: Dict[str, torch.Tensor], summary: torch.Tensor, form=None):
+        for attr in ("crow_indices", "col_indices"):
+            self._buffers.pop(attr, None)
+        self._parameters.pop("values", None)
+        for key in [k for k in self._buffers if k.startswith("stored_")]:
+            del self._buffers[key]
+        for key, t in tensors.items():
+            self.register_buffer("stored_" + key, t)
+        self.register_buffer("stored_summary", summary)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)  # inference only: nothing of the layer trains
+        self.stored_format = name
+        derived = self._derived = _Derived()
+        if form is not None:
+            derived.forms[name] = form
+            derived.key = self._compact_key()
+
+    def _stored_buffers(self) -> Dict[str, torch.Tensor]:
+        return {k[len("stored_"):]: v for k, v in self._buffers.items()
+                if k.startswith("stored_") and k != "stored_summary"}
+
+    def _pattern_summary(self):
+        """(stored entries, banded slot layout) of a compact layer."""
+        summary = self._buffers["stored_summary"].tolist()
+        return int(summary[2]), bool(summary[1])
+
+    def _compact_key(self):
+        return tuple((k, t.data_ptr(), t.device, t._version) for k, t in sorted(self._stored_buffers().items()))
+
+    def _stored_form(self):
+        derived = self._derived
+        key = self._compact_key()
+        if derived.key != key or self.stored_format not in derived.forms:
+            tensors = self._stored_buffers()
+            nnz, banded = self._pattern_summary()
+            shape = (self.out_features, self.in_features)
+            if self.stored_format == "slots":
+                from sparsetorch.pruned.slots import SlotWeight
+
+                form = _forms.SlotsForm(SlotWeight.from_packed(tensors["offsets"], tensors["entries"], shape,
+                                                               self._dtype, banded))
             else:
-                route = forms.route(self, x2)
-                if (route == "csr" or route.startswith("csr:")) and route != "csr:blocked":
-                    y_t = F.spmm(self.weight, x2.t(), backend=route.partition(":")[2] or self.backend)  # (out, N)
-                    y = self._epilogue(y_t.t())
-                else:
-                    y = self._epilogue(_FormMatmul.apply(x2, values, self, route, bucket))
+                form = _forms.from_tensors(self.stored_format, tensors, shape, self._dtype, self.backend)
+            self._derived = derived = _Derived()
+            derived.forms[self.stored_format] = form
+            derived.key = key
+        return derived.forms[self.stored_format]
+
+    def _require_csr(self, what: str) -> None:
+        if self.stored_format is not None:
+            raise RuntimeError(f"{what}: this SparseLinear is compact (it holds only its {self.stored_format!r} form, "
+                               "no CSR); build a new layer from the dense or sparse weight to train")
+
+    # --- the derived state of a training-mode layer ---------------------------------------------------
+
+    def _refresh(self) -> _Derived:
+        """The derived state, rebuilt where the layer's tensors changed (new pattern, dtype or device:
+        everything; new values: the forms repack them in place)."""
+        derived = self._derived
+        if self.stored_format is not None:
+            self._stored_form()
+            return self._derived
+        v, crow, col = self._parameters["values"], self._buffers["crow_indices"], self._buffers["col_indices"]
+        try:
+            key = (v._version, crow._version, col._version, v.data_ptr(), crow.data_ptr(), col.data_ptr())
+        except RuntimeError:  # inference tensors have no version counter
+            key = (-1, -1, -1, v.data_ptr(), crow.data_ptr(), col.data_ptr())
+        key += (id(self._parameters.get("bias")), self.activation, self.negative_slope, self.format, self.backend)
+        if key == derived.key:
+            return derived
+        old = derived.key or ()
+        meta = (tuple(v.shape), v.dtype, v.device)
+        if key[1:3] + key[4:6] != old[1:3] + old[4:6] or meta != derived.values_meta:
+            derived = self._derived = _Derived()
+            self._dtype = v.dtype
+        else:
+            derived.runners = {}
+            if key[:6] != old[:6]:
+                with torch.no_grad():
+                    for name, form in derived.forms.items():
+                        if name == "dense":
+                            form.weight = self.weight.to_dense().detach()
+                        elif hasattr(form, "set_values"):
+                            form.set_values(v.detach())
+        derived.key = key
+        derived.values_meta = meta
+        return derived
+
+    def _pattern(self) -> _forms.Pattern:
+        derived = self._refresh()
+        if derived.pattern is None:
+            if self.stored_format is not None:
+                raise RuntimeError("a compact layer has no pattern to analyse")
+            derived.pattern = _forms.Pattern(self.crow_indices, self.col_indices, (self.out_features, self.in_features),
+                                             self.values.dtype, self.values.device)
+        return derived.pattern
+
+    def _tuning_key(self, bucket: int) -> tuple:
+        """The "linear" tuner's signature of a call in this bucket (module docstring)."""
+        derived = self._derived
+        sig = derived.signature
+        if sig is None:
+            device = self.stored_buffer_device() if self.stored_format else self.values.device
+            name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+            if self.stored_format is not None:
+                nnz, _ = self._pattern_summary()
+                kind = "compact:" + self.stored_format
+            else:
+                p = self._pattern()
+                nnz, kind = p.nnz, p.kind()
+            density = round(nnz / max(1, self.out_features * self.in_features), 2)
+            sig = derived.signature = (name, str(self._dtype).replace("torch.", ""), self.out_features,
+                                       self.in_features, kind, density, self.bias is not None, self.activation)
+        return sig + (bucket,)
+
+    def stored_buffer_device(self) -> torch.device:
+        return next(iter(self._stored_buffers().values())).device
+
+    # --- choosing and running -----------------------------------------------------------------------
+
+    def _candidates(self, n: int, rule: str) -> Sequence[str]:
+        """What an undecided call of n tokens may sample without building anything: the rule's form and the
+        forms the neighbouring buckets (n/2, 2n) take, where the layer holds them and they apply at n
+        (crossovers fall between neighbours, and a form never sampled far from where it wins costs no more
+        than a few steady calls). A compact layer: its stored form and the dense expansion."""
+        derived = self._derived
+        if self.stored_format is not None:
+            limit = _forms.MAX_TOKENS.get(self.stored_format, 1 << 62)
+            return [self.stored_format, "expand"] if n <= limit else ["expand"]
+        available = _forms.applicable(self._pattern(), n)
+        bucket = _bucket(n)
+        out = [rule]
+        for neighbour in (bucket // 2, bucket * 2):
+            name = derived.choices.get(neighbour)
+            if name is not None and name not in out and name in derived.forms and available.get(name) is None:
+                out.append(name)
+        return out
+
+    def _rule(self, n: int) -> str:
+        if self.stored_format is not None:
+            if self.stored_format == "csr":
+                return "csr" if self.stored_buffer_device().type != "cuda" else "expand"
+            return _rule.compact_choice(self.stored_format, _StoredPattern(self), n)
+        if self.format != "auto":
+            return self._forced(n)
+        pattern = self._pattern()
+        return _rule.first_choice(pattern, n, _forms.applicable(pattern, n))
+
+    def _forced(self, n: int) -> str:
+        fmt = self.format
+        if fmt == "2:4":
+            p = self._pattern()
+            available = _forms.applicable(p, n)
+            if n <= SPARSE24_DECODE_TOKENS and available.get("2:4 decode") is None:
+                return "2:4 decode"
+            if available.get("2:4") is not None and self.values.device.type == "cuda":
+                raise ValueError(f"format '2:4': {available['2:4']}")
+        return fmt
+
+    def _form(self, name: str, device: torch.device):
+        """The form ``name``, built now if the layer does not hold it (never during a graph capture)."""
+        derived = self._derived
+        form = derived.forms.get(name)
+        if form is not None:
+            return form
+        if name == "csr":
+            form = _forms.CsrForm(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features),
+                                  self.backend)
+        else:
+            pattern = self._pattern()
+            form = _outside_graph_pool(lambda: _forms.build(name, pattern, self.crow_indices, self.col_indices,
+                                                            self.values.detach(), self.backend), device)
+        derived.forms[name] = form
+        return form
+
+    def _choose(self, x: torch.Tensor, bucket: int):
+        """(route, sample or None) for this call; sets the bucket's current choice."""
+        derived = self._derived
+        n = x.shape[0]
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if self.format != "auto" and self.stored_format is None:
+            route, sample = self._forced(n), None
+            derived.decided[bucket] = True
+        else:
+            key = self._tuning_key(bucket)
+            rule = self._rule(n)
+            table = tuner("linear")
+            decided = table.decided(key)
+            if decided is not None:
+                route, sample = decided, None
+            else:
+                route, sample = table.choose(key, list(self._candidates(n, rule)), rule, x.device)
+            decided = table.decided(key) is not None
+            derived.decided[bucket] = decided
+        if capturing and route not in derived.forms and route not in ("csr", "expand"):
+            # no build inside a capture: the rule among the held forms
+            route, sample = self._held_fallback(n), None
+        derived.choices[bucket] = route.partition("#")[0]
+        return route, sample
+
+    def _held_fallback(self, n: int) -> str:
+        derived = self._derived
+        if self.stored_format is not None:
+            return self.stored_format if n <= _forms.MAX_TOKENS.get(self.stored_format, 1 << 62) else "expand"
+        available = _forms.applicable(self._pattern(), n)
+        held = [name for name in derived.forms if available.get(name) is None]
+        for name in ("dense", "2:4 decode", "slots", "csr16", "bitmap", "2:4"):
+            if name in held:
+                return name
+        return "csr"
+
+    def _runner(self, route: str, x: torch.Tensor, bucket: int):
+        """The call of ``route`` with the layer's epilogue bound: y = call(x2)."""
+        name, _, alg = route.partition("#")
+        bias, act, slope = self._parameters.get("bias"), self.activation, self.negative_slope
+        if name == "expand":
+            form = self._stored_form()
+            derived = self._derived
+
+            def expand_call(a, form=form, derived=derived):
+                dense = form.to_dense()
+                derived.peak_transient = max(derived.peak_transient, dense.numel() * dense.element_size())
+                return _forms.DenseForm(dense)(a, bias, act, slope)
+
+            return expand_call
+        form = self._stored_form() if name == self.stored_format else self._form(name, x.device)
+        if name == "2:4":
+            code = int(alg) if alg else self._derived.algs.get(bucket, -1)
+            return lambda a: form(a, bias, act, slope, code)
+        return lambda a: form(a, bias, act, slope)
+
+    def _run(self, x: torch.Tensor, bias_act: bool = True) -> torch.Tensor:
+        """The forward on the chosen form, recording no gradient: x (N, in) -> (N, out). ``bias_act``: with
+        the layer's bias and activation (else the bare product, for the training path)."""
+        derived = self._refresh()
+        n = x.shape[0]
+        bucket = _bucket(n)
+        if bias_act:
+            call = derived.runners.get(bucket)
+            if call is not None:
+                return call(x)
+        route, sample = self._choose(x, bucket)
+        call = self._runner(route, x, bucket) if bias_act else self._bare(route, x, bucket)
+        if sample is None:
+            y = call(x)
+        else:
+            sample.start()
+            try:
+                y = call(x)
+            except (RuntimeError, ValueError, NotImplementedError) as e:
+                tuner("linear").fail(self._tuning_key(bucket), route)
+                derived.skipped[route] = f"{type(e).__name__}: {e}"
+                raise
+            sample.stop()
+            tuner("linear").submit(self._tuning_key(bucket), route, sample)
+        if bias_act and derived.decided.get(bucket) and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            derived.runners[bucket] = call
+            self._release_unused()
+        return y
+
+    def _bare(self, route: str, x: torch.Tensor, bucket: int):
+        name, _, alg = route.partition("#")
+        if name == "expand":
+            raise RuntimeError("a compact layer does not train")
+        form = self._form(name, x.device)
+        if name == "2:4":
+            code = int(alg) if alg else self._derived.algs.get(bucket, -1)
+            return lambda a: form(a, None, "none", 0.0, code)
+        return lambda a: form(a, None, "none", 0.0)
+
+    def _release_unused(self) -> None:
+        """Free the forms no bucket takes now (only once every bucket seen is decided: undecided buckets
+        sample the held forms)."""
+        derived = self._derived
+        if self.stored_format is not None or not all(derived.decided.get(b) for b in derived.choices):
+            return
+        used = set(derived.choices.values())
+        for name in [n for n in derived.forms if n not in used and n != "csr"]:
+            del derived.forms[name]
+            derived.runners = {b: c for b, c in derived.runners.items() if derived.choices.get(b) != name}
+
+    # --- prepare: decide buckets now ------------------------------------------------------------------
+
+    def prepare(self, token_counts: Optional[Iterable[int]] = None, *, budget_ms: float = 0.5) -> Dict[int, str]:
+        """Decide the form of every bucket of ``token_counts`` (default 1, 2, 4, ..., 2048) now: build every
+        form that applies, time each on random input (clean L2, about ``budget_ms`` of device time per
+        form), search cuSPARSELt's algorithm for the 2:4 form, record the decisions in the tuner (and so in
+        the tuning cache file), and free the forms no bucket takes. Returns bucket -> form."""
+        counts = sorted({_bucket(int(n)) for n in (token_counts or DEFAULT_TOKEN_COUNTS) if int(n) > 0})
+        device = self.stored_buffer_device() if self.stored_format else self.values.device
+        derived = self._refresh()
+        result = {}
+        with torch.no_grad():
+            for bucket in counts:
+                x = torch.randn(bucket, self.in_features, device=device).to(self._dtype)
+                if self.format != "auto" and self.stored_format is None:
+                    result[bucket] = derived.choices[bucket] = self._forced(bucket)
+                    continue
+                names = self._all_candidates(bucket)
+                times, failed = {}, {}
+                for name in names:
+                    try:
+                        route = name
+                        if name == "2:4":
+                            form = self._form(name, device)
+                            derived.algs[bucket] = form.search(x, self._parameters.get("bias"))
+                            route = f"2:4#{derived.algs[bucket]}"
+                        call = self._runner(route, x, bucket)
+                        times[route] = timing.time_call(lambda: call(x), device, l2="clean", budget_ms=budget_ms,
+                                                        min_reps=3, max_reps=20)
+                    except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+                        failed[name] = f"{type(e).__name__}: {e}"
+                derived.skipped.update(failed)
+                if not times:
+                    continue
+                best = min(times, key=times.get)
+                tuner("linear").decide(self._tuning_key(bucket), best, times)
+                derived.choices[bucket] = best.partition("#")[0]
+                derived.decided[bucket] = True
+                derived.runners.pop(bucket, None)
+                result[bucket] = best.partition("#")[0]
+        self._release_unused()
+        return result
+
+    def _all_candidates(self, n: int) -> Sequence[str]:
+        if self.stored_format is not None:
+            return self._candidates(n, self._rule(n))
+        available = _forms.applicable(self._pattern(), n)
+        return [name for name in _forms.FORM_NAMES if available.get(name) is None]
+
+    # --- forward -------------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_f = self.in_features
+        if x.shape[-1] != in_f:
+            raise ValueError(f"x: expected last dimension {in_f} (in_features), got shape {tuple(x.shape)}")
+        params = self._parameters
+        values, bias = params.get("values"), params.get("bias")
+        dtype = values.dtype if values is not None else self._dtype
+        if x.dtype != dtype:
+            raise TypeError(f"x: expected dtype {dtype} (the layer's), got {x.dtype}")
+        x2 = x if x.dim() == 2 else x.reshape(-1, in_f)
+        training = torch.is_grad_enabled() and (x2.requires_grad or (values is not None and values.requires_grad)
+                                                or (bias is not None and bias.requires_grad))
+        if training and values is None:
+            raise RuntimeError("x: requires grad, but this SparseLinear is compact (inference only: it holds its "
+                               f"{self.stored_format!r} form, no CSR to train); run it under torch.no_grad()")
+        if torch.compiler.is_compiling():
+            y = self._forward_op(x2, values, bias, training)
+        elif training:
+            self._require_csr("backward")
+            y = _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle, False))
+        else:
+            y = self._run(x2)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
-    def _epilogue(self, y: torch.Tensor) -> torch.Tensor:
-        """Bias + activation with autograd (one fused pass that also restores the row-major layout)."""
-        if self.bias is not None or self.activation != "none":
-            return F.bias_act(y, bias=self.bias, activation=self.activation, negative_slope=self.negative_slope)
-        return y.contiguous()
+    def _forward_op(self, x2, values, bias, training):
+        """The traced forward: one opaque op (the choice happens inside it, at run time)."""
+        if training:
+            self._require_csr("backward")
+            return _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle, False))
+        return torch.ops.sparsetorch.sparse_linear(x2, values, self._handle, True)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    # --- state_dict ----------------------------------------------------------------------------------
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        summary = state_dict.get(prefix + "stored_summary")
+        if summary is not None:  # a compact layer's state: its stored form
+            self._load_compact(state_dict, prefix, summary)
+        elif state_dict.get(prefix + "crow_indices") is not None or state_dict.get(prefix + "col_indices") is not None:
+            self._load_csr(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if self.stored_format is not None:
+            self._derived = _Derived()
+            self._stored_form()  # checks the layout before any kernel reads it
+        else:
+            self._derived = _Derived()  # a new weight: its buckets are decided again
+
+    def _load_csr(self, state_dict, prefix):
+        if self.stored_format is not None:
+            raise RuntimeError("load_state_dict: a compact layer loads a compact state_dict (its stored form); load "
+                               "this CSR state into a training-mode SparseLinear, then compact() it")
         # A corrupt weight is refused before anything of the layer changes.
-        crow, col = state_dict.get(prefix + "crow_indices"), state_dict.get(prefix + "col_indices")
-        if crow is not None or col is not None:
-            crow = self.crow_indices if crow is None else crow
-            col = self.col_indices if col is None else col
-            values = state_dict.get(prefix + "values")
-            values = torch.zeros(col.shape, dtype=self.values.dtype) if values is None else values
-            ensure_valid(CSR(crow, col, values, (self.out_features, self.in_features)))
-        # A different sparsity means different nnz: take the incoming shapes so that any
-        # SparseLinear of the same in/out features loads any other's state_dict.
+        crow = state_dict.get(prefix + "crow_indices", self.crow_indices)
+        col = state_dict.get(prefix + "col_indices", self.col_indices)
+        values = state_dict.get(prefix + "values")
+        values = torch.zeros(col.shape, dtype=self.values.dtype) if values is None else values
+        ensure_valid(CSR(crow, col, values, (self.out_features, self.in_features)))
+        # Another sparsity means another nnz: take the incoming shapes.
         for name in ("crow_indices", "col_indices"):
             t = state_dict.get(prefix + name)
             if t is not None and t.shape != getattr(self, name).shape:
@@ -651,11 +735,151 @@ class SparseLinear(nn.Module):
         if t is not None and t.shape != self.values.shape:
             self.values = nn.Parameter(torch.empty_like(t, device=self.values.device),
                                        requires_grad=self.values.requires_grad)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._forms = _Forms()  # a new weight: its routes are measured again
+
+    def _load_compact(self, state_dict, prefix, summary):
+        fields = summary.tolist() if isinstance(summary, torch.Tensor) and summary.numel() == 4 else None
+        if fields is None or not 0 <= fields[0] < len(_forms.COMPACT_FORMS) or not 0 <= fields[3] < len(_DTYPE_CODES):
+            raise ValueError(f"stored_summary: expected (form code, banded, entries, dtype code), got {summary}")
+        name = _forms.COMPACT_FORMS[int(fields[0])]
+        self._dtype = _DTYPE_CODES[int(fields[3])]
+        incoming = {k[len(prefix) + len("stored_"):]: v for k, v in state_dict.items()
+                    if k.startswith(prefix + "stored_") and k != prefix + "stored_summary"}
+        device = self.stored_buffer_device() if self.stored_format else self.values.device
+        tensors = {k: torch.empty_like(v, device=device) for k, v in incoming.items()}
+        self._become_compact(name, tensors, torch.empty_like(summary, device="cpu"))
 
     def extra_repr(self) -> str:
-        routes = ", ".join(f"{b}: {r}" for b, r in sorted(self._forms.routes.items()))
+        routes = ", ".join(f"{b}: {r}" for b, r in sorted(self._derived.choices.items()))
+        mode = f", compact={self.stored_format!r}" if self.stored_format else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, nnz={self.nnz} "
                 f"(density {self.density:.3g}), bias={self.bias is not None}, activation={self.activation!r}, "
-                f"format={self.format!r}" + (f", routes={{{routes}}}" if routes else ""))
+                f"format={self.format!r}{mode}" + (f", routes={{{routes}}}" if routes else ""))
+
+
+class _StoredPattern:
+    """What compact_choice reads of a compact layer (no CSR): device, dtype, density."""
+
+    def __init__(self, layer: SparseLinear):
+        self.device = layer.stored_buffer_device()
+        self.dtype = layer._dtype
+        self.density = layer.density
+
+
+def _epilogue(layer: SparseLinear, y: torch.Tensor) -> torch.Tensor:
+    """Bias + activation with autograd (one fused pass that also restores the row-major layout)."""
+    if layer.bias is not None or layer.activation != "none":
+        return F.bias_act(y, bias=layer.bias, activation=layer.activation, negative_slope=layer.negative_slope)
+    return y.contiguous()
+
+
+# --- the op torch.compile sees, and the backward ------------------------------------------------------
+
+def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: torch.Tensor, need_x: bool,
+              need_values: bool):
+    """(grad_x, grad_values) of y = x @ W^T: grad_x from the dense form when the layer holds one, else the
+    cached transpose of the pattern (st.transpose's cache); grad_values by the SDDMM on the pattern."""
+    gy = grad.contiguous()
+    crow, col = layer.crow_indices, layer.col_indices
+    grad_x = grad_values = None
+    with below_autograd():
+        if need_x:
+            dense = layer._derived.forms.get("dense")
+            if dense is not None and dense.weight.dtype == gy.dtype:
+                grad_x = gy @ dense.weight
+            else:
+                crow_t, col_t, perm = transpose_pattern(crow, col, layer.in_features)
+                grad_x = ops.spmm.default(crow_t, col_t, transpose_values(values.detach(), perm), gy.t(), 1.0, None,
+                                          0.0, None, "none", 0.01, "auto").t()
+        if need_values:
+            grad_values = ops.sddmm.default(crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
+    return grad_x, grad_values
+
+
+@torch.library.custom_op("sparsetorch::sparse_linear", mutates_args=())
+def _sparse_linear_op(x: torch.Tensor, values: Optional[torch.Tensor], handle: int, epilogue: bool) -> torch.Tensor:
+    """x @ W^T for the SparseLinear registered under ``handle``, on the form its token-count bucket takes;
+    ``epilogue``: with the layer's bias and activation fused (inference). ``values`` is the layer's CSR
+    values parameter (None for a compact layer): an input so that autograd reaches it."""
+    return _layer(handle)._run(x, bias_act=epilogue)
+
+
+@_sparse_linear_op.register_fake
+def _(x, values, handle, epilogue):
+    return x.new_empty((x.shape[0], _layer(handle).out_features))
+
+
+@torch.library.custom_op("sparsetorch::sparse_linear_backward", mutates_args=())
+def _sparse_linear_backward_op(grad: torch.Tensor, x: torch.Tensor, values: torch.Tensor, handle: int, need_x: bool,
+                               need_values: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_values) of sparse_linear without epilogue; an empty tensor for a gradient not needed."""
+    gx, gv = _backward(_layer(handle), grad, x, values, need_x, need_values)
+    return (gx if gx is not None else x.new_empty(0)), (gv if gv is not None else values.new_empty(0))
+
+
+@_sparse_linear_backward_op.register_fake
+def _(grad, x, values, handle, need_x, need_values):
+    return (x.new_empty(x.shape) if need_x else x.new_empty(0)), (values.new_empty(values.shape) if need_values
+                                                                   else values.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    x, values, handle, epilogue = inputs
+    if epilogue:
+        raise RuntimeError("sparse_linear: the fused epilogue is for inference (the layer runs bias and activation "
+                           "as their own op when autograd records)")
+    ctx.save_for_backward(x, values)
+    ctx.handle = handle
+
+
+def _op_backward(ctx, grad):
+    x, values = ctx.saved_tensors
+    need_x, need_values = ctx.needs_input_grad[0], values is not None and ctx.needs_input_grad[1]
+    gx, gv = torch.ops.sparsetorch.sparse_linear_backward(grad, x, values, ctx.handle, need_x, need_values)
+    return (gx if need_x else None), (gv if need_values else None), None, None
+
+
+_sparse_linear_op.register_autograd(_op_backward, setup_context=_setup)
+
+
+# --- whole models -----------------------------------------------------------------------------------
+
+def _layers(model: nn.Module):
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, SparseLinear)]
+
+
+def compact(model: nn.Module, format: Optional[str] = None) -> nn.Module:
+    """:meth:`SparseLinear.compact` on every SparseLinear of ``model``; returns the model."""
+    for _, layer in _layers(model):
+        layer.compact(format)
+    return model
+
+
+def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, progress: bool = True,
+            budget_ms: float = 0.5) -> Dict[str, Dict[int, str]]:
+    """:meth:`SparseLinear.prepare` on every SparseLinear of ``model`` (layers of one signature share the
+    decisions: each signature is timed once), with a progress line on stderr. Returns name -> bucket ->
+    form."""
+    layers = _layers(model)
+    done, out, start = set(), {}, time.perf_counter()
+    for i, (name, layer) in enumerate(layers):
+        sig = layer._tuning_key(0)[:-1]
+        if sig in done:
+            layer._refresh()
+            out[name] = {}
+            for n in sorted({_bucket(int(c)) for c in (token_counts or DEFAULT_TOKEN_COUNTS) if int(c) > 0}):
+                decided = tuner("linear").decided(layer._tuning_key(n))
+                if decided is not None:
+                    layer._derived.choices[n] = decided.partition("#")[0]
+                    layer._derived.decided[n] = True
+                    out[name][n] = decided.partition("#")[0]
+        else:
+            out[name] = layer.prepare(token_counts, budget_ms=budget_ms)
+            done.add(sig)
+        if progress:
+            bar = "#" * (20 * (i + 1) // len(layers))
+            sys.stderr.write(f"\rsparsetorch prepare [{bar:<20}] {i + 1}/{len(layers)} layers, "
+                             f"{time.perf_counter() - start:.1f} s")
+            sys.stderr.flush()
+    if progress and layers:
+        sys.stderr.write("\n")
+    return out

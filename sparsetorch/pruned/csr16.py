@@ -64,6 +64,16 @@ class Csr16Weight(PackedWeight):
         columns = self.entries & 0xFFFF
         self.entries.copy_(_pack(values, columns))
 
+    def to_dense(self) -> torch.Tensor:
+        """W as a dense (out_features, in_features) tensor (repeated columns summed; no device sync)."""
+        m, k = self.shape
+        n = self.entries.numel()
+        rows = torch.repeat_interleave(torch.arange(m, device=self.crow.device), self.crow.long().diff(), output_size=n)
+        values = (self.entries >> 16).to(torch.int16).view(self.dtype)
+        dense = torch.zeros(m * k, dtype=self.dtype, device=self.entries.device)
+        dense.index_put_((rows * k + (self.entries & 0xFFFF).long(),), values, accumulate=True)
+        return dense.view(m, k)
+
     @property
     def nbytes(self) -> int:
         """Row pointers and entries (the row pointers may be the caller's own int32 tensor)."""

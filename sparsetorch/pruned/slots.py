@@ -80,6 +80,21 @@ def group_of(strips: torch.Tensor, chunks: torch.Tensor, num_chunks: int, banded
     return strips * num_chunks + chunks
 
 
+def position_of(groups: torch.Tensor, slots: torch.Tensor, num_chunks: int, banded: bool = False):
+    """(row, column) in W of slot ``slots`` of group ``groups``: the inverse of group_of and slot_of."""
+    j = slots & 1
+    if banded:
+        lane, r, s = (slots >> 1) & 31, (slots >> 6) & 3, slots >> 8
+        strips, chunks = 2 * ((groups >> 1) // num_chunks) + (groups & 1), (groups >> 1) % num_chunks
+    else:
+        r, lane, s = (slots >> 1) & 3, (slots >> 3) & 31, slots >> 8
+        strips, chunks = groups // num_chunks, groups % num_chunks
+    t, h = lane & 3, r >> 1
+    rr = (lane >> 2) + 8 * (r & 1)
+    cc = 16 * t + 4 * s + 2 * h + j
+    return strips * GROUP_ROWS + rr, chunks * GROUP_COLS + cc
+
+
 def num_groups(shape: Tuple[int, int], banded: bool = False) -> int:
     """Groups of a weight of this shape: the offsets hold one more (the banded layout pads to whole bands)."""
     strips, chunks = -(-int(shape[0]) // GROUP_ROWS), -(-int(shape[1]) // GROUP_COLS)
@@ -124,6 +139,57 @@ class SlotWeight(PackedWeight):
         torch.cumsum(torch.bincount(unique // SLOTS, minlength=groups), 0, out=self.offsets[1:])
         self.entries = _pack(self._packed(values.detach()), self._slots)
 
+    @classmethod
+    def from_packed(cls, offsets: torch.Tensor, entries: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
+                    banded: bool = False) -> "SlotWeight":
+        """From the packed arrays (a compact layer's state_dict), checked first: dtypes and sizes, offsets
+        from 0 to len(entries) never decreasing, every slot below 1024 and inside the weight's shape.
+        ValueError naming the array otherwise (one pass and one device-to-host read). The result holds no
+        refresh maps (no set_values)."""
+        m, k = int(shape[0]), int(shape[1])
+        reason = applies((m, k), dtype, int(getattr(entries, "numel", lambda: 0)()))
+        if reason is not None:
+            raise ValueError(f"entries: {reason}")
+        groups = num_groups((m, k), banded)
+        for name, t, n in (("offsets", offsets, groups + 1), ("entries", entries, None)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or (n is not None and t.numel() != n):
+                raise ValueError(f"{name}: expected a 1-D int32 tensor{f' of {n} entries' if n else ''} for a {m} x {k} "
+                                 f"weight, got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        if offsets.device != entries.device:
+            raise ValueError(f"offsets: expected device {entries.device} (entries'), got {offsets.device}")
+        o = offsets.long()
+        bad_offsets = (o[0] != 0) | (o[-1] != entries.numel()) | (o.diff() < 0).any()
+        group = torch.repeat_interleave(torch.arange(groups, device=o.device), o.diff().clamp(min=0),
+                                        output_size=entries.numel()) if entries.numel() else o[:0]
+        slot = (entries & 0xFFFF).long()
+        rows, cols = position_of(group, slot.clamp(max=SLOTS - 1), -(-k // GROUP_COLS), banded)
+        bad_slots = ((slot >= SLOTS) | (rows >= m) | (cols >= k)).any() if entries.numel() else bad_offsets & False
+        bad_offsets, bad_slots = torch.stack([bad_offsets.cpu(), bad_slots.cpu()]).tolist()
+        if bad_offsets:
+            raise ValueError("offsets: expected 0 first, len(entries) last and no decrease")
+        if bad_slots:
+            raise ValueError("entries: a slot is past 1023 or outside the weight's shape")
+        w = cls.__new__(cls)
+        w.shape, w.dtype, w.device, w.banded = (m, k), dtype, entries.device, bool(banded)
+        w.offsets, w.entries, w._into, w._slots = offsets, entries, None, None
+        return w
+
+    def drop_refresh_maps(self) -> None:
+        """Forget the maps from the CSR's order (a compact layer holds no CSR): no set_values after this."""
+        self._into = self._slots = None
+
+    def to_dense(self) -> torch.Tensor:
+        """W as a dense (out_features, in_features) tensor (no device sync)."""
+        m, k = self.shape
+        o = self.offsets.long()
+        n = self.entries.numel()
+        groups = torch.repeat_interleave(torch.arange(o.numel() - 1, device=o.device), o.diff(), output_size=n)
+        rows, cols = position_of(groups, (self.entries & 0xFFFF).long(), -(-k // GROUP_COLS), self.banded)
+        values = (self.entries >> 16).to(torch.int16).view(self.dtype)
+        dense = torch.zeros(m, k, dtype=self.dtype, device=self.device)
+        dense.view(-1)[rows * k + cols] = values
+        return dense
+
     def _packed(self, values: torch.Tensor) -> torch.Tensor:
         """The CSR's values in packed order, repeated positions summed (in float32, rounded once)."""
         out = torch.zeros(self._slots.numel(), dtype=torch.float32, device=values.device)
@@ -132,6 +198,8 @@ class SlotWeight(PackedWeight):
 
     def set_values(self, values: torch.Tensor) -> None:
         """New values for the same pattern (the CSR's order), in place."""
+        if self._into is None:
+            raise ValueError("values: this SlotWeight holds no map from a CSR's order (made from packed arrays)")
         if values.dtype != self.dtype or values.shape != self._into.shape:
             raise ValueError(f"values: expected {tuple(self._into.shape)} of {self.dtype} (the weight's), got "
                              f"{tuple(values.shape)} of {values.dtype}")
@@ -140,7 +208,8 @@ class SlotWeight(PackedWeight):
     @property
     def nbytes(self) -> int:
         """Offsets and entries, and the maps that refresh the values (a slot and a target per entry)."""
-        return (self.offsets.numel() + self.entries.numel() + self._slots.numel() + self._into.numel()) * 4
+        maps = [t for t in (self._slots, self._into) if t is not None]
+        return (self.offsets.numel() + self.entries.numel() + sum(t.numel() for t in maps)) * 4
 
 
 def slot_linear(x: torch.Tensor, weight: SlotWeight, bias: Optional[torch.Tensor] = None,

@@ -31,7 +31,7 @@ from sparsetorch._ops import ops
 from sparsetorch.pruned.packed import PackedWeight, csr_parts
 from sparsetorch.pruned.sparse24 import Sparse24Split
 
-__all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES",
+__all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "expand_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES",
            "Sparse24DecodeWeight", "sparse24_decode_linear", "DECODE_MAX_TOKENS"]
 
 # Tokens up to which SparseLinear times the form against dense (H100, bf16, 14336 x 4096 and 4096 x 14336,
@@ -168,6 +168,37 @@ def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> t
     return dense[:, :k].contiguous()
 
 
+# Rows expanded per step by expand_sparse24_decode: bounds its temporaries (int64 indices, 8 bytes per kept
+# value) to ~64 MB whatever the weight.
+_EXPAND_ROWS = 2048
+
+
+def expand_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> torch.Tensor:
+    """The dense weight (shape) of packed (values, meta), as pack_sparse24_decode's inverse: a few torch ops
+    per block of rows, no device sync (usable inside CUDA graph capture). Unlike unpack_sparse24_decode it
+    checks nothing: for a layout already checked (a layer's own, or one loaded through from_packed)."""
+    m, k = int(shape[0]), int(shape[1])
+    r16, ktp = m // 16, packed_ktiles(k)
+    dense = torch.empty(m, ktp * TILE_K, dtype=values.dtype, device=values.device)
+    step = max(1, _EXPAND_ROWS // 16)
+    shifts = 4 * torch.arange(4, device=values.device)
+    for r0 in range(0, r16, step):
+        r1 = min(r16, r0 + step)
+        rr = r1 - r0
+        # values (R, KTP, lane = 4 g + t, 8 = (q, h, v)) -> comp (R, h, g, KTP, q, t, v) = (rows, chunks, 2)
+        comp = values[r0:r1].reshape(rr, ktp, 8, 4, 2, 2, 2).permute(0, 5, 2, 1, 4, 3, 6).reshape(rr * 16, ktp * 8, 2)
+        # meta (R, B, lane = 4 g + 2 s + r, w) -> words (R, g, P = 4 B + w, s, r) -> nibbles (R, h, g, P, s, r, j)
+        words = meta[r0:r1].to(torch.int64).permute(0, 1, 3, 2).reshape(rr, ktp // 2, 8, 2, 2).permute(0, 2, 1, 3, 4)
+        halves = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], dim=1)  # (R, h, g, P, s, r)
+        nibs = (halves.unsqueeze(-1) >> shifts) & 0xF  # (R, h, g, P, s, r, j): chunk 4 r + j of tile 2 P + s
+        nibs = nibs.reshape(rr * 16, ktp * 8)
+        index = torch.stack([nibs & 3, nibs >> 2], dim=-1)  # (rows, chunks, 2) positions in the chunk
+        block = torch.zeros(rr * 16, ktp * 8, 4, dtype=values.dtype, device=values.device)
+        block.scatter_(2, index, comp)
+        dense[r0 * 16:r1 * 16] = block.reshape(rr * 16, ktp * TILE_K)
+    return dense[:, :k]
+
+
 class Sparse24DecodeWeight:
     """A 2:4-pruned weight W (out_features, in_features; bfloat16/float16; out_features % 16 == 0, in_features %
     32 == 0) packed for :func:`sparse24_decode_linear` (the mma.sp decode kernel on CUDA, a float32 reference on
@@ -200,6 +231,39 @@ class Sparse24DecodeWeight:
         with torch.no_grad():
             w = cls(split.dense24(values.detach()))
         w.split = split
+        return w
+
+    @classmethod
+    def from_packed(cls, values: torch.Tensor, meta: torch.Tensor, shape) -> "Sparse24DecodeWeight":
+        """From packed arrays (a compact layer's state_dict), checked first: shapes and dtypes, metadata the
+        hardware defines (two increasing positions per chunk) and zero values in the padding past
+        in_features. ValueError naming the array otherwise (one pass and one device-to-host read)."""
+        m, k = int(shape[0]), int(shape[1])
+        reason = decode_applies((m, k), getattr(values, "dtype", None))
+        if reason is not None:
+            raise ValueError(f"values: {reason}")
+        r16, ktp = m // 16, packed_ktiles(k)
+        if tuple(values.shape) != (r16, ktp, 32, 8):
+            raise ValueError(f"values: expected shape {(r16, ktp, 32, 8)} for a {m} x {k} weight, got "
+                             f"{tuple(values.shape)}")
+        if not isinstance(meta, torch.Tensor) or meta.dtype != torch.int32 or tuple(meta.shape) != (r16, ktp // 8, 32, 4):
+            raise ValueError(f"meta: expected int32 of shape {(r16, ktp // 8, 32, 4)} for a {m} x {k} weight, got "
+                             f"{getattr(meta, 'dtype', type(meta).__name__)} {tuple(getattr(meta, 'shape', ()))}")
+        if meta.device != values.device:
+            raise ValueError(f"meta: expected device {values.device} (values'), got {meta.device}")
+        words = meta.to(torch.int64) & 0xFFFFFFFF
+        nibs = (words.unsqueeze(-1) >> (4 * torch.arange(8, device=meta.device))) & 0xF
+        bad_meta = ((nibs & 3) >= (nibs >> 2)).any()
+        dense = expand_sparse24_decode(values, meta, (m, ktp * TILE_K)) if ktp * TILE_K > k else None
+        bad_pad = (dense[:, k:] != 0).any() if dense is not None else torch.zeros((), dtype=torch.bool)
+        bad_meta, bad_pad = torch.stack([bad_meta.cpu(), bad_pad.cpu()]).tolist()
+        if bad_meta:
+            raise ValueError("meta: a chunk's metadata is not two increasing positions (undefined for mma.sp)")
+        if bad_pad:
+            raise ValueError("values: the padding past in_features holds nonzeros")
+        w = cls.__new__(cls)
+        w.shape, w.dtype, w.device, w.split = (m, k), values.dtype, values.device, None
+        w.values, w.meta = values, meta
         return w
 
     @classmethod

@@ -1,0 +1,389 @@
+"""The forms a pruned weight W (out_features, in_features) can be multiplied in, behind one interface: the
+one place that knows each format's API (SparseLinear, sparsetorch/nn/linear.py, chooses among them).
+
+Every form ``f`` has ``f.name``, ``f.nbytes`` (what it holds), ``f(x, bias, activation, negative_slope)``
+(``act(x @ W.T + bias)`` for x (N, in), recording no gradient), ``f.tensors()`` (what it holds, by name:
+its state in a compact layer's state_dict) and ``f.to_dense()`` (W, for a transient expansion). Forms
+built from a CSR also take ``f.set_values(values)`` (new CSR values, same pattern: the layer trained).
+
+Which forms apply (``applicable``) depends on the weight (dtype, shape, pattern) and on what the loaded
+build can run on the device (tensor-core forms need mma: sm_80 code, see sparsetorch._build_info).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F_torch
+
+from sparsetorch import _build_info
+from sparsetorch._compat import below_autograd
+from sparsetorch._ops import ops
+from sparsetorch.csr import CSR
+from sparsetorch.pruned import csr16 as _csr16
+from sparsetorch.pruned import slots as _slots
+from sparsetorch.pruned.bitmap import BitmapWeight
+from sparsetorch.pruned.sparse24 import MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, sparse24_applies
+from sparsetorch.pruned.sparse24_decode import Sparse24DecodeWeight, decode_applies, expand_sparse24_decode
+
+__all__ = ["FORM_NAMES", "COMPACT_FORMS", "CsrForm", "DenseForm", "Sparse24Form", "Sparse24DecodeForm", "BitmapForm",
+           "SlotsForm", "Csr16Form", "Pattern", "applicable", "build", "from_tensors", "cuda_features",
+           "residual_24", "MAX_TOKENS"]
+
+FORM_NAMES = ("csr", "dense", "2:4", "2:4 decode", "bitmap", "slots", "csr16")
+# Forms that can be a compact layer's one stored form (each also expands to dense for large token counts).
+COMPACT_FORMS = ("2:4 decode", "slots", "csr")
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _epilogue(y: torch.Tensor, bias, activation: str, negative_slope: float) -> torch.Tensor:
+    if bias is None and activation == "none":
+        return y
+    with below_autograd():
+        return ops.bias_act.default(y, None, bias, activation, float(negative_slope))
+
+
+def cuda_features(device) -> Dict[str, bool]:
+    """What the loaded build's kernels can do on this CUDA device (tensor-core mma, mma.sp)."""
+    query = getattr(_build_info, "cuda_features", None)
+    if query is not None:
+        return query(device)
+    major = torch.cuda.get_device_capability(device)[0]
+    return {"mma": major >= 8, "mma_sp": major >= 8}
+
+
+def residual_24(crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int]) -> int:
+    """Stored entries beyond 2 per group of 4 consecutive columns of a row (0: a 2:4 pattern), counted as
+    Sparse24Split splits: one pass, no sort, one device-to-host read."""
+    m, k = int(shape[0]), int(shape[1])
+    nnz = col.numel()
+    if nnz == 0:
+        return 0
+    groups_per_row = -(-k // 4)
+    rows = torch.repeat_interleave(torch.arange(m, device=col.device), crow.long().diff(), output_size=nnz)
+    counts = torch.bincount(rows * groups_per_row + col.long() // 4, minlength=m * groups_per_row)
+    return int((counts - 2).clamp_(min=0).sum())
+
+
+class Pattern:
+    """What the choice of form reads of a weight's pattern, computed once per pattern: shape, dtype,
+    device, stored entries, density, and (half types) how far it is from 2:4: the entries beyond 2 per
+    group of 4 consecutive columns (one pass and one device-to-host read). The 2:4 split (a sort) is made
+    when a 2:4 form is first built."""
+
+    def __init__(self, crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
+                 device: torch.device):
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.dtype, self.device = dtype, torch.device(device)
+        self.nnz = int(col.numel())
+        self.density = self.nnz / max(1, self.shape[0] * self.shape[1])
+        self._crow, self._col = crow, col
+        self._split: Optional[Sparse24Split] = None
+        self.residual24: Optional[int] = residual_24(crow, col, self.shape) if dtype in _HALF else None
+
+    @property
+    def split(self) -> Sparse24Split:
+        if self._split is None:
+            self._split = Sparse24Split(self._crow, self._col, self.shape)
+        return self._split
+
+    @property
+    def is_24(self) -> bool:
+        """A pure 2:4 pattern (no entry beyond 2 per group of 4)."""
+        return self.residual24 == 0
+
+    def kind(self) -> str:
+        return "2:4" if self.is_24 else "unstructured"
+
+
+def applicable(p: Pattern, tokens: Optional[int] = None) -> Dict[str, str]:
+    """Every form's name -> None when it applies to this weight (and to ``tokens`` rows of x when given),
+    else why not."""
+    half, cuda = p.dtype in _HALF, p.device.type == "cuda"
+    features = cuda_features(p.device) if cuda else {}
+    mma = features.get("mma", not cuda)
+    out = {"csr": None, "dense": None}
+    reason24 = sparse24_applies(p.shape, p.dtype, p.device)
+    if reason24 is None and p.residual24 is not None and p.residual24 > MAX_RESIDUAL_DENSITY * p.shape[0] * p.shape[1]:
+        reason24 = f"{p.residual24} entries beyond 2 per group of 4 (more than {MAX_RESIDUAL_DENSITY:.1%} of positions)"
+    out["2:4"] = reason24
+    reason = decode_applies(p.shape, p.dtype)
+    if reason is None and not p.is_24:
+        reason = "the pattern is not 2:4 (the decode form holds no residual)"
+    if reason is None and cuda and not features.get("mma_sp", False):
+        reason = "this build's kernels for the GPU have no mma.sp (needs sm_80 code)"
+    out["2:4 decode"] = reason
+    need_mma = None if mma else "this build's kernels for the GPU have no tensor-core mma (needs sm_80 code)"
+    out["bitmap"] = (None if half else f"dtype {p.dtype}: the bitmap kernel takes bfloat16/float16") or need_mma
+    out["slots"] = _slots.applies(p.shape, p.dtype, p.nnz) or need_mma
+    out["csr16"] = _csr16.applies(p.shape, p.dtype, p.nnz)
+    if tokens is not None:
+        for name, limit in MAX_TOKENS.items():
+            if out.get(name) is None and tokens > limit:
+                out[name] = f"{tokens} tokens: past {limit} the kernel reads the weight again per tile"
+    return out
+
+
+# Token counts past which a form is never a candidate: its kernel reads the weight again for every tile of
+# tokens (CSR16: 8 tokens per pass; slots and bitmap: 64 per tile; 2:4 decode: 16 per mma tile, up to 64).
+MAX_TOKENS = {"csr16": 64, "slots": 512, "bitmap": 512, "2:4 decode": 64}
+
+
+# --- the forms ---------------------------------------------------------------------------------------
+
+class CsrForm:
+    """The CSR itself, through st.spmm's routes (its own route tuner picks among them)."""
+
+    name = "csr"
+
+    def __init__(self, crow, col, values, shape, backend: str = "auto"):
+        self.crow, self.col, self.values, self.shape, self.backend = crow, col, values, tuple(shape), backend
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.crow, self.col, self.values))
+
+    def set_values(self, values):
+        self.values = values
+
+    def tensors(self):
+        return {"crow_indices": self.crow, "col_indices": self.col, "values": self.values}
+
+    def to_dense(self):
+        return CSR(self.crow, self.col, self.values.detach(), self.shape).to_dense()
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
+        with below_autograd():
+            y_t = ops.spmm.default(self.crow, self.col, self.values, x.t(), 1.0, None, 0.0, None, "none", 0.01,
+                                   self.backend)
+            if bias is not None or activation != "none":
+                return ops.bias_act.default(y_t.t(), None, bias, activation, float(negative_slope))
+            return y_t.t().contiguous()
+
+
+class DenseForm:
+    """The dense weight (cuBLAS through torch's linear; cuBLASLt's fused epilogue for an activation)."""
+
+    name = "dense"
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def tensors(self):
+        return {"weight": self.weight}
+
+    def to_dense(self):
+        return self.weight
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
+        if activation == "none":
+            return F_torch.linear(x, self.weight, bias)
+        with below_autograd():
+            return ops.linear.default(x, self.weight, bias, activation, float(negative_slope))
+
+
+class Sparse24Form:
+    """The 2:4 part on cuSPARSELt plus a CSR residual (any pattern close to 2:4); ``alg`` per token-count
+    bucket is cuSPARSELt's searched algorithm (-1: its default)."""
+
+    name = "2:4"
+
+    def __init__(self, split: Sparse24Split, values: torch.Tensor):
+        self.weight = Sparse24Weight(split, values.detach())
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def set_values(self, values):
+        self.weight.set_values(values)
+
+    def tensors(self):
+        return {k: v for k, v in (("compressed", self.weight.compressed), ("dense", self.weight.dense),
+                                  ("residual_values", self.weight.res_values)) if v is not None}
+
+    def to_dense(self):
+        raise NotImplementedError("the 2:4 form's compressed layout is cuSPARSELt's own")
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01, alg: int = -1):
+        w = self.weight
+        crow, col, vals = w._residual()
+        if w.compressed is None:  # the CPU reference
+            return w(x, bias, activation, negative_slope, None)
+        with below_autograd():
+            return ops.sparse24_linear.default(x, w.compressed, w.split.shape[0], crow, col, vals, bias, activation,
+                                               float(negative_slope), int(alg))
+
+    def search(self, x, bias) -> int:
+        """cuSPARSELt's fastest algorithm for this x (it times them all: tens of calls)."""
+        w = self.weight
+        if w.compressed is None:
+            return -1
+        return int(ops.sparse24_search(x, w.compressed, w.split.shape[0], w.res_values is not None, bias, "none"))
+
+
+class Sparse24DecodeForm:
+    """A pure 2:4 weight in the mma.sp decode kernel's layout (1.125 bytes per position in bf16)."""
+
+    name = "2:4 decode"
+
+    def __init__(self, weight: Sparse24DecodeWeight):
+        self.weight = weight
+
+    @classmethod
+    def from_csr(cls, split: Sparse24Split, values: torch.Tensor) -> "Sparse24DecodeForm":
+        return cls(Sparse24DecodeWeight.from_split(split, values.detach()))
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def set_values(self, values):
+        self.weight.set_values(values)
+
+    def tensors(self):
+        return {"values": self.weight.values, "meta": self.weight.meta}
+
+    def compact(self) -> None:
+        self.weight.split = None  # the CSR order is gone with the CSR: no set_values after this
+
+    def to_dense(self):
+        return expand_sparse24_decode(self.weight.values, self.weight.meta, self.weight.shape)
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
+        w = self.weight
+        with below_autograd():
+            return ops.sparse24_decode_linear.default(x, w.values, w.meta, w.shape[0], w.shape[1], bias, activation,
+                                                      float(negative_slope))
+
+
+class BitmapForm:
+    name = "bitmap"
+
+    def __init__(self, csr: CSR):
+        self.weight = BitmapWeight.from_csr(csr)
+
+    @property
+    def nbytes(self) -> int:
+        w = self.weight
+        maps = [t for t in (w._csr_gather, w._csr_scatter) if t is not None]
+        return int(w.nbytes) + sum(t.numel() * t.element_size() for t in maps)
+
+    def set_values(self, values):
+        self.weight.values_from_csr(values.detach())
+
+    def tensors(self):
+        return {"bitmaps": self.weight.bitmaps, "offsets": self.weight.offsets, "values": self.weight.values}
+
+    def to_dense(self):
+        return self.weight.to_dense()
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
+        w = self.weight
+        with below_autograd():
+            return ops.bitmap_linear.default(x, w.bitmaps, w.offsets, w.values, w.shape[0], bias, activation,
+                                             float(negative_slope))
+
+
+class SlotsForm:
+    name = "slots"
+
+    def __init__(self, weight: _slots.SlotWeight):
+        self.weight = weight
+
+    @classmethod
+    def from_csr(cls, crow, col, values, shape) -> "SlotsForm":
+        return cls(_slots.SlotWeight(crow, col, values.detach(), shape))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.weight.nbytes)
+
+    def set_values(self, values):
+        self.weight.set_values(values)
+
+    def tensors(self):
+        return {"offsets": self.weight.offsets, "entries": self.weight.entries}
+
+    def compact(self) -> None:
+        self.weight.drop_refresh_maps()
+
+    def to_dense(self):
+        return self.weight.to_dense()
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
+        w = self.weight
+        with below_autograd():
+            return ops.slot_linear.default(x, w.offsets, w.entries, w.shape[0], bias, activation, float(negative_slope),
+                                           w.banded)
+
+
+class Csr16Form:
+    name = "csr16"
+
+    def __init__(self, crow, col, values, shape):
+        self.weight = _csr16.Csr16Weight(crow, col, values.detach(), shape)
+        self._shared_crow = crow
+
+    @property
+    def nbytes(self) -> int:
+        w = self.weight
+        shared = w.crow.data_ptr() == self._shared_crow.data_ptr()  # int32 row pointers shared with the CSR
+        return w.nbytes - (w.crow.numel() * 4 if shared else 0)
+
+    def set_values(self, values):
+        self.weight.set_values(values)
+
+    def tensors(self):
+        return {"crow": self.weight.crow, "entries": self.weight.entries}
+
+    def to_dense(self):
+        return self.weight.to_dense()
+
+    def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
+        w = self.weight
+        with below_autograd():
+            return ops.csr16_linear.default(x, w.crow, w.entries, bias, activation, float(negative_slope))
+
+
+def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto"):
+    """The form ``name`` of the CSR weight (crow, col, values); ValueError/RuntimeError when it cannot apply."""
+    shape = pattern.shape
+    with torch.no_grad():
+        if name == "csr":
+            return CsrForm(crow, col, values, shape, backend)
+        if name == "dense":
+            return DenseForm(CSR(crow, col, values.detach(), shape).to_dense())
+        if name == "2:4":
+            return Sparse24Form(pattern.split, values)
+        if name == "2:4 decode":
+            return Sparse24DecodeForm.from_csr(pattern.split, values)
+        if name == "bitmap":
+            return BitmapForm(CSR(crow, col, values.detach(), shape))
+        if name == "slots":
+            return SlotsForm.from_csr(crow, col, values, shape)
+        if name == "csr16":
+            return Csr16Form(crow, col, values, shape)
+    raise ValueError(f"format: unknown form {name!r}; expected one of {', '.join(FORM_NAMES)}")
+
+
+def from_tensors(name: str, tensors: Dict[str, torch.Tensor], shape: Tuple[int, int], dtype, backend="auto"):
+    """A compact layer's stored form rebuilt from its state_dict tensors (checked: a corrupt layout
+    raises ValueError naming the tensor, before any kernel reads it)."""
+    m, k = int(shape[0]), int(shape[1])
+    if name == "2:4 decode":
+        values, meta = tensors["values"], tensors["meta"]
+        return Sparse24DecodeForm(Sparse24DecodeWeight.from_packed(values, meta, (m, k)))
+    if name == "slots":
+        return SlotsForm(_slots.SlotWeight.from_packed(tensors["offsets"], tensors["entries"], (m, k), dtype))
+    if name == "csr":
+        crow, col, values = tensors["crow_indices"], tensors["col_indices"], tensors["values"]
+        from sparsetorch._validate import validate_csr
+
+        validate_csr(CSR(crow, col, values, (m, k)))
+        return CsrForm(crow, col, values, (m, k), backend)
+    raise ValueError(f"format: {name!r} is not a compact form (expected one of {', '.join(COMPACT_FORMS)})")

@@ -1,0 +1,85 @@
+"""The rule that decides a pruned weight's form without timing anything: the first call of a token-count
+bucket takes it (SparseLinear, sparsetorch/nn/linear.py), and online samples or ``prepare()`` refine it
+(sparsetorch/tuning.py). It reads the weight's pattern (sparsetorch/pruned/forms.py: shape, dtype, density,
+whether it is 2:4), the token count and what the build can run.
+
+The thresholds are the crossovers measured on H100 and H200 (bf16, Llama MLP shapes 4096 x 4096,
+11008 x 4096, 4096 x 11008 at 50-95% unstructured sparsity and 2:4; each form timed with a clean L2 against
+``F.linear``; ``python -m benchmarks --suites pruned`` reproduces them; times relative to dense):
+
+* 2:4 decode kernel: 0.62-0.76 at N = 1, 0.71-0.88 at N = 16; at N = 32 0.8-0.9 on tall weights
+  (out >= in) and 1.3 on wide ones; cuSPARSELt's 2:4: 0.91-1.44 at N = 128, 0.68-0.76 at N = 2048.
+* CSR16 at N = 1: 0.29-0.37 at 90-95%, 0.65-0.71 at 70%, 0.93-0.99 at 50%; 1.5-2 at N = 16 and 70%.
+* slots: 0.47-0.65 at N = 1 and 90-95%; 0.58-0.73 at N = 16 and 90-95%, 0.92-1.04 at 70%; 2.2-4.5 at N = 128.
+* bitmap at 50%, N = 1: 0.86-0.97 on the H100 but 1.02-1.2 on the H200: not taken without a measurement.
+* Past these, dense: every sparse form re-reads its weight per tile of tokens.
+
+Elsewhere (CPU, float32/float64) the CSR routes against the dense GEMM, by density (``DENSE_CROSSOVER``).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+__all__ = ["first_choice", "compact_form", "compact_choice", "COMPACT_STORED_MAX_TOKENS"]
+
+_HALF = (torch.float16, torch.bfloat16)
+# A compact layer runs its stored form up to these token counts and a transient dense expansion above
+# (the expansion costs about three passes over the dense weight's bytes, the GEMM then runs at dense speed).
+COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 64, "slots": 128, "csr": 1 << 62}
+
+
+def _ok(available: Dict[str, Optional[str]], form: str) -> bool:
+    return form in available and available[form] is None
+
+
+def _dense_crossover(device: torch.device, dtype: torch.dtype) -> float:
+    from sparsetorch.functional import DENSE_CROSSOVER
+
+    table = DENSE_CROSSOVER["cuda" if device.type == "cuda" else "cpu"]
+    key = str(dtype).replace("torch.", "")
+    if key == "float32" and device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        key = "float32_tf32"
+    return table.get(key, 1.0)
+
+
+def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> str:
+    """The form for ``tokens`` rows of x, by rule (see the module docstring). ``available``: form name ->
+    None where it applies (forms.applicable)."""
+    p, n = pattern, int(tokens)
+    if p.device.type != "cuda" or p.dtype not in _HALF:
+        return "csr" if p.density <= _dense_crossover(p.device, p.dtype) else "dense"
+    out_f, in_f = p.shape
+    if p.is_24:
+        if _ok(available, "2:4 decode") and (n <= 16 or (n <= 32 and out_f >= in_f)):
+            return "2:4 decode"
+        if n >= 256 and _ok(available, "2:4"):
+            return "2:4"
+        return "dense"
+    d = p.density
+    if _ok(available, "csr16") and d <= 0.35 and (n <= 2 or (n <= 4 and d <= 0.15)):
+        return "csr16"
+    if _ok(available, "slots") and ((n <= 8 and d <= 0.35) or (n <= 16 and d <= 0.15)):
+        return "slots"
+    return "dense"
+
+
+def compact_form(pattern, available: Dict[str, Optional[str]]) -> str:
+    """The one form a compact layer stores: 2:4 decode for a 2:4 pattern, slots for other half-precision
+    weights (the layout that serves the most token counts near the memory floor), else the CSR."""
+    if pattern.is_24 and _ok(available, "2:4 decode"):
+        return "2:4 decode"
+    if pattern.dtype in _HALF and _ok(available, "slots"):
+        return "slots"
+    return "csr"
+
+
+def compact_choice(stored: str, pattern, tokens: int) -> str:
+    """A compact layer's route for ``tokens`` rows: its stored form, or "expand" (the dense weight made
+    for the call and freed after)."""
+    if stored == "csr":
+        if pattern.device.type != "cuda":
+            return "csr"
+        return "csr" if pattern.density <= _dense_crossover(pattern.device, pattern.dtype) else "expand"
+    return stored if tokens <= COMPACT_STORED_MAX_TOKENS[stored] else "expand"

@@ -1,0 +1,493 @@
+"""SparseLinear as it deploys (sparsetorch/nn/linear.py): the rule decides a new bucket without timing, the
+tuner samples held forms on later calls and decides, decisions are shared and persist in the cache file,
+prepare() decides buckets up front, compact() keeps one stored form (with a transient dense expansion),
+its state_dict round-trips and is checked, and the op that torch.compile sees runs the chosen form.
+The kernels of each form are tested in their own files (test_slots, test_csr16, test_bitmap, ...)."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from sparsetorch import tuning
+from sparsetorch.nn import linear as lin
+from sparsetorch.pruned import forms, rule
+from conftest import CUDA_READY
+
+needs_cuda = pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def fresh_tables():
+    st.clear_tuning()
+    yield
+    st.clear_tuning()
+    st.set_tuning_cache(None)
+
+
+def _ref(layer, x, weight=None):
+    w = (layer.to_dense() if weight is None else weight).detach().double()
+    z = x.double() @ w.t()
+    if layer.bias is not None:
+        z = z + layer.bias.detach().double()
+    act = layer.activation
+    return z if act == "none" else getattr(F, act)(z)
+
+
+def _rel(y, ref):
+    return float((y.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+# --- the rule ------------------------------------------------------------------------------------
+
+class _P:
+    """A stand-in for forms.Pattern: what the rule reads."""
+
+    def __init__(self, shape, density, is_24=False, dtype=torch.bfloat16, device="cuda"):
+        self.shape, self.density, self.is_24, self.dtype = shape, density, is_24, dtype
+        self.device = torch.device(device)
+
+
+ALL = {name: None for name in forms.FORM_NAMES}
+
+
+@pytest.mark.parametrize("shape, density, is_24, n, expected", [
+    ((14336, 4096), 0.5, True, 1, "2:4 decode"),
+    ((14336, 4096), 0.5, True, 16, "2:4 decode"),
+    ((14336, 4096), 0.5, True, 32, "2:4 decode"),   # tall: the decode kernel still wins at 32
+    ((4096, 14336), 0.5, True, 32, "dense"),        # wide: 0.77x there
+    ((4096, 14336), 0.5, True, 128, "dense"),
+    ((4096, 14336), 0.5, True, 2048, "2:4"),
+    ((4096, 4096), 0.1, False, 1, "csr16"),
+    ((4096, 4096), 0.3, False, 2, "csr16"),
+    ((4096, 4096), 0.3, False, 4, "slots"),
+    ((4096, 4096), 0.1, False, 16, "slots"),
+    ((4096, 4096), 0.3, False, 16, "dense"),
+    ((4096, 4096), 0.1, False, 64, "dense"),
+    ((4096, 4096), 0.5, False, 1, "dense"),         # bitmap at 50% is within noise of dense: not by rule
+])
+def test_rule_follows_the_measured_crossovers(shape, density, is_24, n, expected):
+    assert rule.first_choice(_P(shape, density, is_24), n, ALL) == expected
+
+
+def test_rule_never_takes_a_form_that_does_not_apply():
+    p = _P((4096, 4096), 0.1)
+    assert rule.first_choice(p, 1, dict(ALL, csr16="no")) == "slots"
+    assert rule.first_choice(p, 1, dict(ALL, csr16="no", slots="no")) == "dense"
+    assert rule.first_choice(_P((4096, 4096), 0.5, True), 1, dict(ALL, **{"2:4 decode": "no"})) == "dense"
+    # float32 / the CPU: the CSR routes against the dense GEMM, by density
+    assert rule.first_choice(_P((512, 512), 0.01, dtype=torch.float32), 8, ALL) == "csr"
+    assert rule.first_choice(_P((512, 512), 0.5, dtype=torch.float32), 8, ALL) == "dense"
+    assert rule.first_choice(_P((512, 512), 0.01, device="cpu"), 8, ALL) == "csr"
+
+
+def test_compact_form_and_routes():
+    assert rule.compact_form(_P((64, 64), 0.5, True), ALL) == "2:4 decode"
+    assert rule.compact_form(_P((64, 64), 0.3), ALL) == "slots"
+    assert rule.compact_form(_P((64, 64), 0.3, dtype=torch.float32), ALL) == "csr"
+    assert rule.compact_choice("slots", _P((64, 64), 0.3), 16) == "slots"
+    assert rule.compact_choice("slots", _P((64, 64), 0.3), 2048) == "expand"
+    assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), 64) == "2:4 decode"
+    assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), 65) == "expand"
+
+
+def test_pattern_counts_entries_beyond_two_per_group_of_four():
+    # row 0: columns 0, 1 (one group, 2 entries); row 1: 0, 1, 2 (3 in a group: 1 beyond), 5; row 2: 4..7 (2 beyond)
+    crow = torch.tensor([0, 2, 6, 10])
+    col = torch.tensor([0, 1, 0, 1, 2, 5, 4, 5, 6, 7])
+    assert forms.residual_24(crow, col, (3, 8)) == 3
+    assert forms.residual_24(crow[:2], col[:2], (1, 8)) == 0
+    p = forms.Pattern(crow, col, (3, 8), torch.bfloat16, "cpu")
+    assert p.residual24 == 3 and not p.is_24 and p.split.residual_nnz == 3  # the split agrees
+
+
+# --- the first call and the online samples ---------------------------------------------------------
+
+def test_first_call_takes_the_rule_without_timing(monkeypatch):
+    """A new bucket's first call runs the rule's form: nothing is timed (timing.device_time / wall_time are
+    never called), and the bucket is undecided until samples come back."""
+    def no_timing(*a, **k):
+        raise AssertionError("the first call of a bucket timed something")
+
+    monkeypatch.setattr(lin.timing, "time_call", no_timing)
+    torch.manual_seed(0)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48), sparsity=0.95)  # float32 CPU: csr by rule
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        y = layer(x)
+    assert _rel(y, _ref(layer, x)) < 1e-5
+    assert layer.routes == {4: "csr"}
+    entry = [e for e in st.tuning_table(kind="linear") if e["key"][-1] == 4]
+    assert entry and entry[0]["rule"] == "csr"
+
+
+def test_undecided_bucket_samples_held_forms_then_decides():
+    """With two held forms applicable (the neighbours' choices), the tuner hands each out as the real call
+    (warm-up + counted samples) and decides; every call is the product; the loser is freed once every bucket
+    is decided."""
+    torch.manual_seed(1)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48), sparsity=0.5)  # float32 CPU, 50%: dense by rule
+    key = layer._tuning_key(4)
+    # make "csr" a neighbour's choice so that bucket 4 has two candidates held
+    layer._derived.choices[2] = "csr"
+    layer._form("csr", torch.device("cpu"))
+    table = tuning.tuner("linear")
+    calls = 0
+    with torch.no_grad():
+        while table.decided(key) is None:
+            x = torch.randn(4, 64)
+            assert _rel(layer(x), _ref(layer, x)) < 1e-5
+            calls += 1
+            assert calls <= 2 * (tuning.WARMUP_SAMPLES + tuning.SAMPLES) + 2
+    entry = next(e for e in st.tuning_table(kind="linear") if e["key"] == key)
+    assert set(entry["candidates"]) == {"dense", "csr"} and entry["source"] == "sampled"
+    assert all(len(c["costs_ms"]) >= 1 for c in entry["candidates"].values())
+
+
+def test_layers_of_one_signature_share_decisions():
+    torch.manual_seed(2)
+    a = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.5)
+    b = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.5)
+    assert a._tuning_key(8) == b._tuning_key(8)
+    tuning.tuner("linear").decide(a._tuning_key(8), "csr")
+    with torch.no_grad():
+        b(torch.randn(7, 32))
+    assert b.routes == {8: "csr"}
+    other = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.9)  # another density
+    assert other._tuning_key(8) != a._tuning_key(8)
+
+
+def test_cache_file_holds_linear_decisions_and_a_new_process_starts_decided(tmp_path):
+    path = str(tmp_path / "tuning.json")
+    code = textwrap.dedent("""
+        import torch, sparsetorch as st
+        torch.manual_seed(0)
+        layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.5)
+        decided = [e["route"] for e in st.tuning_table(decided_only=True, kind="linear")]
+        print("START", decided)
+        layer.prepare([1, 8])
+        print("END", layer.routes)
+    """)
+    env = dict(os.environ, SPARSETORCH_TUNING_CACHE=path)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    first = subprocess.run([sys.executable, "-c", code], env=env, cwd=tests_dir, capture_output=True, text=True,
+                           check=True, timeout=300).stdout
+    assert "START []" in first
+    doc = json.loads(open(path).read())
+    group = doc["builds"][-1]
+    assert len(group["linear"]) == 2 and all(isinstance(k, list) and isinstance(r, str) for k, r in group["linear"])
+    second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tests_dir, capture_output=True, text=True,
+                            check=True, timeout=300).stdout
+    assert "START []" not in second and second.count("'") >= 2
+
+
+# --- prepare --------------------------------------------------------------------------------------
+
+def test_prepare_decides_every_bucket_and_frees_unused_forms():
+    torch.manual_seed(3)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(96, 64).bfloat16(), sparsity=0.8, activation="relu")
+    chosen = layer.prepare([1, 5, 100])
+    assert set(chosen) == {1, 8, 128} and chosen == layer.routes
+    for bucket, form in chosen.items():
+        assert tuning.tuner("linear").decided(layer._tuning_key(bucket)).partition("#")[0] == form
+        assert form in layer.route_times[bucket]
+    held = set(layer._derived.forms) - {"csr"}
+    assert held <= set(chosen.values())
+    for n in (1, 5, 100):
+        x = torch.randn(n, 96).bfloat16()
+        with torch.no_grad():
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2
+
+
+def test_prepare_model_shares_a_signature_between_layers(capsys):
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(*[st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 32), sparsity=0.5)
+                                  for _ in range(3)])
+    out = st.nn.prepare(model, [1, 16])
+    assert set(out) == {"0", "1", "2"} and all(set(v) == {1, 16} for v in out.values())
+    assert "3/3 layers" in capsys.readouterr().err
+    assert len(st.tuning_table(kind="linear")) == 2  # one signature, two buckets
+
+
+# --- compact ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, scheme, sparsity, stored", [
+    (torch.bfloat16, "global", 0.8, "slots"),
+    (torch.float16, "row", 0.7, "slots"),
+    (torch.bfloat16, "2:4", 0.5, "2:4 decode"),
+    (torch.float32, "global", 0.9, "csr"),
+])
+def test_compact_holds_one_form_and_runs_every_token_count(dtype, scheme, sparsity, stored):
+    torch.manual_seed(5)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).to(dtype), sparsity=sparsity, scheme=scheme,
+                                          activation="silu")
+    w = layer.to_dense().detach().clone()
+    csr_bytes = layer.memory()["csr"]
+    layer.compact()
+    assert layer.stored_format == stored
+    mem = layer.memory()
+    assert "csr" not in mem and set(mem) == {"stored", "bias", "held", "dense_weight", "peak_transient"}
+    assert mem["stored"] <= max(csr_bytes, mem["dense_weight"])
+    assert "values" not in dict(layer.named_parameters())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for n in (1, 16, 200, 700):
+        x = torch.randn(n, 128).to(dtype)
+        with torch.no_grad():
+            assert _rel(layer(x), _ref(layer, x, w)) < tol, n
+    if stored != "csr":  # large token counts expanded to dense for the call: reported, not held
+        assert layer.memory()["peak_transient"] == w.numel() * w.element_size()
+        assert layer.memory()["held"] == mem["held"]
+    torch.testing.assert_close(layer.to_dense(), w)
+
+
+def test_compact_state_dict_round_trips_and_is_checked():
+    torch.manual_seed(6)
+    src = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8).compact()
+    sd = src.state_dict()
+    assert set(sd) == {"bias", "stored_offsets", "stored_entries", "stored_summary"}
+    dst = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.3)  # a training layer
+    dst.load_state_dict(sd)
+    assert dst.stored_format == "slots"
+    x = torch.randn(9, 128).bfloat16()
+    with torch.no_grad():
+        torch.testing.assert_close(dst(x), src(x))
+    bad = dict(sd)
+    entries = sd["stored_entries"].clone()
+    entries[0] = (entries[0] & ~0xFFFF) | 2000  # a slot past 1023
+    bad["stored_entries"] = entries
+    fresh = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.3)
+    with pytest.raises(ValueError, match="entries"):
+        fresh.load_state_dict(bad)
+    with pytest.raises(RuntimeError, match="compact"):
+        src.load_state_dict(st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.5)
+                            .state_dict())
+
+
+def test_compact_24_state_dict_rejects_undefined_metadata():
+    torch.manual_seed(7)
+    src = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).bfloat16(), scheme="2:4").compact()
+    sd = dict(src.state_dict())
+    meta = sd["stored_meta"].clone()
+    meta.view(-1)[0] = 0x55555555  # idx0 == idx1: undefined for mma.sp
+    sd["stored_meta"] = meta
+    with pytest.raises(ValueError, match="meta"):
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).bfloat16(), scheme="2:4").load_state_dict(sd)
+
+
+def test_compact_layer_does_not_train():
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(16, 8), sparsity=0.5).compact()
+    with pytest.raises(RuntimeError, match="compact"):
+        layer(torch.randn(2, 16, requires_grad=True))
+    with pytest.raises(RuntimeError, match="compact"):
+        layer.weight
+
+
+# --- the op torch.compile sees ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["auto", "csr", "dense", "bitmap", "slots", "csr16"])
+def test_compiles_fullgraph_without_breaks_and_matches_eager(fmt):
+    torch.manual_seed(8)
+    dtype = torch.float32 if fmt in ("auto", "csr", "dense") else torch.bfloat16
+    model = torch.nn.Sequential(
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48).to(dtype), sparsity=0.8, activation="gelu", format=fmt),
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 32).to(dtype), sparsity=0.5, format=fmt))
+    x = torch.randn(5, 64).to(dtype)
+    explain = torch._dynamo.explain(model)(x)
+    assert explain.graph_count == 1 and explain.graph_break_count == 0
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for n in (5, 1, 33):
+            xx = torch.randn(n, 64).to(dtype)
+            torch.testing.assert_close(compiled(xx), model(xx))
+
+
+def test_compiled_training_matches_eager_gradients():
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48), sparsity=0.8, activation="relu"),
+                                st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 16), sparsity=0.5))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(6, 64)
+    grads = []
+    for m in (model, compiled):
+        for p in model.parameters():
+            p.grad = None
+        xx = x.clone().requires_grad_()
+        m(xx).square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()] + [xx.grad.clone()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_dynamic_token_counts_compile_once():
+    torch.manual_seed(10)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.7)
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(layer, backend=counter, dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for n in (3, 7, 1, 40, 129, 2, 600):
+            x = torch.randn(n, 32)
+            torch.testing.assert_close(compiled(x), layer(x))
+    assert counter.frame_count <= 2  # one graph for every N > 1 (and at most one for N = 1)
+
+
+def test_compact_model_compiles():
+    torch.manual_seed(11)
+    model = st.nn.compact(torch.nn.Sequential(
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48).bfloat16(), sparsity=0.8),
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(48, 16).bfloat16(), scheme="2:4")))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for n in (1, 9, 300):
+            x = torch.randn(n, 64).bfloat16()
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+# --- copies and state -----------------------------------------------------------------------------
+
+def test_copies_get_their_own_handle_and_no_forms(tmp_path):
+    torch.manual_seed(12)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 16), sparsity=0.5, activation="relu")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        y = layer(x)
+    torch.save(layer, tmp_path / "layer.pt")
+    for other in (torch.load(tmp_path / "layer.pt", weights_only=False), copy.deepcopy(layer)):
+        assert other.routes == {} and other._handle != layer._handle
+        assert lin._layer(other._handle) is other and lin._layer(layer._handle) is layer
+        with torch.no_grad():
+            torch.testing.assert_close(other(x), y)
+
+
+def test_new_values_reach_the_forms_and_a_new_pattern_starts_over():
+    torch.manual_seed(13)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(24, 12, dtype=torch.float64), sparsity=0.3,
+                                          activation="gelu")  # 70% kept: dense by rule
+    x = torch.randn(16, 24, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _ref(layer, x).to(torch.float64))
+        layer.values.mul_(-2.0)  # an optimizer step in place: the dense form follows
+        torch.testing.assert_close(layer(x), _ref(layer, x).to(torch.float64))
+    assert "dense" in layer.memory()
+    other = st.nn.SparseLinear.from_dense(torch.nn.Linear(24, 12, dtype=torch.float64), sparsity=0.9)
+    layer.load_state_dict(other.state_dict())
+    assert layer.routes == {} and "dense" not in layer.memory()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _ref(layer, x).to(torch.float64))
+    assert set(layer.state_dict()) == {"values", "bias", "crow_indices", "col_indices"}
+
+
+@pytest.mark.parametrize("fmt", ["dense", "2:4", "csr", "bitmap"])
+def test_forced_formats_train_like_csr(fmt):
+    """Gradients through each form equal the CSR route's (values are the Parameter in every form)."""
+    torch.manual_seed(14)
+    base = st.nn.SparseLinear.from_dense(torch.nn.Linear(20, 12, dtype=torch.float64), sparsity=0.6,
+                                         activation="tanh", format="csr")
+    layer = st.nn.SparseLinear(20, 12, base.crow_indices, base.col_indices, base.values.detach().clone(),
+                               base.bias.detach().clone(), activation="tanh", format=fmt)
+    x = torch.randn(2, 9, 20, dtype=torch.float64)
+    for model in (base, layer):
+        model(x).square().sum().backward()
+    torch.testing.assert_close(layer.values.grad, base.values.grad)
+    torch.testing.assert_close(layer.bias.grad, base.bias.grad)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.testing.assert_close(torch.autograd.grad(layer(xa).sum(), xa)[0], torch.autograd.grad(base(xb).sum(), xb)[0])
+    assert set(layer.routes.values()) == {fmt} and not st.tuning_table(kind="linear")  # forced: nothing tuned
+    with torch.no_grad():
+        layer.values.mul_(3.0)
+        base.values.mul_(3.0)
+        torch.testing.assert_close(layer(x), base(x))  # the form repacked the new values
+
+
+def test_format_errors():
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(8, 4), sparsity=0.5)
+    with pytest.raises(ValueError, match="format"):
+        st.nn.SparseLinear(8, 4, layer.crow_indices, layer.col_indices, layer.values.detach(), format="bsr")
+    with pytest.raises(TypeError, match="dtype"):
+        layer(torch.randn(2, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="in_features"):
+        layer(torch.randn(2, 9))
+    with pytest.raises(ValueError, match="format"):
+        layer.compact("bitmap")
+
+
+# --- CUDA: what the GPU runs --------------------------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("scheme", ["2:4", "global"])
+def test_cuda_rule_forms_match_and_stay_bounded(scheme):
+    torch.manual_seed(20)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 1024, device="cuda", dtype=torch.bfloat16),
+                                          sparsity=0.5 if scheme == "2:4" else 0.9, scheme=scheme, activation="silu")
+    for n in (1, 3, 8, 16, 40, 100, 300, 1100):
+        x = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2, n
+    expected = {"2:4": {1: "2:4 decode", 16: "2:4 decode"}, "global": {1: "csr16", 8: "slots"}}[scheme]
+    assert {b: layer.routes[b] for b in expected} == expected or any(
+        e["decided"] for e in st.tuning_table(kind="linear"))
+
+
+@needs_cuda
+@pytest.mark.parametrize("scheme, stored", [("2:4", "2:4 decode"), ("global", "slots")])
+def test_cuda_compact_memory_and_results(scheme, stored):
+    torch.manual_seed(21)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(1024, 2048, device="cuda", dtype=torch.bfloat16),
+                                          sparsity=0.5 if scheme == "2:4" else 0.9, scheme=scheme)
+    w = layer.to_dense().detach().clone()
+    layer.compact()
+    assert layer.stored_format == stored
+    mem = layer.memory()
+    assert mem["stored"] <= (0.57 if scheme == "2:4" else 0.22) * mem["dense_weight"]
+    for n in (1, 16, 64, 65, 2048):
+        x = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert _rel(layer(x), _ref(layer, x, w)) < 2e-2, n
+
+
+@needs_cuda
+def test_cuda_graph_capture_replays_the_decided_form_and_builds_nothing():
+    torch.manual_seed(22)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 256, device="cuda", dtype=torch.bfloat16),
+                                          sparsity=0.9)
+    layer.prepare([16])
+    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    x32 = torch.randn(32, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        eager = layer(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            layer(x)
+        torch.cuda.current_stream().wait_stream(s)
+        held = set(layer._derived.forms)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(x)
+            out32 = layer(x32)  # undecided: a held form, nothing built in the capture
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, eager)
+    assert set(layer._derived.forms) == held and layer.routes[32] in held
+    assert _rel(out32, _ref(layer, x32)) < 2e-2
+
+
+@needs_cuda
+def test_cuda_reduce_overhead_runs_the_chosen_form():
+    torch.manual_seed(23)
+    model = torch.nn.Sequential(
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(512, 1024, device="cuda", dtype=torch.bfloat16), scheme="2:4"),
+        st.nn.SparseLinear.from_dense(torch.nn.Linear(1024, 512, device="cuda", dtype=torch.bfloat16), sparsity=0.9))
+    st.nn.prepare(model, [1, 16], progress=False)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):
+            for n in (1, 16):
+                x = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
+                torch.testing.assert_close(compiled(x).float(), model(x).float(), rtol=2e-2, atol=2e-2)
+    assert model[0].routes[1] == "2:4 decode"
