@@ -18,7 +18,7 @@ Weights: Gaussian with heavy-tailed (lognormal) row and column scales, as traine
 ``SparseLinear.from_dense(..., importance=norms)`` the sparse layers (the same mask).
 
 Tokens per step N = 1, 2, 4, 8, 16 (one new token for each of N sequences; ``--widths`` sets them). Every N
-is warmed up before timing (SparseLinear measures its forms on the first call of a token bucket). Each case
+is decided up front (``st.nn.prepare`` on the sparse stack, as a server does at load) and warmed up. Each case
 times the whole step (all layers) of both stacks, eager (the step timer: host-bound steps) and (CUDA)
 replayed from a CUDA graph (a clean L2 before each replay, as the pruned suite times), and the
 projections alone (``linear_ms``: their share of the step). Before timing, both stacks' outputs are checked
@@ -226,7 +226,7 @@ def weight_bytes(stack: DecoderStack, sparse: bool) -> int:
     for layer in stack.layers:
         for kind in KINDS:
             lin = getattr(layer, kind)
-            total += sum(lin.memory().values()) if sparse else lin.weight.numel() * lin.weight.element_size()
+            total += lin.memory()["held"] if sparse else lin.weight.numel() * lin.weight.element_size()
     return total
 
 
@@ -283,6 +283,7 @@ def decode_suite(ctx: Context) -> List[Job]:
             norms = calibrate(stack, shape, ctx.device, dtype, seed=seed + 1)
             dense, sparse = pruned_stacks(stack, norms, sparsity, scheme)
             del stack
+            st.nn.prepare(sparse, tokens, progress=False)  # every token count decided up front, as a server does
             rope = rope_at(shape, shape.context, ctx.device, dtype)
             rows = []
             for n in tokens:
@@ -293,7 +294,7 @@ def decode_suite(ctx: Context) -> List[Job]:
                 xh = torch.randn(n, shape.hidden, device=ctx.device, generator=g).to(dtype)
                 xi = torch.randn(n, shape.inner, device=ctx.device, generator=g).to(dtype)
                 with torch.no_grad():
-                    sparse(x, caches, rope)  # SparseLinear measures its forms for this token bucket here
+                    sparse(x, caches, rope)  # warm-up
                     ref = reference(dense, x, caches, rope)
                     err_dense = _rel_err(dense(x, caches, rope), ref)
                     err_sparse = _rel_err(sparse(x, caches, rope), ref)

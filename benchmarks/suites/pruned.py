@@ -13,8 +13,10 @@ tensor-core rate); for the sparse rows, an ideal compressed format (values + a b
 m*k/8 bytes, plus x and y) against the useful flops (2 * nnz * N) at the dense tensor-core rate, which a
 2:4 weight's sparse tensor cores reach at most; for the MLP block the sum of its three layers.
 Times: device events with the L2 read (clean) before each call, as a layer meets it in a decoder step
-(harness.make_clean_l2_timer), not zeroed as do_bench does. Each sparse row records the route the layer
-chose for that N (``route``), what the layer measured for every candidate form (``route_times``),
+(harness.make_clean_l2_timer), not zeroed as do_bench does. Each layer decides its token counts up front
+(``SparseLinear.prepare``, as a server does at load: the steady state; the serving suite measures first calls
+and the rule alone). Each sparse row records the route the layer chose for that N (``route``), what prepare()
+measured for every candidate form (``route_times``),
 ``vs_dense`` (dense time / this time) and, for the cuSPARSELt paths, the host time per call.
 """
 from __future__ import annotations
@@ -78,6 +80,7 @@ def pruned_suite(ctx: Context) -> List[Job]:
         def run():
             w = _weight(m, k, ctx.device, dtype, seed)
             layer = _layer(w, s).to(ctx.device)
+            layer.prepare(tokens)  # every token count decided up front, as a server does at load
             wp = layer.to_dense().detach()
             nnz = layer.nnz
             rows = []
@@ -142,6 +145,8 @@ def pruned_suite(ctx: Context) -> List[Job]:
             ws = [_weight(inner, hidden, ctx.device, dtype, seed), _weight(inner, hidden, ctx.device, dtype, seed + 1),
                   _weight(hidden, inner, ctx.device, dtype, seed + 2)]
             gate, up, down = (_layer(ws[0], s, "silu"), _layer(ws[1], s), _layer(ws[2], s))
+            for layer in (gate, up, down):
+                layer.prepare(ns)
             wg, wu, wd = (layer.to_dense().detach() for layer in (gate, up, down))
             rows = []
             for n in ns:
@@ -189,17 +194,14 @@ def _bucket(n: int) -> int:
 
 def _forced_24(ctx, base, forced, xs, ref, sb, sf, rate, label, n):
     """The 2:4 (+ residual) form alone (a layer forced to it), whether or not the chosen route is 2:4, as a user
-    gets it (its algorithm searched on the first call of the bucket, during warm-up), and its host time per call."""
-    forced._forms.refresh(forced)
+    gets it after prepare() (its algorithm searched for the bucket), and its host time per call."""
+    forced.prepare([n])
     got = measure(ctx, base, {"sparsetorch 2:4 form": (lambda a: forced(a), xs, sb, sf, rate, label)}, ref, 0,
                   ctx.weights_timer)
-    # At few tokens a pure 2:4 weight runs on the decode kernel, and the cuSPARSELt form is released: the
-    # residual's size is the split's, which both forms share.
-    forms = forced._forms
-    split = forms.split24 if forms.split24 is not None else getattr(forms.sparse24, "split", None)
+    pattern = forced._pattern()
     for r in got:
         r["host_us_per_call"] = 1e6 * host_time_per_call(forced, xs[0][0])
-        r["residual_nnz"] = split.residual_nnz if split is not None else None
+        r["residual_nnz"] = pattern.residual24
         r["forced_route"] = forced.routes.get(_bucket(n))
     return got
 
