@@ -70,7 +70,7 @@ def main():
     lines = [f"# CPU suite, {args.runs} runs ({'full' if args.full else 'quick'})", "",
              f"torch {torch.__version__}, sparsetorch {st.__version__} ({torch.ops.sparsetorch._cpu_isa()} kernels), "
              f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-             f"{time.strftime('%Y-%m-%d')}. Regenerate: `python benchmarks/cpu_repeat.py --runs {args.runs}"
+             f"{time.strftime('%Y-%m-%d')}. Regenerate: `python -m benchmarks.cpu_repeat --runs {args.runs}"
              f"{' --full' if args.full else ''}`.", "",
              "Load average (1 min) before each run: " + ", ".join(f"{r['load_before'][0]:.2f}" for r in runs)
              + "; copy bandwidth measured per run: " + ", ".join(f"{r['copy_GBps']:.1f}" for r in runs) + " GB/s.", "",

@@ -18,7 +18,7 @@ def summarize(path: str) -> str:
         if r["suite"] != "skew":
             continue
         times[r["case"]][r["impl"]] = r["time_ms"] * 1e3
-        if r.get("loop_ms") is not None:  # suites run since 2026-11-24: calls back to back, host included
+        if r.get("loop_ms") is not None:  # calls back to back, host time included (CUDA rows)
             loops[r["case"]][r["impl"]] = r["loop_ms"] * 1e3
         errs[(r["case"], r["impl"])] = r.get("rel_err")
         if r["impl"] == "st.spmm (default)":

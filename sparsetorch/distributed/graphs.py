@@ -8,7 +8,8 @@ part of the whole graph, on one rank or many (for one device type: CPU and CUDA 
 
 Power-law graph: row degrees follow a Pareto(1.5) law scaled to the mean degree (a few rows hold
 thousands of entries); each entry's column is drawn with probability proportional to a second
-Pareto weight per node (hub columns), as ``sparsetorch.bench``'s SciPy generator does.
+Pareto weight per node (hub columns), as the benchmarks' SciPy generator does
+(power_law_graph in benchmarks/suites/graphs.py).
 """
 from __future__ import annotations
 
