@@ -7,7 +7,7 @@ would cross the network past one host.
     python -m benchmarks.distributed_partition --host-table [--nodes 4194304] [--json FILE]
 
 The relabellings here were measured against the balanced-entry row blocks of the natural order; none of
-them wins on the power-law generator (docs/distributed.md, "Partitioning"), so they live here, not in
+them wins on the power-law generator (docs/distributed.md, "Exchange volume and partitioning"), so they live here, not in
 sparsetorch.distributed.partition. The distributed suite itself: ``python -m benchmarks --suites distributed``.
 """
 from __future__ import annotations

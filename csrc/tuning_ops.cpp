@@ -49,7 +49,9 @@ std::vector<std::string> spmm_route_candidates_op(const at::Tensor& crow, const 
   const SpmmProblem p = check_spmm_args(crow, col, values, dense, std::nullopt, std::nullopt);
   const auto a = checked_csr(crow, col, p.k, /*validate=*/true, "SpmmPlan");
   std::vector<std::string> names;
-  for (SpmmBackend r : spmm_route_candidates(p, values.scalar_type(), a.get())) names.emplace_back(spmm_route_name(r));
+  for (SpmmBackend r : spmm_route_candidates(p, values.scalar_type(), a.get(), values.device())) {
+    names.emplace_back(spmm_route_name(r));
+  }
   return names;
 }
 

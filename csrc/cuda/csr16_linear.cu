@@ -13,6 +13,7 @@
 #include "common/csr16_checks.h"
 #include "cuda/csr16_kernel.cuh"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -93,7 +94,7 @@ at::Tensor csr16_linear_cuda(const at::Tensor& x, const at::Tensor& crow, const 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("csr16_linear", &csr16_linear_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("csr16_linear", SPARSETORCH_CUDA_OP(csr16_linear_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

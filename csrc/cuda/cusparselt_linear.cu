@@ -36,6 +36,7 @@
 #include "common/activation.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
+#include "cuda/device_code.h"
 
 #ifdef SPARSETORCH_WITH_CUSPARSELT
 #include <cusparseLt.h>
@@ -605,10 +606,10 @@ int64_t sparse24_search_cuda(const at::Tensor&, const at::Tensor&, int64_t, bool
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
-  m.impl("sparse24_compress", &sparse24_compress_cuda);
-  m.impl("sparse24_check", &sparse24_check_cuda);
-  m.impl("sparse24_linear", &sparse24_linear_cuda);
-  m.impl("sparse24_search", &sparse24_search_cuda);
+  m.impl("sparse24_compress", SPARSETORCH_CUDA_OP(sparse24_compress_cuda));
+  m.impl("sparse24_check", SPARSETORCH_CUDA_OP(sparse24_check_cuda));
+  m.impl("sparse24_linear", SPARSETORCH_CUDA_OP(sparse24_linear_cuda));
+  m.impl("sparse24_search", SPARSETORCH_CUDA_OP(sparse24_search_cuda));
 }
 
 }  // namespace cuda

@@ -32,6 +32,7 @@
 #include "common/spmm_routing.h"
 #include "common/spmm_tuning.h"
 #include "cuda/spmm_cuda.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -179,7 +180,10 @@ SpmmCallRoute tuned_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const
   poll_samples();
   tuning::TuningTable& table = tuning::TuningTable::global();
   const tuning::TuningChoice choice =
-      table.next(r.signature, spmm_tuning_candidates(p, dtype, *r.analysis, r.rules_route), /*tune=*/true);
+      table.next(r.signature,
+                 spmm_tuning_candidates(p, dtype, *r.analysis, r.rules_route,
+                                        c10::Device(c10::kCUDA, c10::cuda::current_device())),  // the op's guard
+                 /*tune=*/true);
   call.route = choice.route;
   if (!choice.sample) return call;
   const int64_t slot = acquire_slot(c10::cuda::current_device());
@@ -264,8 +268,8 @@ struct RouteSamples {
 SpmmBackend measure_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& col,
                                const at::Tensor& values, const at::Tensor& dense, const CsrAnalysis& a) {
   const at::ScalarType dtype = values.scalar_type();
-  const SpmmBackend rules = choose_spmm_route(p, dtype, &a);
-  const std::vector<SpmmBackend> candidates = spmm_tuning_candidates(p, dtype, a, rules);
+  const SpmmBackend rules = choose_spmm_route(p, dtype, &a, crow.device());
+  const std::vector<SpmmBackend> candidates = spmm_tuning_candidates(p, dtype, a, rules, crow.device());
   SpmmBackend best = rules;
   if (candidates.size() > 1) {
     const at::Tensor out = at::empty(p.out_shape(), values.options());
@@ -364,7 +368,7 @@ std::string spmm_tune_cuda(const at::Tensor& crow, const at::Tensor& col, const 
 }
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("spmm_tune", &spmm_tune_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("spmm_tune", SPARSETORCH_CUDA_OP(spmm_tune_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch
