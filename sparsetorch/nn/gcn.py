@@ -184,6 +184,13 @@ class GCNConv(nn.Module):
     accepted at their defaults; others (``flow="target_to_source"``, ``aggr="mean"``, lazy
     ``in_channels=-1``) raise naming the argument.
 
+    ``torch.compile``: one graph, no break, for every graph input above but torch sparse tensors,
+    which torch cannot wrap in a compiled function: convert them outside (``st.from_torch(adj_t)``)
+    or pass the ``edge_index``. With ``dynamic=True`` one graph serves mini-batches of every size.
+    Only ``cached=True`` keeps a graph across compiled calls (for a fixed graph; needed for CUDA
+    graphs, ``mode="reduce-overhead"``); otherwise each compiled call builds its graph (one op, no
+    host sync). docs/api.md ("Under torch.compile") has the details.
+
     Beyond PyG: ``activation`` (one of :data:`sparsetorch.ACTIVATIONS`) is applied inside the layer,
     fused into the SpMM or GEMM epilogue at inference and as one fused bias + activation pass in
     training. The dense product runs on the cheaper side: ``Â @ (x @ W.T)`` when ``in_channels >=

@@ -72,6 +72,10 @@ class SAGEConv(nn.Module):
     on the cheaper side: ``(M x) W_l^T`` when ``in_channels <= out_channels`` (as PyG), else
     ``M (x W_l^T)`` with the root term ``x W_r^T + b`` added in the SpMM's epilogue (its ``c``).
     ``activation`` (beyond PyG) is applied to the output inside the layer, fused where possible.
+
+    ``torch.compile``: as :class:`GCNConv` (one graph, no break; torch sparse tensors cannot enter a
+    compiled function: pass ``st.from_torch(adj_t)`` converted outside, or the ``edge_index``;
+    ``dynamic=True`` for mini-batches; ``cached=True`` for a fixed graph and for CUDA graphs).
     """
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, aggr: Any = "mean",
