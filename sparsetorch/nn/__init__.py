@@ -7,8 +7,8 @@ torch_geometric's (same constructor, forward signature and parameter names).
     h = conv(x, edge_index)                    # or a sparse adj_t, a Data, an st.CSR, a batched (b, n, n) CSR
     sage = st.nn.SAGEConv(1433, 16)            # as torch_geometric.nn.SAGEConv (mean aggregation)
 
-All train with autograd through sparsetorch's ops (SpMM backward = transposed SpMM + SDDMM, the
-transpose free for an undirected graph) and trace with torch.compile(fullgraph=True) on CSR input.
+All train with autograd through sparsetorch's ops (SpMM backward = transposed SpMM + SDDMM; a graph
+layer's transpose is built with its matrix) and trace with torch.compile(fullgraph=True).
 """
 from sparsetorch.nn.batching import batch_graphs, unbatch
 from sparsetorch.nn.gcn import GCNConv, add_self_loops, gcn_norm, gcn_normalize
