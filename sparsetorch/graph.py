@@ -16,7 +16,7 @@ share it. An entry lives as long as its key tensors do (and at most 16 graphs ar
 cached while torch.compile traces: a compiled layer builds its graph inside the compiled graph (one
 op, sparsetorch/_graph_build.py), or holds it with ``cached=True``.
 
-Under torch.compile the layers take an ``edge_index`` (+ ``edge_weight``), an :class:`CSR`, a
+Under torch.compile the layers take an ``edge_index`` (+ ``edge_weight``), a :class:`CSR`, a
 ``Data`` or a ``SparseTensor``; a torch sparse tensor cannot enter a compiled graph (torch raises
 "Attempted to wrap sparse Tensor"): convert it outside with ``st.from_torch(A)``.
 """
