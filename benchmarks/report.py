@@ -11,6 +11,8 @@ from typing import Dict, List, Optional
 from benchmarks.ratios import geomean, summary, versus
 from benchmarks.suites.cpu import headlines as cpu_headlines
 from benchmarks.suites.decode import headlines as decode_headlines
+from benchmarks.suites.serving import headlines as serving_headlines
+from benchmarks.suites.compile import headlines as compile_headlines
 from benchmarks.suites.skew import summarize as skew_summary
 
 NOTES = [
@@ -141,6 +143,8 @@ def headlines(rows: List[dict]) -> List[str]:
             lines.append(f"fused bias+gelu {r['dtype']}{' (cpu)' if r.get('cpu') else ''}: " + ", ".join(parts))
     lines += skew_summary(rows)
     lines += decode_headlines(rows)
+    lines += serving_headlines(rows)
+    lines += compile_headlines(rows)
     return lines
 
 

@@ -85,6 +85,8 @@ SUITES = {
     "gnn": "gnn:gnn_suite",
     "fresh": "fresh:fresh_suite",
     "cpu": "cpu:cpu_suite",
+    "serving": "serving:serving_suite",
+    "compile": "compile:compile_suite",
 }
 
 

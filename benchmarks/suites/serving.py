@@ -1,0 +1,399 @@
+"""The serving suite: pruned layers as a server runs them, a new token count nearly every step, first calls
+included, and the memory they hold.
+
+**The sequence** (fixed, seed 2026): 280 decode steps of 1-64 tokens and 20 prefill chunks of 128-2048 tokens
+at random places among them; token counts log-uniform in each range (as many steps of 1-2 tokens as of 32-64).
+On the CPU: 60 decode steps of 1-16 tokens and 4 prefill chunks of 32-128.
+
+**Models** (bf16 on CUDA, float32 on the CPU at a sixteenth of the sizes): a Llama-3-8B MLP block (gate and up
+4096 -> 14336, down 14336 -> 4096; down(silu(gate(x)) * up(x))) pruned to 70% per row, 90% global and 2:4; and
+the projections of a 4-layer Llama-3-8B decoder stack (q, k, v, o, gate, up, down of each layer: 28 layers
+in sequence, attention left out) at 2:4.
+
+**Implementations**, each on fresh layers and an emptied tuning table (a new process), run over the whole
+sequence; every call synchronised and timed (wall clock), so a step's first-call costs count:
+
+* ``dense F.linear``: the pruned weights stored dense.
+* ``sparsetorch``: ``SparseLinear.from_dense`` layers, default mode (the rule decides each new bucket, samples
+  refine it).
+* ``sparsetorch, cache file``: the same with the decisions of the run above loaded from a tuning cache file
+  (``st.set_tuning_cache``), as a second process starts.
+* ``sparsetorch compact``: after ``st.nn.compact``: one stored form per layer, large token counts expanded
+  to dense for the call.
+* ``sparsetorch compact, cache file``.
+* ``prepare``: ``st.nn.prepare`` of every bucket 1..2048 (the time per 14336 x 4096 layer is in ``prepare_ms``).
+
+Row fields: ``time_ms`` (the sequence's total), ``vs_dense``, ``costliest_ms`` (the costliest single call of
+one layer, first calls included) and the call it was, ``held_bytes`` (per layer, after the sequence: the CSR
+and every form held; compact: the stored form) against dense (``held_vs_dense``) and against the smallest form
+(``held_vs_smallest``: the compact stored form's bytes), ``peak_transient_bytes`` (a compact layer's dense
+expansion). The floor is not a useful bound for a sequence of first calls: none is given.
+
+**End to end** (``e2e`` rows, CUDA): a causal LM with random weights in the Llama-3 layout (2 layers of
+Llama-3-8B's shapes, vocabulary 32000, a static KV cache of 512 positions), Wanda-pruned to 2:4 with
+calibration data, prepared and compacted, decoding 256 tokens greedily at batch sizes 1 and 16, eager and
+compiled (``torch.compile(mode="reduce-overhead")``), against the dense model run the same ways: tokens/s
+and the bytes of the linear layers' weights.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sparsetorch as st
+from benchmarks.suites.common import Context, Job
+from benchmarks.suites.decode import LLAMA3_8B, TINY, calibrate, dense_stack, heavy_tailed_weight
+from sparsetorch.pruned import wanda_prune
+
+DENSE = "dense F.linear"
+
+
+def serving_sequence(cuda: bool, seed: int = 2026) -> List[int]:
+    """Token counts of the sequence (module docstring)."""
+    rng = np.random.default_rng(seed)
+    decode, dec_max, prefill, (pre_lo, pre_hi) = (280, 64, 20, (128, 2048)) if cuda else (60, 16, 4, (32, 128))
+    steps = np.floor(np.exp(rng.uniform(0.0, np.log(dec_max + 1), decode))).astype(int).clip(1, dec_max).tolist()
+    chunks = np.floor(np.exp(rng.uniform(np.log(pre_lo), np.log(pre_hi + 1), prefill))).astype(int)
+    for size in chunks.clip(pre_lo, pre_hi):
+        steps.insert(int(rng.integers(0, len(steps) + 1)), int(size))
+    return steps
+
+
+def _dense_linear(w: torch.Tensor) -> Callable:
+    return lambda a: F.linear(a, w)
+
+
+def _run_sequence(ctx: Context, layers: List[Callable], mlp: bool, steps: List[int], pool: torch.Tensor,
+                  pool_inner: torch.Tensor):
+    """(total seconds, per-layer call seconds of every step): every call synchronised and timed."""
+    sync = torch.cuda.synchronize if ctx.cuda else (lambda *a: None)
+    costs = []
+    total = 0.0
+    with torch.no_grad():
+        for n in steps:
+            x = pool[:n]
+            per = []
+            if mlp:
+                gate, up, down = layers
+                sync()
+                t0 = time.perf_counter()
+                g = gate(x)
+                sync()
+                t1 = time.perf_counter()
+                u = up(x)
+                sync()
+                t2 = time.perf_counter()
+                h = F.silu(g) * u
+                sync()
+                t3 = time.perf_counter()
+                down(h)
+                sync()
+                t4 = time.perf_counter()
+                per = [t1 - t0, t2 - t1, t4 - t3]
+                total += t4 - t0
+            else:
+                a = x
+                for layer, (k_in) in layers:
+                    inp = pool_inner[:n] if k_in == "inner" else pool[:n]
+                    sync()
+                    t0 = time.perf_counter()
+                    layer(inp)
+                    sync()
+                    dt = time.perf_counter() - t0
+                    per.append(dt)
+                    total += dt
+                del a
+            costs.append(per)
+    return total, costs
+
+
+def _held(layers: List[nn.Module]) -> List[int]:
+    return [m.memory()["held"] if isinstance(m, st.nn.SparseLinear) else m.numel() * m.element_size()
+            for m in layers]
+
+
+def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], sparsity, scheme: str, mlp: bool,
+                 inner_kinds=("down",)) -> Job:
+    def run():
+        steps = serving_sequence(ctx.cuda)
+        dtype = next(iter(weights.values())).dtype
+        hidden = next(w.shape[1] for k, w in weights.items() if k not in inner_kinds)
+        inner = max(w.shape[1] for w in weights.values())
+        g = torch.Generator(device=ctx.device).manual_seed(7)
+        pool = torch.randn(max(steps), hidden, device=ctx.device, generator=g).to(dtype)
+        pool_inner = torch.randn(max(steps), inner, device=ctx.device, generator=g).to(dtype)
+        kinds = list(weights)
+        masks = {}
+
+        def fresh_layers():
+            out = []
+            for kind in kinds:
+                layer = st.nn.SparseLinear.from_dense(weights[kind], sparsity=sparsity, scheme=scheme)
+                out.append(layer.requires_grad_(False))
+            return out
+
+        def as_calls(layers):
+            if mlp:
+                return layers
+            return [(layer, "inner" if kind in inner_kinds else "hidden") for layer, kind in zip(layers, kinds)]
+
+        rows = []
+        base = {"suite": "serving", "case": name, "sparsity": sparsity if scheme != "2:4" else "2:4",
+                "steps": len(steps), "tokens": int(sum(steps)), "dtype": str(dtype).replace("torch.", "")}
+        sparse = fresh_layers()
+        dense_w = {kind: layer.to_dense().detach() for kind, layer in zip(kinds, sparse)}
+        masks = {k: w.numel() * w.element_size() for k, w in dense_w.items()}
+        dense_calls = [_dense_linear(dense_w[k]) for k in kinds]
+        # warm the libraries (cuBLAS handles, cuSPARSELt) once: a process's first calls are not a layer's
+        with torch.no_grad():
+            for call, kind in zip(dense_calls, kinds):
+                call((pool_inner if kind in inner_kinds else pool)[:1])
+        results = {}
+        dense_total, dense_costs = _run_sequence(ctx, dense_calls if mlp else [(c, "inner" if k in inner_kinds
+                                                                                 else "hidden")
+                                                                                for c, k in zip(dense_calls, kinds)],
+                                                 mlp, steps, pool, pool_inner)
+        results[DENSE] = (dense_total, dense_costs, [masks[k] for k in kinds], 0)
+        cache = os.path.join(tempfile.mkdtemp(prefix="st-serving-"), "tuning.json")
+
+        def sparse_run(label, layers, load_cache, save_cache):
+            st.clear_tuning()
+            st.clear_caches() if hasattr(st, "clear_caches") else None
+            if load_cache:
+                st.set_tuning_cache(cache)
+            total, costs = _run_sequence(ctx, as_calls(layers), mlp, steps, pool, pool_inner)
+            if save_cache:
+                st.save_tuning_cache(cache)
+            st.set_tuning_cache(None)
+            peak = max(m.memory()["peak_transient"] for m in layers)
+            results[label] = (total, costs, _held(layers), peak)
+            return layers
+
+        sparse_run("sparsetorch", sparse, False, True)
+        sparse_run("sparsetorch, cache file", fresh_layers(), True, False)
+        compact = [m.compact() for m in fresh_layers()]
+        smallest = [m.memory()["stored"] for m in compact]
+        sparse_run("sparsetorch compact", compact, False, True)
+        sparse_run("sparsetorch compact, cache file", [m.compact() for m in fresh_layers()], True, False)
+        # prepare(): every bucket decided up front
+        st.clear_tuning()
+        layers = fresh_layers()
+        if ctx.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        per_layer = []
+        for layer in layers:
+            t = time.perf_counter()
+            layer.prepare()
+            if ctx.cuda:
+                torch.cuda.synchronize()
+            per_layer.append(time.perf_counter() - t)
+        prepare_s = time.perf_counter() - t0
+        st.clear_tuning()
+
+        for impl, (total, costs, held, peak) in results.items():
+            worst = max(((c, i, n) for n, per in zip(steps, costs) for i, c in enumerate(per)), key=lambda t: t[0])
+            row = {**base, "impl": impl, "time_ms": total * 1e3, "vs_dense": dense_total / total,
+                   "costliest_ms": worst[0] * 1e3, "costliest_call": f"{kinds[worst[1]]} at N={worst[2]}",
+                   "held_bytes": int(np.mean(held)), "held_vs_dense": float(np.mean([h / masks[k] for h, k in
+                                                                                     zip(held, kinds)])),
+                   "held_vs_smallest": float(np.mean([h / s for h, s in zip(held, smallest)])),
+                   "peak_transient_bytes": int(peak)}
+            rows.append(row)
+        big = [t for t, k in zip(per_layer, kinds) if weights[k].shape[0] * weights[k].shape[1] ==
+               max(w.numel() for w in weights.values())]
+        rows.append({**base, "impl": "prepare", "time_ms": prepare_s * 1e3,
+                     "prepare_ms": 1e3 * max(big) if big else None, "layers": len(layers)})
+        return rows
+
+    return run
+
+
+def _mlp_weights(ctx: Context, seed: int) -> Dict[str, torch.Tensor]:
+    shape = LLAMA3_8B if ctx.cuda else TINY
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    g = torch.Generator(device=ctx.device).manual_seed(seed)
+    h, i = shape.hidden, shape.inner
+    return {"gate": heavy_tailed_weight(i, h, ctx.device, dtype, g), "up": heavy_tailed_weight(i, h, ctx.device, dtype, g),
+            "down": heavy_tailed_weight(h, i, ctx.device, dtype, g)}
+
+
+def _stack_weights(ctx: Context, seed: int) -> Dict[str, torch.Tensor]:
+    shape = LLAMA3_8B if ctx.cuda else TINY
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    stack = dense_stack(shape, ctx.device, dtype, seed)
+    out = {}
+    for li, layer in enumerate(stack.layers):
+        for kind in ("q", "k", "v", "o", "gate", "up", "down"):
+            out[f"{kind}{li}"] = getattr(layer, kind).weight.detach()
+    return out
+
+
+# --- end to end: a small causal LM ---------------------------------------------------------------------------
+
+class _Attention(nn.Module):
+    def __init__(self, shape, linears, max_len, batch, device, dtype):
+        super().__init__()
+        self.shape = shape
+        for kind in ("q", "k", "v", "o"):
+            setattr(self, kind, linears[kind])
+        size = (batch, shape.kv_heads, max_len, shape.head_dim)
+        self.register_buffer("k_cache", torch.zeros(size, device=device, dtype=dtype))
+        self.register_buffer("v_cache", torch.zeros(size, device=device, dtype=dtype))
+
+    def forward(self, x, pos, mask, cos, sin):
+        s = self.shape
+        n = x.shape[0]
+        q = self.q(x).view(n, s.heads, 1, s.head_dim)
+        k = self.k(x).view(n, s.kv_heads, 1, s.head_dim)
+        v = self.v(x).view(n, s.kv_heads, 1, s.head_dim)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+        return self.o(a.reshape(n, s.hidden))
+
+
+def _rope(t, cos, sin):
+    half = t.shape[-1] // 2
+    return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+
+class CausalLM(nn.Module):
+    """Embedding, L decoder layers (RMSNorm, attention with a static KV cache, SiLU-gated MLP), final norm and a
+    dense lm_head: one decode step maps (batch,) tokens at position ``pos`` to (batch, vocab) logits."""
+
+    def __init__(self, shape, linears: List[Dict[str, nn.Module]], vocab: int, max_len: int, batch: int, device,
+                 dtype, seed: int):
+        super().__init__()
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.shape, self.max_len = shape, max_len
+        self.embed = nn.Parameter((0.02 * torch.randn(vocab, shape.hidden, device=device, generator=g)).to(dtype),
+                                  requires_grad=False)
+        self.head = nn.Parameter((0.02 * torch.randn(vocab, shape.hidden, device=device, generator=g)).to(dtype),
+                                 requires_grad=False)
+        self.attn = nn.ModuleList(_Attention(shape, lin, max_len, batch, device, dtype) for lin in linears)
+        self.mlp = nn.ModuleList(nn.ModuleDict({k: lin[k] for k in ("gate", "up", "down")}) for lin in linears)
+        inv = 1.0 / (500000.0 ** (torch.arange(0, shape.head_dim, 2, device=device, dtype=torch.float64)
+                                  / shape.head_dim))
+        angle = torch.arange(max_len, device=device, dtype=torch.float64)[:, None] * inv
+        angle = torch.cat((angle, angle), dim=-1)
+        self.register_buffer("cos", angle.cos().to(dtype))
+        self.register_buffer("sin", angle.sin().to(dtype))
+
+    def forward(self, tokens, pos):
+        s = self.shape
+        x = self.embed[tokens]
+        mask = torch.arange(self.max_len, device=tokens.device) <= pos
+        cos, sin = self.cos[pos], self.sin[pos]
+        for attn, mlp in zip(self.attn, self.mlp):
+            x = x + attn(F.rms_norm(x, (s.hidden,), eps=1e-5), pos, mask, cos, sin)
+            h = F.rms_norm(x, (s.hidden,), eps=1e-5)
+            x = x + mlp["down"](F.silu(mlp["gate"](h)) * mlp["up"](h))
+        return F.linear(F.rms_norm(x, (s.hidden,), eps=1e-5), self.head)
+
+
+def _decode(model: CausalLM, batch: int, tokens: int, device, step=None) -> float:
+    """Seconds to decode ``tokens`` tokens greedily from token 1 at position 0 (caches zeroed first)."""
+    step = step or model
+    for attn in model.attn:
+        attn.k_cache.zero_()
+        attn.v_cache.zero_()
+    tok = torch.ones(batch, dtype=torch.long, device=device)
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for p in range(tokens):
+            pos = torch.full((1,), p, dtype=torch.long, device=device)
+            tok = step(tok, pos).argmax(-1)
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _e2e_job(ctx: Context) -> Job:
+    def run():
+        shape = LLAMA3_8B
+        layers, vocab, max_len, tokens, batches = 2, 32000, 512, 256, (1, 16)
+        dtype = torch.bfloat16
+        from dataclasses import replace
+
+        shape = replace(shape, layers=layers)
+        stack = dense_stack(shape, ctx.device, dtype, seed=5)
+        norms = calibrate(stack, shape, ctx.device, dtype, seed=6)
+        dense_lin, sparse_lin = [], []
+        for i, layer in enumerate(stack.layers):
+            d, s = {}, {}
+            for kind in ("q", "k", "v", "o", "gate", "up", "down"):
+                w, imp = getattr(layer, kind).weight, norms[f"layers.{i}.{kind}"]
+                d[kind] = nn.Linear(w.shape[1], w.shape[0], bias=False, device=ctx.device, dtype=dtype)
+                with torch.no_grad():
+                    d[kind].weight.copy_(wanda_prune(w, imp, 0.5, "2:4"))
+                d[kind].requires_grad_(False)
+                s[kind] = st.nn.SparseLinear.from_dense(w, scheme="2:4", importance=imp).requires_grad_(False)
+            dense_lin.append(d)
+            sparse_lin.append(s)
+        del stack
+        rows = []
+        for batch in batches:
+            dense = CausalLM(shape, dense_lin, vocab, max_len, batch, ctx.device, dtype, seed=9)
+            sparse = CausalLM(shape, sparse_lin, vocab, max_len, batch, ctx.device, dtype, seed=9)
+            st.nn.prepare(sparse, [batch], progress=False)
+            st.nn.compact(sparse)
+            dense_bytes = sum(m.weight.numel() * m.weight.element_size() for d in dense_lin for m in d.values())
+            sparse_bytes = sum(m.memory()["held"] for s in sparse_lin for m in s.values())
+            for mode in ("eager", "compiled"):
+                for impl, model in (("dense", dense), ("sparsetorch compact", sparse)):
+                    step = model if mode == "eager" else torch.compile(model, mode="reduce-overhead", fullgraph=True)
+                    t_compile = time.perf_counter()
+                    _decode(model, batch, 3, ctx.device, step)  # warm-up (and compilation)
+                    compile_s = time.perf_counter() - t_compile
+                    seconds = _decode(model, batch, tokens, ctx.device, step)
+                    rows.append({"suite": "serving", "case": f"e2e causal LM, {layers} Llama-3-8B layers 2:4, "
+                                 f"batch {batch}, {mode}", "impl": impl, "dtype": "bfloat16", "batch": batch,
+                                 "mode": mode, "time_ms": seconds * 1e3, "tokens_per_s": batch * tokens / seconds,
+                                 "warmup_s": compile_s, "linear_weight_bytes": dense_bytes if impl == "dense"
+                                 else sparse_bytes})
+            torch._dynamo.reset()
+        dense_rows = {r["case"]: r["time_ms"] for r in rows if r["impl"] == "dense"}
+        for r in rows:
+            r["vs_dense"] = dense_rows[r["case"]] / r["time_ms"]
+        return rows
+
+    return run
+
+
+def serving_suite(ctx: Context) -> List[Job]:
+    jobs = [
+        _serving_job(ctx, "MLP block 70% per row", _mlp_weights(ctx, 1), 0.7, "row", mlp=True),
+        _serving_job(ctx, "MLP block 90%", _mlp_weights(ctx, 2), 0.9, "global", mlp=True),
+        _serving_job(ctx, "MLP block 2:4", _mlp_weights(ctx, 3), 0.5, "2:4", mlp=True),
+        _serving_job(ctx, "4-layer decoder stack projections 2:4", _stack_weights(ctx, 4), 0.5, "2:4", mlp=False,
+                     inner_kinds=tuple(f"down{i}" for i in range(8))),
+    ]
+    if ctx.cuda:
+        jobs.append(_e2e_job(ctx))
+    return jobs
+
+
+def headlines(rows: List[dict]) -> List[str]:
+    lines = []
+    for case in dict.fromkeys(r["case"] for r in rows if r.get("suite") == "serving" and "e2e" not in r["case"]):
+        got = {r["impl"]: r for r in rows if r.get("case") == case}
+        parts = []
+        for impl in ("sparsetorch", "sparsetorch, cache file", "sparsetorch compact", "sparsetorch compact, cache file"):
+            r = got.get(impl)
+            if r:
+                parts.append(f"{impl} {r['vs_dense']:.2f}x dense (costliest call {r['costliest_ms']:.1f} ms, holds "
+                             f"{r['held_vs_dense']:.2f}x dense)")
+        prep = got.get("prepare")
+        if prep and prep.get("prepare_ms"):
+            parts.append(f"prepare {prep['prepare_ms']:.0f} ms per largest layer")
+        lines.append(f"serving {case}: " + "; ".join(parts))
+    return lines
