@@ -29,13 +29,6 @@ def _graph(n=60, edges=240, seed=0, undirected=True, device="cpu"):
     return ei.to(device)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    st.graph.graph_cache_clear()
-    st_transpose.transpose_cache_clear()
-    yield
-
-
 class _Net(torch.nn.Module):
     """PyG's 2-layer recipe; ``lib`` is torch_geometric.nn or sparsetorch.nn."""
 
@@ -420,6 +413,26 @@ def test_graph_is_built_once_per_edge_index(device, monkeypatch):
     assert len(calls) == 7  # learnable weights: the matrix depends on them, built by each layer each call
     with torch.inference_mode():
         model(x, ei)
+
+
+def test_graph_caches_are_listed_die_with_their_tensors_and_are_bounded(device):
+    """The per-graph cache and the transpose caches (sparsetorch/_cache.py) are in st.cache_info(): an
+    entry lives as long as its key tensors, at most 16 graphs are kept, st.clear_caches() empties them."""
+    names = ("graph.propagation", "transpose.patterns", "transpose.values")
+    st.clear_caches()
+    conv = st.nn.GCNConv(4, 2).to(device)
+    x = torch.randn(30, 4, device=device, requires_grad=True)
+    ei = _graph(30, 90, seed=12, device=device)
+    conv(x, ei).sum().backward()
+    assert [st.cache_info()[name] for name in names] == [1, 1, 1]
+    del ei  # the graph's entry goes with its edge_index, and the transpose with the graph's matrix
+    assert [st.cache_info()[name] for name in names] == [0, 0, 0]
+    graphs = [_graph(30, 90, seed=s, device=device) for s in range(20)]
+    for g in graphs:
+        conv(x, g)
+    assert st.cache_info()["graph.propagation"] == 16
+    st.clear_caches()
+    assert [st.cache_info()[name] for name in names] == [0, 0, 0]
 
 
 # --- distributed adjacencies ---------------------------------------------------------------------
