@@ -1,19 +1,78 @@
-// Every sparsetorch operator schema, defined once. Backends register implementations in
-// cpu/*.cpp (CPU) and cuda/*.cu (CUDA); Python adds fake (meta) kernels and autograd.
+// The schemas of sparsetorch's core ops: the sparse x dense products (spmm, spmm_out, spmm_blocked, sddmm),
+// the elementwise ops and the dense path, and the per-matrix analysis and native caches every op relies on.
+// The other areas define theirs in one file each: graph_ops.cpp (the fresh-graph builder), pruned_ops.cpp
+// (the pruned-weight forms), tuning_ops.cpp (the routing module's answers and the tuning table),
+// device_ops.cpp (what the loaded CUDA code can run), and testing_ops.cpp the test hooks, in a library of
+// their own (sparsetorch_testing). Kernels register in
+// cpu/*.cpp (CPU) and cuda/*.cu (CUDA); Python adds fake (meta) kernels (sparsetorch/_ops.py) and autograd
+// (sparsetorch/_autograd.py).
 //
 // Ops take plain component tensors (crow_indices, col_indices, values, ...) instead of sparse
 // tensors, so dispatch, fake tensors, opcheck and autograd on `values` work unchanged.
 #include <Python.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/csr_analysis.h"
+#include "common/native_caches.h"
+#include "cpu/kernels.h"
 
 #ifdef SPARSETORCH_WITH_CUDA
 namespace sparsetorch {
 std::string cuda_build_info();  // cuda/build_info_cuda.cpp
 }
 #endif
+
+namespace sparsetorch {
+namespace {
+
+at::Tensor csr_analysis_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
+  // The real statistics: a pattern whose check is still in flight (PendingCheck) is waited for.
+  const auto a = analyze_csr(crow, col, ncols, force ? AnalysisMode::kForce : AnalysisMode::kFinal);
+  at::Tensor out = at::empty({csr_stats::kLength}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(out.data_ptr<int64_t>(), a->raw.data(), sizeof(int64_t) * csr_stats::kLength);
+  return out;
+}
+
+void csr_validate_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
+  // A provisional analysis (the fresh-graph builder's, check in flight) is valid by construction: no wait.
+  const auto a = analyze_csr(crow, col, ncols, force ? AnalysisMode::kForce : AnalysisMode::kCompute);
+  if (!a->valid()) TORCH_CHECK_VALUE(false, a->defect("validate_csr"));
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>> csr_stats_layout_op() {
+  std::vector<std::string> names;
+  std::vector<int64_t> offsets, lengths;
+  for (const csr_stats::Field& f : csr_stats::kFields) {
+    names.emplace_back(f.name);
+    offsets.push_back(f.offset);
+    lengths.push_back(f.length);
+  }
+  return {names, offsets, lengths};
+}
+
+int64_t csr_analysis_cache_op(bool clear) {
+  if (clear) clear_csr_analysis_cache();
+  return csr_analysis_cache_size();
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> native_cache_sizes_op() {
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  for (const auto& [name, size] : native_caches::sizes()) {
+    names.push_back(name);
+    sizes.push_back(size);
+  }
+  return {names, sizes};
+}
+
+}  // namespace
+}  // namespace sparsetorch
 
 TORCH_LIBRARY(sparsetorch, m) {
   // out = act(alpha * (A @ dense) + beta * accumulate + bias), A in CSR; see common/checks.h for
@@ -74,8 +133,32 @@ TORCH_LIBRARY(sparsetorch, m) {
       "Tensor? col_scale) -> Tensor");
   // The per-matrix analysis (common/csr_analysis.h). csr_stats: one uncached O(nnz) pass on the
   // indices' device, the int64 vector laid out in csr_analysis.h (first defect, row-length statistics);
-  // ncols < 0 leaves the columns unchecked. The others use the cache and live in routing_ops.cpp.
+  // ncols < 0 leaves the columns unchecked.
   m.def("csr_stats(Tensor crow_indices, Tensor col_indices, int ncols) -> Tensor");
+  // That vector's layout, the one definition Python reads it by (sparsetorch/_stats.py): each field's name,
+  // offset and length (histograms span several entries).
+  m.def("csr_stats_layout() -> (str[], int[], int[])", &sparsetorch::csr_stats_layout_op);
+  // The cached analysis of a pattern (validated against ncols columns; ncols < 0: columns unchecked)
+  // as the csr_stats vector, on the CPU. force=True recomputes it. Never raises for a malformed matrix:
+  // the vector says what is wrong.
+  m.def("csr_analysis(Tensor crow_indices, Tensor col_indices, int ncols, bool force=False) -> Tensor");
+  // Raises ValueError naming the first defect of a malformed pattern; the verdict is cached.
+  m.def("csr_validate(Tensor crow_indices, Tensor col_indices, int ncols, bool force=False) -> ()");
+  // Entries in the analysis cache; clear=True empties it first.
+  m.def("csr_analysis_cache(bool clear=False) -> int", &sparsetorch::csr_analysis_cache_op);
+  // Every native cache (common/native_caches.h): empties the one called `name`, or all of them for "";
+  // st.clear_caches() calls it. And each one's name and entries (st.cache_info()).
+  m.def("_clear_native_caches(str name=\"\") -> ()", [](const std::string& name) {
+    sparsetorch::native_caches::clear(name);
+  });
+  m.def("_native_cache_sizes() -> (str[], int[])", &sparsetorch::native_cache_sizes_op);
+  // Which build of the CPU kernels this process runs ("avx2" or "default", cpu/kernels.h).
+  m.def("_cpu_isa() -> str", [] { return std::string(sparsetorch::cpu::kernels().isa); });
+}
+
+TORCH_LIBRARY_IMPL(sparsetorch, CompositeExplicitAutograd, m) {
+  m.impl("csr_analysis", &sparsetorch::csr_analysis_op);
+  m.impl("csr_validate", &sparsetorch::csr_validate_op);
 }
 
 namespace {

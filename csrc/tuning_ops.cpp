@@ -1,6 +1,7 @@
-// Ops that expose the per-matrix analysis cache and the routing module to Python (SpmmPlan's
-// autotuning candidates, st.validate_csr, st.analyze, st.spmm_route, the benchmarks). They run on
-// any device: the analysis itself dispatches csr_stats to the matrix's device.
+// Schemas of the routing module's answers and of the tuning table of "auto" (common/spmm_routing.h,
+// common/spmm_tuning.h, docs/tuning.md), with their host implementations: st.spmm_route, SpmmPlan's
+// candidates and measurement, st.set_autotune and sparsetorch/tuning.py's table. They run on any device:
+// a matrix's analysis dispatches csr_stats to the matrix's device.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -17,20 +18,6 @@
 
 namespace sparsetorch {
 namespace {
-
-at::Tensor csr_analysis_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
-  // The real statistics: a pattern whose check is still in flight (PendingCheck) is waited for.
-  const auto a = analyze_csr(crow, col, ncols, force ? AnalysisMode::kForce : AnalysisMode::kFinal);
-  at::Tensor out = at::empty({csr_stats::kLength}, at::TensorOptions().dtype(at::kLong));
-  std::memcpy(out.data_ptr<int64_t>(), a->raw.data(), sizeof(int64_t) * csr_stats::kLength);
-  return out;
-}
-
-void csr_validate_op(const at::Tensor& crow, const at::Tensor& col, int64_t ncols, bool force) {
-  // A provisional analysis (the fresh-graph builder's, check in flight) is valid by construction: no wait.
-  const auto a = analyze_csr(crow, col, ncols, force ? AnalysisMode::kForce : AnalysisMode::kCompute);
-  if (!a->valid()) TORCH_CHECK_VALUE(false, a->defect("validate_csr"));
-}
 
 std::string spmm_route_op(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                           const at::Tensor& dense, c10::string_view backend, bool validate, bool as_cuda) {
@@ -56,11 +43,6 @@ std::vector<std::string> spmm_route_candidates_op(const at::Tensor& crow, const 
 }
 
 bool set_autotune_op(bool enabled) { return set_spmm_autotune(enabled); }
-
-int64_t csr_analysis_cache_op(bool clear) {
-  if (clear) clear_csr_analysis_cache();
-  return csr_analysis_cache_size();
-}
 
 // --- the tuning table (common/spmm_tuning.h; sparsetorch/tuning.py is the Python face) ----------------
 
@@ -143,12 +125,6 @@ int64_t spmm_tuning_capacity_op(int64_t capacity) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
-  // The cached analysis of a pattern (validated against ncols columns; ncols < 0: columns unchecked)
-  // as the int64 vector of common/csr_analysis.h, on the CPU. force=True recomputes it. Never raises
-  // for a malformed matrix: the vector says what is wrong.
-  m.def("csr_analysis(Tensor crow_indices, Tensor col_indices, int ncols, bool force=False) -> Tensor");
-  // Raises ValueError naming the first defect of a malformed pattern; the verdict is cached.
-  m.def("csr_validate(Tensor crow_indices, Tensor col_indices, int ncols, bool force=False) -> ()");
   // The route the spmm op takes for these operands ("cpu" on the CPU), validating as the op does.
   // as_cuda=True: the route the CUDA op would take for operands of these shapes and this analysis,
   // wherever they are (to test and inspect the routing decision without a GPU).
@@ -163,8 +139,6 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   // CUDA: times the candidate routes for these operands now, decides their signature with the fastest
   // (every later "auto" call of that signature takes it) and returns its name. SpmmPlan's first call.
   m.def("spmm_tune(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> str");
-  // Entries in the analysis cache; clear=True empties it first.
-  m.def("csr_analysis_cache(bool clear=False) -> int", &csr_analysis_cache_op);
   // The tuning table of "auto" (common/spmm_tuning.h, docs/tuning.md; sparsetorch/tuning.py wraps these).
   // The signature "auto" keys these operands' decision on: (device name, fields).
   m.def("spmm_tuning_signature(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> (str, int[])");
@@ -180,8 +154,6 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
 }
 
 TORCH_LIBRARY_IMPL(sparsetorch, CompositeExplicitAutograd, m) {
-  m.impl("csr_analysis", &csr_analysis_op);
-  m.impl("csr_validate", &csr_validate_op);
   m.impl("spmm_route", &spmm_route_op);
   m.impl("spmm_route_candidates", &spmm_route_candidates_op);
   m.impl("spmm_tuning_signature", &spmm_tuning_signature_op);

@@ -8,6 +8,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from sparsetorch import _ops  # noqa: F401  (loads the native ops and their fake kernels)
 from sparsetorch import _autograd  # noqa: F401  (registers the backward of every op)
 from sparsetorch._build_info import build_info
+from sparsetorch._cache import cache_info, clear_caches
 from sparsetorch.csr import (
     CSR,
     as_csr,
@@ -20,7 +21,7 @@ from sparsetorch.csr import (
     to_torch,
 )
 from sparsetorch.plan import SpmmPlan
-from sparsetorch._validate import MatrixInfo
+from sparsetorch._validate import MatrixInfo, analyze as _analyze
 from sparsetorch.pruned import (  # pruned-weight formats (also their ops' fake kernels)
     BitmapWeight,
     Csr16Weight,
@@ -71,7 +72,7 @@ __all__ = [
     "Sparse24DecodeWeight", "sparse24_decode_linear",
     "div", "from_dense", "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu",
     "scale", "scale_cols", "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index",
-    "to_scipy", "to_torch", "transpose", "validate_csr",
+    "to_scipy", "to_torch", "transpose", "validate_csr", "cache_info", "clear_caches",
     "clear_tuning", "save_tuning_cache", "set_tuning_cache", "tuning_signature", "tuning_table",
 ]
 
@@ -80,8 +81,6 @@ def analyze(A, force: bool = False) -> MatrixInfo:
     """What sparsetorch knows about the sparse matrix ``A`` (anything :func:`as_csr` takes): validity
     and the row-length distribution the routing module decides from. Computed on A's device on first
     use and cached with the matrix, as every op does; ``force`` recomputes."""
-    from sparsetorch._validate import analyze as _analyze
-
     return _analyze(as_csr(A), force)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from sparsetorch._ops import ops
+from sparsetorch._stats import RowStats
 from sparsetorch.csr import CSR, as_csr
 
 __all__ = ["validate_csr", "ensure_valid", "MatrixInfo", "analyze"]
@@ -41,24 +42,21 @@ def ensure_valid(a: CSR, validate: Optional[bool] = None) -> None:
     ops.csr_validate(a.crow_indices, a.col_indices, a.shape[-1], validate is True)
 
 
-_HIST_BINS = 32
-
-
 class MatrixInfo:
     """What the per-matrix analysis found (``st.analyze(A)``): validity and the row-length
-    distribution that the routing decision reads (csrc/common/csr_analysis.h has the layout)."""
+    distribution that the routing decision reads (sparsetorch/_stats.py names its fields)."""
 
     def __init__(self, a: CSR, raw: torch.Tensor):
-        v = raw.tolist()
+        stats = RowStats(raw)
         self.shape = a.shape
-        self.valid = v[0] == 0
+        self.valid = stats.valid
         self.rows = (a.crow_indices.shape[0] if a.crow_indices.dim() == 2 else 1) * (a.shape[-2])
-        self.entries, self.max_row, self.empty_rows = v[4], v[5], v[6]
-        sum_sq = raw[7:8].view(torch.float64).item()
+        self.entries, self.max_row, self.empty_rows = stats.entries, stats.max_row, stats.empty_rows
         self.mean_row = self.entries / self.rows if self.rows else 0.0
-        var = max(0.0, sum_sq / self.rows - self.mean_row**2) if self.rows else 0.0
+        var = max(0.0, stats.sum_sq / self.rows - self.mean_row**2) if self.rows else 0.0
         self.row_cv = var**0.5 / self.mean_row if self.mean_row else 0.0
-        self.row_histogram = {2**i: (v[8 + i], v[8 + _HIST_BINS + i]) for i in range(_HIST_BINS) if v[8 + i]}
+        self.row_histogram = {2**i: (rows, entries) for i, (rows, entries)
+                              in enumerate(zip(stats.row_hist, stats.entry_hist)) if rows}
         m, k = a.shape[-2:]
         self.density = self.entries / max(1, self.rows * k)
 

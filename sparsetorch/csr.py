@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import warnings
-import weakref
 
 import numpy as np
 import torch
+
+from sparsetorch._cache import MISS, TensorCache
 
 __all__ = [
     "CSR",
@@ -58,7 +59,8 @@ class CSR:
     shape: Tuple[int, ...]
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        # Plain ints; sizes torch.compile keeps symbolic (dynamic=True) stay SymInts: int() would specialise them.
+        object.__setattr__(self, "shape", tuple(s if isinstance(s, torch.SymInt) else int(s) for s in self.shape))
         _check_components(self.crow_indices, self.col_indices, self.values, self.shape)
 
     # --- properties -----------------------------------------------------------------------
@@ -98,6 +100,12 @@ class CSR:
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None, index_dtype: Optional[torch.dtype] = None,
            non_blocking: bool = False) -> "CSR":
+        """A copy on ``device`` with values of ``dtype`` and indices of ``index_dtype`` (each optional); as
+        for a tensor, ``A.to(torch.float32)`` casts the values."""
+        if isinstance(device, torch.dtype):
+            if dtype is not None:
+                raise TypeError("to: dtype given twice (positionally and as dtype=)")
+            device, dtype = None, device
         crow, col, values = self.crow_indices, self.col_indices, self.values
         if index_dtype is not None:
             if index_dtype not in _INDEX_DTYPES:
@@ -200,29 +208,22 @@ def from_torch(t: torch.Tensor) -> CSR:
     # A user calls with the same tensor again and again: its checked view is kept while the tensor lives
     # (the view's values are detached, so that they do not keep the tensor alive). Not for tensors that
     # require grad (their values() must stay in the graph) or while tracing.
-    cacheable = not t.requires_grad and type(t) is torch.Tensor and not torch.compiler.is_compiling()
-    hit = _torch_views.get(id(t)) if cacheable else None
-    if hit is not None and hit[0]() is t:
-        return hit[1]
+    cacheable = not t.requires_grad and type(t) is torch.Tensor
+    if cacheable:
+        hit = _torch_views.lookup((t,))
+        if hit is not MISS:
+            return hit
     crow, col, values = t.crow_indices(), t.col_indices(), t.values()
     if values.dim() != crow.dim():
         raise ValueError(f"hybrid CSR tensors (dense dimensions in values, shape {tuple(values.shape)}) are "
                          "not supported")
     csr = CSR(crow, col, values.detach() if cacheable else values, tuple(t.shape))
-    if cacheable:
-        key = id(t)
-
-        def forget(_ref, key=key):
-            entry = _torch_views.get(key)
-            if entry is not None and entry[0] is _ref:
-                del _torch_views[key]
-
-        _torch_views[key] = (weakref.ref(t, forget), csr)
-    return csr
+    return _torch_views.store((t,), (), csr) if cacheable else csr
 
 
-# id(torch sparse CSR tensor) -> (weak reference to it, its CSR view): see from_torch.
-_torch_views: dict = {}
+# A torch sparse CSR tensor -> its CSR view (from_torch). Sparse tensors have no version counter: keyed on
+# identity alone, the entry dropped with the tensor.
+_torch_views = TensorCache("csr.torch_views", max_entries=1024, unversioned=True)
 
 
 def from_scipy(matrix, device=None, dtype: Optional[torch.dtype] = None,
@@ -306,30 +307,33 @@ def from_list(matrices: Sequence[Any], shape: Optional[Tuple[int, int]] = None, 
     return CSR(crow, col, values, (b, m, k))
 
 
-def as_csr(obj: Any, device=None) -> CSR:
+def as_csr(obj: Any, device=None, dtype: Optional[torch.dtype] = None) -> CSR:
     """Turn what users hold into a :class:`CSR`.
 
     Accepts a :class:`CSR`; a torch sparse CSR tensor (2-D or 3-D); a ``scipy.sparse`` matrix or
     array of any format (copied to ``device``, default CPU); a tuple ``(crow_indices, col_indices,
     values, shape)`` of tensors or NumPy arrays (arrays copied to ``device``, default CPU); or a list
     of 2-D matrices, each any of these (packed into a batch, see :func:`from_list`). Torch tensors
-    are never moved between devices implicitly.
+    are never moved between devices or cast implicitly: ``device`` and ``dtype`` (the values' dtype)
+    apply to what is copied anyway (SciPy matrices, NumPy arrays, lists).
     """
     if isinstance(obj, CSR):
         return obj
     if isinstance(obj, torch.Tensor):
         return from_torch(obj)
     if _is_scipy_sparse(obj):
-        return from_scipy(obj, device=device)
+        return from_scipy(obj, device=device, dtype=dtype)
     if isinstance(obj, tuple) and len(obj) == 4 and not all(_is_matrix(x) for x in obj):
         crow, col, values, shape = (torch.from_numpy(np.ascontiguousarray(x)).to(device or "cpu")
                                     if isinstance(x, np.ndarray) else x for x in obj)
+        if dtype is not None and isinstance(obj[2], np.ndarray):
+            values = values.to(dtype)
         if not isinstance(shape, (tuple, list, torch.Size)):
             raise TypeError(f"shape: a (crow_indices, col_indices, values, shape) tuple needs a tuple shape, got "
                             f"{type(shape).__name__}")
         return CSR(crow, col, values, tuple(shape))
     if isinstance(obj, (list, tuple)):
-        return from_list(obj, device=device)
+        return from_list(obj, device=device, dtype=dtype)
     raise TypeError(
         "expected a sparse matrix: a torch sparse CSR tensor, a scipy.sparse matrix, a sparsetorch.CSR, "
         f"a (crow_indices, col_indices, values, shape) tuple or a list of 2-D matrices; got {type(obj).__name__}")

@@ -10,8 +10,9 @@ from typing import Any, Optional, Union
 
 import torch
 
-from sparsetorch._autograd import SpmmFunction
+from sparsetorch._autograd import call_op, records_grad, spmm_call, without_autograd
 from sparsetorch._ops import ops
+from sparsetorch._transpose import transpose_pattern, transpose_values
 from sparsetorch._validate import ensure_valid, validate_csr
 from sparsetorch.csr import _FLOAT_DTYPES, CSR, _is_scipy_sparse, as_csr
 
@@ -67,11 +68,9 @@ def _activation_name(act: Optional[str]) -> str:
 
 
 def _is_sparse(obj: Any) -> bool:
-    if isinstance(obj, CSR) or _is_scipy_sparse(obj):
-        return True
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, torch.Tensor):  # first: no SciPy check on the common case (nor while compile traces)
         return obj.layout == torch.sparse_csr
-    return isinstance(obj, (list, tuple))
+    return isinstance(obj, (CSR, list, tuple)) or _is_scipy_sparse(obj)
 
 
 def _like(original: Any, result: CSR):
@@ -106,12 +105,22 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     one of :data:`ACTIVATIONS`. ``B`` may have any strides (a non-row-major ``B`` is copied on the
     CPU).
 
+    ``A`` and ``B`` must have one dtype and device when ``A`` is a torch tensor or an :class:`CSR` (the
+    error says which conversion fixes it); a SciPy matrix, NumPy arrays or a list, copied anyway, are
+    copied to B's device and dtype.
+
     ``validate``: by default (``None``) A's structure is checked on its first use (O(nnz) on its
     device, one small device-to-host read) and a malformed A raises ValueError naming the defect; the
     verdict is cached with the matrix (keyed on its index tensors and their in-place version counters),
     so repeated calls with the same A pay nothing. ``True`` re-checks now; ``False`` skips the check for
     a caller who vouches for A: a corrupt A then gives an unspecified result, never a crash (the own
     kernels skip out-of-range entries, and cuSPARSE is only used for a matrix that passed the check).
+
+    Under ``torch.compile`` (a :class:`CSR` A; torch sparse tensors cannot enter a compiled graph):
+    the shapes, dtypes and arguments are checked while tracing, as in eager, and the compiled op checks
+    A's structure when it runs (on each matrix's first use, the verdict cached as in eager), so a
+    malformed A raises ValueError there too; ``validate=True`` checks as the default does (the forced
+    re-check runs in eager only), ``validate=False`` skips the check.
 
     ``backend`` picks the CUDA route (:func:`spmm_route` tells which one "auto" takes): ``"cusparse"``
     (cusparseSpMM; batches as strided batch for one
@@ -136,132 +145,84 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
     through A's structural zeros (the sparse route follows SciPy and skips them), which is why it is
     opt-in.
     """
-    if (type(B) is torch.Tensor and out is None and c is None and bias is None and activation is None
-            and alpha == 1.0 and validate is None and backend == "auto" and policy == "sparse"):
-        # The plain product of a 2-D CSR (sparsetorch's or torch's) and a 2-D dense B, recording no
-        # gradient: a small graph's call, and every first call, is mostly fixed costs. This path checks
-        # only what the native op cannot (A's column count against B's rows; the op checks the rest and
-        # validates A, its verdict cached), and calls the op's dispatcher entry below autograd
-        # (_without_autograd) with only the four tensors (the schema's defaults are filled in by the
-        # dispatcher; parsing them cost ~1.2 us per call). A torch CSR tensor goes straight to its
-        # components (torch keeps them consistent), not through a CSR view: 46 -> 16 us for a first call
-        # on a new 161 x 161 torch CSR tensor (2-core CPU machine). Measured there, a 1 x 1 matrix: 7.1 us
-        # per call through the general path below, 5.8 us here.
-        kind = type(A)
-        if kind is CSR:
-            shape, crow, col, values = A.shape, A.crow_indices, A.col_indices, A.values
-        elif kind is torch.Tensor and A.layout == torch.sparse_csr and A.dtype in _FLOAT_DTYPES:
-            shape, crow, col, values = A.shape, A.crow_indices(), A.col_indices(), A.values()
-        else:
-            shape = ()
-        if (len(shape) == 2 and B.dim() == 2 and B.layout == torch.strided and shape[1] == B.shape[0]
-                and not ((values.requires_grad or B.requires_grad) and torch.is_grad_enabled())
-                and not torch.compiler.is_compiling()):
-            with torch._C._AutoDispatchBelowAutograd():
-                return _spmm_entry(crow, col, values, B)
-    if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
-        raise TypeError(f"B: expected a dense torch.Tensor, got "
-                        f"{type(B).__name__ if not isinstance(B, torch.Tensor) else B.layout}")
-    if type(A) is CSR:  # the common case, checked first: a small matrix's call is mostly this layer
-        a = A
+    kind = type(A)
+    if kind is CSR:  # the common cases first: a small matrix's call is mostly this function
+        crow, col, values, shape = A.crow_indices, A.col_indices, A.values, A.shape
+    elif kind is torch.Tensor and A.layout == torch.sparse_csr:
+        # Straight to the components (torch keeps them consistent), not through a CSR view: 46 -> 16 us
+        # for a first call on a new 161 x 161 torch CSR tensor (2-core CPU).
+        crow, col, values, shape = A.crow_indices(), A.col_indices(), A.values(), A.shape
+        if values.dim() != crow.dim():
+            raise ValueError(f"A: hybrid CSR tensors (dense dimensions in values, shape {tuple(values.shape)}) are "
+                             "not supported")
     else:
-        delegate = getattr(type(A), "__sparsetorch_spmm__", None)
+        delegate = getattr(kind, "__sparsetorch_spmm__", None)
         if delegate is not None:  # matrices that run their own product (sparsetorch.distributed)
             return delegate(A, B, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation,
                             negative_slope=negative_slope, out=out, validate=validate, backend=backend, policy=policy)
-        a = as_csr(A, device=B.device)
-    b_dim, shape = B.dim(), a.shape
+        _check_dense(B, "B")
+        a = _coerce_operand(A, B)
+        crow, col, values, shape = a.crow_indices, a.col_indices, a.values, a.shape
+    if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
+        _check_dense(B, "B")
+    b_dim = B.dim()
     if b_dim != 2 and b_dim != 3:
         raise ValueError(f"B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape {tuple(B.shape)}")
-    if shape[-1] != B.size(-2):
-        raise ValueError(f"shape mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)} "
-                         f"(A's columns {a.shape[-1]} != B's rows {B.shape[-2]})")
-    if len(shape) == 3 and b_dim == 3 and shape[0] != B.size(0):
-        raise ValueError(f"batch size mismatch: A has shape {a.shape} but B has shape {tuple(B.shape)}")
-    if validate:
-        validate_csr(a)
-    check = validate is not False
+    if shape[-1] != B.shape[-2]:
+        raise ValueError(f"shape mismatch: A has shape {tuple(shape)} but B has shape {tuple(B.shape)} "
+                         f"(A's columns {shape[-1]} != B's rows {B.shape[-2]})")
+    if len(shape) == 3 and b_dim == 3 and shape[0] != B.shape[0]:
+        raise ValueError(f"batch size mismatch: A has shape {tuple(shape)} but B has shape {tuple(B.shape)}")
     act = "none" if activation is None else _activation_name(activation)
-    if policy != "sparse" and policy not in ("auto", "dense"):
-        raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
-    if policy == "dense" or (policy == "auto" and _prefers_dense(a)):
-        ensure_valid(a, False if validate is False else None)  # the dense route expands A with torch ops
-        return _spmm_dense(a, B, alpha, beta, c, bias, act, negative_slope, out)
-    if (out is None and c is None and bias is None and act == "none" and alpha == 1.0 and backend == "auto" and check
-            and not (torch.is_grad_enabled() and (a.values.requires_grad or B.requires_grad))
-            and not torch.compiler.is_compiling()):
-        # The plain product, recording no gradient (_without_autograd), inlined: a small graph's call is
-        # mostly fixed costs. Only the four tensors are passed: the trailing arguments are the schema's
-        # defaults (beta is unused without c), which the dispatcher fills in itself, and parsing them
-        # cost ~1.2 us per call; this path measured 7.0 us per call against 9.4 us through _spmm_op
-        # (2-core CPU machine, a 1 x 1 matrix).
-        with torch._C._AutoDispatchBelowAutograd():
-            return _spmm_entry(a.crow_indices, a.col_indices, a.values, B)
+    if validate is None and out is None and policy == "sparse":
+        return spmm_call(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, True)
+    if validate and not torch.compiler.is_compiling():
+        ops.csr_validate(crow, col, shape[-1], True)
+    check = validate is not False
+    if policy != "sparse":
+        if policy not in ("auto", "dense"):
+            raise ValueError(f"policy: expected 'auto', 'sparse' or 'dense', got {policy!r}")
+        a = CSR(crow, col, values, shape)
+        if policy == "dense" or _prefers_dense(a):
+            ensure_valid(a, False if validate is False else None)  # the dense route expands A with torch ops
+            return _spmm_dense(a, B, alpha, beta, c, bias, act, negative_slope, out)
     if out is not None:
         if c is not None:
             raise ValueError("pass either c= or out= (out is itself the accumulate operand), not both")
-        if _records_grad(a.values, B, bias, out):
+        if records_grad(values, B, bias, out):
             raise RuntimeError("spmm: out= does not support autograd (an input requires grad); call without out=")
-        ops.spmm_out(a.crow_indices, a.col_indices, a.values, B, out, float(alpha), float(beta), bias, act,
-                     float(negative_slope), backend, check)
+        without_autograd(ops.spmm_out.default, crow, col, values, B, out, float(alpha), float(beta), bias, act,
+                         float(negative_slope), backend, check)
         return out
-    return _spmm_op(a.crow_indices, a.col_indices, a.values, B, float(alpha), c, float(beta), bias, act,
-                    float(negative_slope), backend, check)
+    return spmm_call(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, check)
 
 
-# spmm's OpOverload.__call__ only forwards to this callable (saves a Python frame, ~0.35 us per call).
-_spmm_entry = getattr(ops.spmm.default, "_op", ops.spmm.default)
+def _check_dense(t: Any, name: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        raise TypeError(f"{name}: expected a dense torch.Tensor, got "
+                        f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.layout}")
 
 
-def _records_grad(*tensors) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:  # a loop, not any(generator): this runs on every call (~1 us saved)
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            return True
-    return False
+def _coerce_operand(A: Any, like: torch.Tensor) -> CSR:
+    """A as the sparse operand of a product with the dense tensor ``like`` (B of spmm, a of sddmm): an
+    :class:`CSR` or torch tensor as it is (a dtype or device other than like's then raises, naming both and
+    the conversion); a SciPy matrix, NumPy arrays or a list, which are copied anyway, copied to like's
+    device and dtype. SpmmPlan and the layers take their operands the same way."""
+    if type(A) is CSR:
+        return A
+    return as_csr(A, device=like.device, dtype=like.dtype if like.dtype in _FLOAT_DTYPES else None)
 
 
-def _without_autograd(op, *args):
-    """op(*args) for a call that records no gradient, dispatched below the autograd key: the same
-    kernels, without torch.library's Python autograd wrapper, which would only find that nothing
-    requires grad and redispatch (4-10 us per call measured on the 2-core CPU machine). Not while
-    torch.compile traces (dynamo sees the plain op call)."""
-    if torch.compiler.is_compiling():
-        return op(*args)
-    with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
-
-
-def _op_call(op, grad_inputs, *args):
-    """op(*args); below the autograd key (_without_autograd) when none of the tensors in `grad_inputs`
-    records a gradient. The elementwise ops are memory-bound, yet torch.library's Python autograd
-    wrapper cost them more than its fixed microseconds: add on 2^22 float32 measured 1.84 ms through
-    it against 1.77 ms below it and 1.76 ms for torch.add (2-core CPU machine, interleaved medians)."""
-    if _records_grad(*grad_inputs):
-        return op(*args)
-    return _without_autograd(op.default, *args)
-
-
-def _spmm_op(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate=True):
-    """ops.spmm, with the activation as its own op when autograd records: the backward then has the
-    pre-activation without recomputing the product (the fused epilogue is for inference)."""
-    if not _records_grad(values, B, c, bias):
-        return _without_autograd(ops.spmm.default, crow, col, values, B, alpha, c, beta, bias, act, negative_slope,
-                                 backend, validate)
-    if torch.compiler.is_compiling():
-        if act != "none":
-            z = ops.spmm(crow, col, values, B, alpha, c, beta, bias, "none", negative_slope, backend, validate)
-            return ops.activation(z, act, negative_slope)
-        return ops.spmm(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, validate)
-    z = SpmmFunction.apply(values, B, c, bias, crow, col, alpha, beta, backend, validate)
-    return ops.activation(z, act, negative_slope) if act != "none" else z
+# The entry helpers (sparsetorch/_autograd.py) under the names plan.py and pruned/bitmap.py import them by.
+_spmm_op = spmm_call
+_records_grad = records_grad
 
 
 def spmm_route(A: Any, B: torch.Tensor, backend: str = "auto", validate: Optional[bool] = None) -> str:
     """The route ``st.spmm(A, B, backend=backend)`` takes on these operands ("cpu" on the CPU): for
     "auto", the routing module's answer from A's cached analysis (computed now if A is new)."""
-    a = as_csr(A, device=B.device)
+    _check_dense(B, "B")
+    a = _coerce_operand(A, B)
     if validate:
         validate_csr(a)
     return ops.spmm_route(a.crow_indices, a.col_indices, a.values, B, backend, validate is not False)
@@ -290,11 +251,16 @@ def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backe
     "auto" takes native for n <= 256 and cuSPARSE above where it applies (measured on the H100).
     ``validate`` as for :func:`spmm`.
     """
-    csr = as_csr(A, device=a.device)
-    if validate:
-        validate_csr(csr)
-    args = (csr.crow_indices, csr.col_indices, a, b, float(alpha), backend, validate is not False)
-    values = ops.sddmm(*args) if _records_grad(a, b) else _without_autograd(ops.sddmm.default, *args)
+    _check_dense(a, "a")
+    _check_dense(b, "b")
+    csr = _coerce_operand(A, a)
+    if b.dim() >= 2 and csr.shape[-1] != b.shape[-2]:
+        raise ValueError(f"shape mismatch: A has shape {csr.shape} but b has shape {tuple(b.shape)} "
+                         f"(A's columns {csr.shape[-1]} != b's rows {b.shape[-2]})")
+    if validate and not torch.compiler.is_compiling():
+        ops.csr_validate(csr.crow_indices, csr.col_indices, csr.shape[-1], True)
+    values = call_op(ops.sddmm, (a, b), csr.crow_indices, csr.col_indices, a, b, float(alpha), backend,
+                     validate is not False)
     m, k = csr.shape[-2:]
     shape = (values.shape[0], m, k) if values.dim() == 2 else (m, k)
     result = CSR(csr.crow_indices, csr.col_indices, values, shape)
@@ -305,8 +271,6 @@ def transpose(A: Any, validate: Optional[bool] = None):
     """A^T (per batch), with A's values; in the kind of ``A``. The pattern's transpose is computed
     once per pattern and cached (sparsetorch/_transpose.py); O(nnz log nnz) the first time.
     ``validate`` as for :func:`spmm`."""
-    from sparsetorch._transpose import transpose_pattern, transpose_values
-
     csr = as_csr(A)
     ensure_valid(csr, validate)
     crow_t, col_t, perm = transpose_pattern(csr.crow_indices, csr.col_indices, csr.shape[-1])
@@ -340,14 +304,14 @@ def _spmm_dense(a: CSR, B, alpha, beta, c, bias, act, negative_slope, out, dense
     if A.dim() == 2 and B.dim() == 2:
         y = A @ B
     else:
-        y = ops.dense_bmm(A, B)
+        y = dense_bmm(A, B)
     if alpha != 1.0:
         y = y * alpha
     acc = out if out is not None else c
     if acc is not None and beta != 0.0:
         y = y + beta * acc.to(y.dtype)
     if bias is not None or act != "none":
-        y = ops.bias_act(y, None, bias, act, float(negative_slope))
+        y = call_op(ops.bias_act, (y, bias), y, None, bias, act, float(negative_slope))
     if out is not None:
         out.copy_(y)
         return out
@@ -359,15 +323,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """``act(x @ weight.T + bias)`` for dense tensors: cuBLASLt with its bias/ReLU/GELU(tanh) epilogues on
     CUDA (other activations as one extra elementwise pass), ATen's matmul on the CPU."""
     act = _activation_name(activation)
-    if act != "none" and _records_grad(x, weight, bias):
+    if act != "none" and records_grad(x, weight, bias):  # the pre-activation kept for the backward (see spmm)
         return ops.activation(ops.linear(x, weight, bias, "none", float(negative_slope)), act, float(negative_slope))
-    return ops.linear(x, weight, bias, act, float(negative_slope))
+    return call_op(ops.linear, (x, weight, bias), x, weight, bias, act, float(negative_slope))
 
 
 def dense_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` with a (batch, m, k) or (m, k) and b (batch, k, n) or (k, n), at least one batched:
     one strided-batched GEMM on cuBLAS (an unbatched operand is broadcast with batch stride 0)."""
-    return ops.dense_bmm(a, b)
+    return call_op(ops.dense_bmm, (a, b), a, b)
 
 
 # --- elementwise -----------------------------------------------------------------------------
@@ -409,7 +373,7 @@ def _binary_dense(x: torch.Tensor, y: Any, op: str, alpha: float) -> torch.Tenso
     if isinstance(y, numbers.Number):
         if op in ("add", "sub"):
             y = alpha * y
-        return _op_call(ops.binary_scalar, (x,), x, float(y), op)
+        return call_op(ops.binary_scalar, (x,), x, float(y), op)
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"y: expected a tensor or a number, got {type(y).__name__}")
     if y.shape != x.shape:
@@ -417,7 +381,7 @@ def _binary_dense(x: torch.Tensor, y: Any, op: str, alpha: float) -> torch.Tenso
             y = y.expand(x.shape)  # broadcasting y onto x; the kernel reads a contiguous copy
         except RuntimeError:
             raise ValueError(f"y: shape {tuple(y.shape)} does not broadcast to x's shape {tuple(x.shape)}") from None
-    return _op_call(ops.binary, (x, y), x, y, op, float(alpha))
+    return call_op(ops.binary, (x, y), x, y, op, float(alpha))
 
 
 def add(x, y, *, alpha: float = 1.0):
@@ -448,8 +412,8 @@ def activation(x, name: Optional[str], negative_slope: float = 0.01):
     if _is_sparse(x):
         a = as_csr(x)
         ensure_valid(a)
-        return _like(x, a.with_values(_op_call(ops.activation, (a.values,), a.values, act, float(negative_slope))))
-    return _op_call(ops.activation, (x,), x, act, float(negative_slope))
+        return _like(x, a.with_values(call_op(ops.activation, (a.values,), a.values, act, float(negative_slope))))
+    return call_op(ops.activation, (x,), x, act, float(negative_slope))
 
 
 def relu(x):
@@ -491,7 +455,7 @@ def bias_act(x: torch.Tensor, bias: Optional[torch.Tensor] = None,
         if x.dim() == 0:
             raise ValueError("x: expected at least 1 dimension (features last), got a 0-D tensor")
         scale = torch.full((x.shape[-1],), float(scale), dtype=x.dtype, device=x.device)
-    return _op_call(ops.bias_act, (x, scale, bias), x, scale, bias, _activation_name(activation), float(negative_slope))
+    return call_op(ops.bias_act, (x, scale, bias), x, scale, bias, _activation_name(activation), float(negative_slope))
 
 
 # --- CSR scaling -----------------------------------------------------------------------------
@@ -500,14 +464,14 @@ def scale(A: Any, row: Optional[torch.Tensor] = None, col: Optional[torch.Tensor
     """``diag(row) @ A @ diag(col)``: each stored value times its row's and its column's factor, in one
     pass (GCN's ``D^-1/2 A D^-1/2`` is ``scale(A, d, d)`` with ``d = deg ** -0.5``). ``row`` has
     shape (m,) and ``col`` (k,); with a batched A either may also be (b, m) / (b, k). A is checked as
-    by :func:`spmm` (once per pattern). A SciPy ``A`` is copied to the factors' device."""
+    by :func:`spmm` (once per pattern). A SciPy ``A`` is copied to the factors' device and dtype."""
     factor = row if row is not None else col
-    a = as_csr(A, device=factor.device if isinstance(factor, torch.Tensor) else None)
+    a = _coerce_operand(A, factor) if isinstance(factor, torch.Tensor) else as_csr(A)
     ensure_valid(a)
     if col is not None and col.shape[-1] != a.shape[-1]:
         raise ValueError(f"col: expected {a.shape[-1]} entries (A's columns, shape {a.shape}), got shape "
                          f"{tuple(col.shape)}")
-    values = ops.csr_scale(a.crow_indices, a.col_indices, a.values, row, col)
+    values = call_op(ops.csr_scale, (a.values, row, col), a.crow_indices, a.col_indices, a.values, row, col)
     return _like(A, a.with_values(values))
 
 

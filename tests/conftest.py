@@ -28,6 +28,15 @@ def pytest_report_header(config):
             f"torch={info['torch']} devices under test: {DEVICES}")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    """Every test starts and ends with nothing cached (st.clear_caches(): analyses, transposes, views,
+    descriptors, plans and the tuning tables, Python and native alike), so that no test sees another's."""
+    st.clear_caches()
+    yield
+    st.clear_caches()
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param

@@ -1,4 +1,5 @@
 """Bad input gets a clear Python exception (type and message checked); inputs are never modified."""
+import numpy as np
 import pytest
 import torch
 
@@ -32,9 +33,10 @@ def test_batch_mismatch(device, rng):
 
 def test_dtype_errors(device):
     crow, col, values = small(device)
-    with pytest.raises(TypeError, match="values and dense of the same dtype"):
+    with pytest.raises(TypeError, match=r"A and B of the same dtype, got A torch.float32 and B torch.float64: "
+                                        r"convert one of them, e.g. B.to\(torch.float32\) or A.to\(torch.float64\)"):
         ops.spmm(crow, col, values, torch.randn(3, 2, dtype=torch.float64, device=device))
-    with pytest.raises(TypeError, match="dense: expected float16, bfloat16, float32 or float64"):
+    with pytest.raises(TypeError, match="B: expected float16, bfloat16, float32 or float64"):
         ops.spmm(crow, col, values, torch.ones(3, 2, dtype=torch.long, device=device))
     with pytest.raises(TypeError, match="crow_indices: expected int32 or int64"):
         ops.spmm(crow.float(), col, values, torch.randn(3, 2, device=device))
@@ -47,7 +49,7 @@ def test_dtype_errors(device):
 
 def test_rank_errors(device):
     crow, col, values = small(device)
-    with pytest.raises(ValueError, match="dense: expected a 2-D"):
+    with pytest.raises(ValueError, match="B: expected a 2-D"):
         ops.spmm(crow, col, values, torch.randn(3, device=device))
     with pytest.raises(ValueError, match="crow_indices: expected a 1-D"):
         ops.spmm(crow.view(1, 1, 3), col, values, torch.randn(3, 2, device=device))
@@ -57,7 +59,7 @@ def test_rank_errors(device):
         ops.spmm(crow, col, values[:2], torch.randn(3, 2, device=device))
     with pytest.raises(ValueError, match="bias: expected shape \\(2,\\)"):
         ops.spmm(crow, col, values, torch.randn(3, 2, device=device), bias=torch.zeros(3, device=device))
-    with pytest.raises(ValueError, match="accumulate: expected shape \\[2, 2\\]"):
+    with pytest.raises(ValueError, match="c \\(accumulate\\): expected shape \\[2, 2\\]"):
         ops.spmm(crow, col, values, torch.randn(3, 2, device=device), accumulate=torch.zeros(2, 3, device=device),
                  beta=1.0)
     with pytest.raises(ValueError, match="out: expected shape \\[2, 2\\]"):
@@ -68,8 +70,11 @@ def test_device_mismatch_named():
     if not torch.cuda.is_available() or not st.build_info()["cuda"]:
         pytest.skip("needs CUDA")
     crow, col, values = small("cpu")
-    with pytest.raises(ValueError, match="same device"):
+    with pytest.raises(ValueError, match=r"A and B on the same device, got A on cpu and B on cuda:0: move one of them, "
+                                         r'e.g. B.to\("cpu"\) or A.to\("cuda:0"\)'):
         ops.spmm(crow, col, values, torch.randn(3, 2, device="cuda"))
+    with pytest.raises(ValueError, match="A and B on the same device"):
+        st.spmm(st.CSR(crow, col, values, (2, 3)), torch.randn(3, 2, device="cuda"))
 
 
 def test_int32_cannot_address_huge_k(device):
@@ -262,3 +267,67 @@ def test_int32_conversion_refused_when_it_would_wrap():
     with pytest.raises(ValueError, match="int32 cannot index"):
         A.to(index_dtype=torch.int32)
     assert A.col_indices.dtype == torch.int64
+
+
+# --- operands in the user's terms ---------------------------------------------------------------------------
+
+def test_scipy_and_list_inputs_take_b_dtype(device, rng):
+    """A SciPy matrix (float64 by default) or a list of them is copied anyway: it takes B's dtype and device,
+    in spmm, sddmm, scale and spmm_route alike."""
+    a = random_csr(rng, 6, 5, 0.5)  # float64
+    assert a.dtype == "float64"
+    for dtype in (torch.float32, torch.bfloat16):
+        b = torch.randn(5, 3, device=device, dtype=dtype)
+        out = st.spmm(a, b)
+        assert out.dtype == dtype and out.device.type == device
+        ref = torch.from_numpy(a.toarray()).to(dtype).double() @ b.double().cpu()
+        torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                                   atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+        batched = st.spmm([a, a], b)
+        assert batched.dtype == dtype and batched.shape == (2, 6, 3)
+        x, y = torch.randn(6, 3, device=device, dtype=dtype), torch.randn(5, 3, device=device, dtype=dtype)
+        assert st.sddmm(a, x, y).values.dtype == dtype
+        assert st.scale(a, row=torch.ones(6, device=device, dtype=dtype)).values.dtype == dtype
+        assert st.spmm_route(a, b) in ("cpu", "native", "balanced", "split", "tiled", "densify", "cusparse")
+    numpy_tuple = (a.indptr, a.indices, a.data, a.shape)  # NumPy arrays: copied anyway too
+    assert st.spmm(numpy_tuple, torch.randn(5, 3, device=device)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["st.CSR", "torch"])
+def test_a_tensor_of_another_dtype_names_a_and_b_and_the_fix(device, kind):
+    """A torch tensor or an st.CSR is never cast behind the caller's back: the error names A, B and the fix."""
+    crow, col, values = small(device, dtype=torch.float64)
+    A = st.CSR(crow, col, values, (2, 3))
+    if kind == "torch":
+        A = A.to_torch()
+    b = torch.randn(3, 2, device=device)
+    with pytest.raises(TypeError, match=r"A and B of the same dtype, got A torch.float64 and B torch.float32: "
+                                        r"convert one of them, e.g. B.to\(torch.float64\) or A.to\(torch.float32\)"):
+        st.spmm(A, b)
+    # the fix the message names works
+    torch.testing.assert_close(st.spmm(A.to(torch.float32), b), st.spmm(A, b.to(torch.float64)).float())
+    with pytest.raises(TypeError, match="expected a and b of the same dtype"):
+        st.sddmm(A, torch.randn(2, 4, device=device, dtype=torch.float64), torch.randn(3, 4, device=device))
+    with pytest.raises(TypeError, match=r"A and bias of the same dtype, got A torch.float64 and bias torch.float32"):
+        st.spmm(A, b.double(), bias=torch.zeros(2, device=device))
+
+
+def test_csr_to_takes_a_dtype_positionally(device):
+    crow, col, values = small(device)
+    A = st.CSR(crow, col, values, (2, 3))
+    assert A.to(torch.float64).dtype == torch.float64 and A.to(torch.float64).device == A.device
+    with pytest.raises(TypeError, match="dtype given twice"):
+        A.to(torch.float64, dtype=torch.float16)
+
+
+def test_b_that_is_not_a_dense_tensor(device):
+    crow, col, values = small(device)
+    A = st.CSR(crow, col, values, (2, 3))
+    with pytest.raises(TypeError, match="B: expected a dense torch.Tensor, got list"):
+        st.spmm(A, [[1.0, 2.0]] * 3)
+    with pytest.raises(TypeError, match="B: expected a dense torch.Tensor, got torch.sparse_csr"):
+        st.spmm(A, torch.eye(3, device=device).to_sparse_csr())
+    with pytest.raises(TypeError, match="B: expected a dense torch.Tensor"):
+        st.spmm(random_csr(np.random.default_rng(0), 2, 3, 0.5), "B")
+    with pytest.raises(ValueError, match="B: expected a 2-D"):
+        st.spmm(A, torch.randn(3, device=device))

@@ -123,6 +123,13 @@ def samples(rng, device):
                                        64), dict(bias=torch.randn(32, device=device, dtype=torch.bfloat16),
                                                  activation="gelu")
 
+    # sparse_linear (SparseLinear's op: the layer's forms behind an integer handle; tests/test_sparse_linear.py)
+    layer = st.nn.SparseLinear.from_dense(torch.randn(8, 6, device=device), sparsity=0.5)
+    xl = torch.randn(3, 6, device=device, requires_grad=True)
+    yield ops.sparse_linear, (xl, layer.values, layer._handle, False), {}
+    yield ops.sparse_linear_backward, (torch.randn(3, 8, device=device), xl.detach(), layer.values.detach(),
+                                       layer._handle, True, True), {}
+
 # Device- or library-specific ops, checked in their own test files: the 2:4 ops (CUDA with cuSPARSELt only;
 # sparse24_linear's opcheck is in tests/test_sparse24.py, the others are not traced: eager-only helpers).
 OPCHECKED_ELSEWHERE = {"sparsetorch::sparse24_compress", "sparsetorch::sparse24_check", "sparsetorch::sparse24_linear",
@@ -135,11 +142,14 @@ def test_opcheck_all_ops(device, rng):
         torch.library.opcheck(op, args, kwargs)
         seen.add(op._qualified_op_name)
     # Every op in the library has at least one sample above, except the routing module's answers (a
-    # route name, a list of names, the cache's size, the measuring switch, a measured route) and the name
-    # of the CPU kernels' build: they return no tensors and are never traced.
+    # route name, a list of names, the cache's size, the measuring switch, a measured route), the name
+    # of the CPU kernels' build, the statistics' layout, the native caches' reset and sizes, and what the
+    # loaded CUDA code can run: they return no tensors and are never traced.
     not_traced = {"sparsetorch::spmm_route", "sparsetorch::spmm_route_candidates", "sparsetorch::csr_analysis_cache",
                   "sparsetorch::set_autotune", "sparsetorch::spmm_tune", "sparsetorch::_cpu_isa",
-                  "sparsetorch::_csr_analysis_store"}
+                  "sparsetorch::_csr_analysis_store", "sparsetorch::csr_stats_layout",
+                  "sparsetorch::_clear_native_caches", "sparsetorch::_native_cache_sizes",
+                  "sparsetorch::cuda_features", "sparsetorch::spmm_route_unavailable"}
     # ... and the tuning table's (csrc/common/spmm_tuning.h): a signature, plain lists, counters
     not_traced |= {"sparsetorch::spmm_tuning_signature", "sparsetorch::spmm_tuning_export",
                    "sparsetorch::spmm_tuning_import", "sparsetorch::spmm_tuning_stats", "sparsetorch::spmm_tuning_clear",
@@ -151,8 +161,6 @@ def test_opcheck_all_ops(device, rng):
 
 
 def test_compiled_spmm_matches_eager(device, rng):
-    import sparsetorch as st
-
     crow, col, values = csr_parts(rng, device)
     b = torch.randn(7, 5, device=device)
     bias = torch.randn(5, device=device)
@@ -163,4 +171,3 @@ def test_compiled_spmm_matches_eager(device, rng):
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(values, b), f(values, b))
-    assert st  # the public module imports cleanly alongside compile

@@ -213,10 +213,40 @@ def test_spmm_epilogue(sparse, rng, device):
     close(out, F.relu(0.5 * (ref @ B.double().cpu()) + bias.double().cpu()))
 
 
+# The routes of docs/routing.md, and the kernel each runs first (cuSPARSE's kernels have cuSPARSE's names).
+ROUTE_KERNELS = {"native": "spmm_row_group_kernel", "balanced": "spmm_balanced_kernel", "split": "spmm_split_kernel",
+                 "tiled": "spmm_tiled_kernel", "densify": "densify_kernel", "cusparse": None}
+
+
 def test_spmm_route(sparse, rng, device):
-    _, A, _ = sparse
-    route = st.spmm_route(A, _randn(rng, K, N, device=device))
-    assert isinstance(route, str) and route
+    """The route st.spmm_route names is a documented one and the one st.spmm(A, B) then runs (its kernel
+    in the profile; with autotuning off: a tuning call may sample another route on purpose)."""
+    _, A, ref = sparse
+    B = _randn(rng, K, N, device=device)
+    previous = st.set_autotune(False)
+    try:
+        route = st.spmm_route(A, B)
+        if device == "cpu":  # one kernel, whatever the backend asks
+            assert route == "cpu" and st.spmm_route(A, B, backend="balanced") == "cpu"
+            close(st.spmm(A, B), ref @ B.double())
+            return
+        assert route in ROUTE_KERNELS
+        assert st.spmm_route(A, B, backend="balanced") == "balanced"
+        from torch.profiler import ProfilerActivity, profile
+
+        st.spmm(A, B)  # the analysis's own kernels run on the first call
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = st.spmm(A, B)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        if not names:
+            pytest.skip("no CUDA activity recorded (CUPTI unavailable, e.g. under compute-sanitizer)")
+        ran = {r for r, kernel in ROUTE_KERNELS.items() if kernel and any(kernel in name for name in names)}
+        assert ran == ({route} if ROUTE_KERNELS[route] else set()), (route, names)
+        close(out, ref @ B.double().cpu())
+    finally:
+        st.set_autotune(previous)
 
 
 def test_spmm_plan(sparse, rng, device):

@@ -133,7 +133,6 @@ def test_analysis_is_cached_and_invalidated_by_in_place_changes(device):
 
 
 def test_cache_forgets_freed_matrices():
-    ops.csr_analysis_cache(True)
     for seed in range(10):
         A = _from_lengths([2, 3, 1], 6, seed=seed)
         st.spmm(A, torch.randn(6, 2))
@@ -146,7 +145,6 @@ def test_cache_forgets_freed_matrices():
 def test_a_full_cache_stays_bounded_and_sheds_dropped_matrices():
     """1024 entries at most, live matrices or not; when it is full, the entries of dropped matrices go
     (a sweep at most every 128 inserts), else the least recently used one."""
-    ops.csr_analysis_cache(True)
     B = torch.randn(6, 2)
     live = [_from_lengths([2, 3, 1], 6, seed=seed) for seed in range(1100)]
     for A in live:
@@ -159,7 +157,6 @@ def test_a_full_cache_stays_bounded_and_sheds_dropped_matrices():
     for seed in range(140):  # the dropped matrices' entries are swept once a full cache needs room
         st.spmm(_from_lengths([2, 3, 1], 6, seed=seed), B)
     assert ops.csr_analysis_cache() < 200
-    ops.csr_analysis_cache(True)
 
 
 def test_inference_tensors_are_checked_every_time():
@@ -204,7 +201,6 @@ def test_skewed_rows_never_take_the_row_group_kernel():
 
 
 def test_unchecked_matrices_never_reach_cusparse():
-    ops.csr_analysis_cache(True)
     rng = np.random.default_rng(4)
     lengths = np.minimum(np.round((rng.pareto(1.5, 60000) + 1) * 4), 3000)  # skewed, 60k rows: not "small"
     A = _from_lengths(lengths, 60000)
@@ -215,7 +211,6 @@ def test_unchecked_matrices_never_reach_cusparse():
 
 
 def test_unchecked_matrices_take_a_route_that_does_not_hang_on_the_longest_row():
-    ops.csr_analysis_cache(True)
     A = _from_lengths([5000] + [1] * 20000, 6000)  # one long row: the row-per-group kernel serialises it
     assert _cuda_route(A, 32, validate=False) == "balanced"
 

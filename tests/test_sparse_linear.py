@@ -24,10 +24,8 @@ needs_cuda = pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 
 
 @pytest.fixture(autouse=True)
-def fresh_tables():
-    st.clear_tuning()
+def no_cache_file():
     yield
-    st.clear_tuning()
     st.set_tuning_cache(None)
 
 

@@ -32,11 +32,10 @@ F = len(FIELDS)
 
 @pytest.fixture(autouse=True)
 def clean_table():
-    """Every test starts and ends with an empty table, autotune on, the default bound and no cache file."""
-    st.clear_tuning()
+    """Every test runs with autotune on, the default bound and no cache file (and an empty table, as every
+    test starts: tests/conftest.py)."""
     previous = st.set_autotune(True)
     yield
-    st.clear_tuning()
     st.set_autotune(previous)
     ops.spmm_tuning_capacity(4096)
     st.set_tuning_cache(None)

@@ -42,16 +42,18 @@ void check_index_dtype(const at::Tensor& t, const char* name) {
                    ": expected int32 or int64 indices, got ", t.scalar_type());
 }
 
+std::string dtype_name(at::ScalarType t) { return "torch." + std::string(c10::getDtypeNames(t).first); }
+
 void check_same_device(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
   TORCH_CHECK_VALUE(a.device() == b.device(), "expected ", a_name, " and ", b_name,
                     " on the same device, got ", a_name, " on ", a.device(), " and ", b_name, " on ",
-                    b.device());
+                    b.device(), ": move one of them with .to(device)");
 }
 
 void check_same_dtype(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
   TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "expected ", a_name, " and ", b_name,
-                   " of the same dtype, got ", a_name, " ", a.scalar_type(), " and ", b_name, " ",
-                   b.scalar_type());
+                   " of the same dtype, got ", a_name, " ", dtype_name(a.scalar_type()), " and ", b_name, " ",
+                   dtype_name(b.scalar_type()), ": convert one of them with .to(dtype)");
 }
 
 CsrShape check_csr_components(const at::Tensor& crow, const at::Tensor& col, const at::Tensor* values) {
@@ -100,13 +102,19 @@ CsrShape check_csr_components(const at::Tensor& crow, const at::Tensor& col, con
 SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                             const at::Tensor& dense, const std::optional<at::Tensor>& accumulate,
                             const std::optional<at::Tensor>& bias) {
+  // In the user's terms: A is the sparse operand (st.spmm's A, a layer's weight or adjacency), B the dense one.
+  TORCH_CHECK_VALUE(values.device() == dense.device(), "expected A and B on the same device, got A on ",
+                    values.device(), " and B on ", dense.device(), ": move one of them, e.g. B.to(\"",
+                    values.device(), "\") or A.to(\"", dense.device(), "\")");
   const CsrShape csr = check_csr_components(crow, col, &values);
-  check_float_dtype(values, "values");
-  check_float_dtype(dense, "dense");
-  check_same_dtype(values, "values", dense, "dense");
-  check_same_device(values, "values", dense, "dense");
+  check_float_dtype(values, "A (its values)");
+  check_float_dtype(dense, "B");
+  TORCH_CHECK_TYPE(values.scalar_type() == dense.scalar_type(), "expected A and B of the same dtype, got A ",
+                   dtype_name(values.scalar_type()), " and B ", dtype_name(dense.scalar_type()),
+                   ": convert one of them, e.g. B.to(", dtype_name(values.scalar_type()), ") or A.to(",
+                   dtype_name(dense.scalar_type()), ")");
   TORCH_CHECK_VALUE(dense.dim() == 2 || dense.dim() == 3,
-                    "dense: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape ", dense.sizes());
+                    "B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape ", dense.sizes());
 
   SpmmProblem p;
   p.m = csr.m;
@@ -120,7 +128,7 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
   BatchAgreement batch;
   batch.take(p.pattern_batched, crow.size(0), "crow_indices");
   batch.take(p.values_batched, values.size(0), "values");
-  batch.take(p.dense_batched, dense.size(0), "dense");
+  batch.take(p.dense_batched, dense.size(0), "B");
   p.batch = batch.batch();
 
   if (crow.scalar_type() == at::kInt) {
@@ -129,14 +137,14 @@ SpmmProblem check_spmm_args(const at::Tensor& crow, const at::Tensor& col, const
   }
   const auto out_shape = p.out_shape();
   if (accumulate.has_value()) {
-    check_same_dtype(values, "values", *accumulate, "accumulate");
-    check_same_device(values, "values", *accumulate, "accumulate");
-    TORCH_CHECK_VALUE(accumulate->sizes().vec() == out_shape, "accumulate: expected shape ",
+    check_same_dtype(values, "A", *accumulate, "c (accumulate)");
+    check_same_device(values, "A", *accumulate, "c (accumulate)");
+    TORCH_CHECK_VALUE(accumulate->sizes().vec() == out_shape, "c (accumulate): expected shape ",
                       at::IntArrayRef(out_shape), " (the output's), got ", accumulate->sizes());
   }
   if (bias.has_value()) {
-    check_same_dtype(values, "values", *bias, "bias");
-    check_same_device(values, "values", *bias, "bias");
+    check_same_dtype(values, "A", *bias, "bias");
+    check_same_device(values, "A", *bias, "bias");
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == p.n, "bias: expected shape (", p.n,
                       ",) (the output's last dimension), got ", bias->sizes());
   }
@@ -149,7 +157,7 @@ SddmmProblem check_sddmm_args(const at::Tensor& crow, const at::Tensor& col, con
   check_float_dtype(a, "a");
   check_float_dtype(b, "b");
   check_same_dtype(a, "a", b, "b");
-  check_same_device(crow, "crow_indices", a, "a");
+  check_same_device(crow, "A", a, "a");
   check_same_device(a, "a", b, "b");
   TORCH_CHECK_VALUE(a.dim() == 2 || a.dim() == 3,
                     "a: expected a 2-D (m, n) or 3-D (batch, m, n) tensor, got shape ", a.sizes());
@@ -195,8 +203,8 @@ SpmmBackend parse_spmm_backend(const std::string& name) {
 }
 
 void check_spmm_out(const SpmmProblem& p, const at::Tensor& values, const at::Tensor& out) {
-  check_same_dtype(values, "values", out, "out");
-  check_same_device(values, "values", out, "out");
+  check_same_dtype(values, "A", out, "out");
+  check_same_device(values, "A", out, "out");
   const auto out_shape = p.out_shape();
   TORCH_CHECK_VALUE(out.sizes().vec() == out_shape, "out: expected shape ", at::IntArrayRef(out_shape),
                     ", got ", out.sizes());

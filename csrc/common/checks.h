@@ -14,6 +14,8 @@ namespace sparsetorch {
 bool is_supported_float(at::ScalarType t);
 void check_float_dtype(const at::Tensor& t, const char* name);
 void check_index_dtype(const at::Tensor& t, const char* name);
+// A dtype as users write it ("torch.float32"), for messages.
+std::string dtype_name(at::ScalarType t);
 void check_same_device(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name);
 void check_same_dtype(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name);
 

@@ -17,6 +17,7 @@
 
 #include "common/checks.h"
 #include "common/csr_check_codes.h"
+#include "common/native_caches.h"
 
 namespace sparsetorch {
 
@@ -443,5 +444,33 @@ void store_csr_analysis(const at::Tensor& crow, const at::Tensor& col, int64_t n
 void clear_csr_analysis_cache() { cache().clear(); }
 
 int64_t csr_analysis_cache_size() { return cache().size(); }
+
+namespace {
+
+// Forgets every check in flight: each is waited for first (its pinned summary is still being written), and
+// a bad graph it would have reported is not (the graph's values are NaN, see PendingCheck). Under CUDA graph
+// capture nothing is waited for, and the registry is left as it is.
+void clear_pending_checks() {
+  const auto capturing = cuda_stream_capturing.load();
+  if (capturing != nullptr && capturing()) return;
+  std::vector<std::shared_ptr<PendingCheck>> checks;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    checks.swap(r.checks);
+  }
+  for (const auto& c : checks) c->done.synchronize();
+}
+
+int64_t pending_checks_size() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return static_cast<int64_t>(r.checks.size());
+}
+
+const bool registered = native_caches::add("csr_analysis", clear_csr_analysis_cache, csr_analysis_cache_size) &&
+                        native_caches::add("pending_checks", clear_pending_checks, pending_checks_size);
+
+}  // namespace
 
 }  // namespace sparsetorch

@@ -44,6 +44,29 @@ constexpr int kRowHist = 8;                       // rows per bin
 constexpr int kEntryHist = kRowHist + kHistBins;  // entries in the rows of each bin
 constexpr int kLength = kEntryHist + kHistBins;
 
+// The layout by name: the one definition that Python reads the vector by (the csr_stats_layout op,
+// sparsetorch/_stats.py). Every entry is an int64 except sum_sq, the bits of a double.
+struct Field {
+  const char* name;
+  int offset;
+  int length;
+};
+inline constexpr Field kFields[] = {
+    {"code", kCode, 1},         {"batch", kBatch, 1},          {"pos", kPos, 1},
+    {"value", kValue, 1},       {"entries", kEntries, 1},      {"max_row", kMaxRow, 1},
+    {"empty_rows", kEmptyRows, 1}, {"sum_sq", kSumSquares, 1}, {"row_hist", kRowHist, kHistBins},
+    {"entry_hist", kEntryHist, kHistBins},
+};
+constexpr bool covers_every_entry() {  // in order, no gaps, up to kLength
+  int next = 0;
+  for (const Field& f : kFields) {
+    if (f.offset != next) return false;
+    next += f.length;
+  }
+  return next == kLength;
+}
+static_assert(covers_every_entry(), "csr_stats::kFields must list every entry of the vector, in order");
+
 // The bin of a row of length len >= 1.
 inline int bin_of(int64_t len) {
   int b = 63 - __builtin_clzll(static_cast<unsigned long long>(len));

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/native_caches.h"
+
 namespace sparsetorch {
 namespace tuning {
 
@@ -463,6 +465,11 @@ int64_t poll_pending() {
   const PendingPoller poller = poller_slot().load();
   return poller ? poller() : 0;
 }
+
+namespace {
+const bool registered = native_caches::add(
+    "spmm_tuning", [] { TuningTable::global().clear(); }, [] { return TuningTable::global().size(); });
+}  // namespace
 
 }  // namespace tuning
 }  // namespace sparsetorch

@@ -2,7 +2,6 @@
 #include "cpu/kernels.h"
 
 #include <ATen/Version.h>
-#include <torch/library.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -80,8 +79,3 @@ at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options)
 }
 
 }  // namespace sparsetorch::cpu
-
-// Which build of the CPU kernels this process runs ("avx2" or "default"): for tests and build_info.
-TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
-  m.def("_cpu_isa() -> str", [] { return std::string(sparsetorch::cpu::kernels().isa); });
-}

@@ -23,6 +23,8 @@ from typing import Dict, Iterable, Optional
 
 import torch
 
+from sparsetorch.pruned.sparse24 import prune_2to4_mask
+
 SCHEMES = ("global", "row", "2:4")
 
 
@@ -89,8 +91,6 @@ def prune_mask(weight: torch.Tensor, sparsity: Optional[float] = None, scheme: s
     keep = int(round((1.0 - sparsity) * score.numel()))
     if scheme == "global":
         return _top(score.reshape(1, -1), keep).view(out_f, in_f)
-    from sparsetorch.pruned.sparse24 import prune_2to4_mask
-
     mask = prune_2to4_mask(score)
     if keep < int(mask.sum()):
         kept = torch.where(mask, score, torch.full_like(score, -1.0))
@@ -116,14 +116,14 @@ def wanda_prune(weight: torch.Tensor, activation_norms: torch.Tensor, sparsity: 
 @torch.no_grad()
 def input_norms(model: torch.nn.Module, batches: Iterable, modules: Optional[Iterable[str]] = None
                 ) -> Dict[str, torch.Tensor]:
-    """||X_j||_2 (float32, on the layer's device) of the input of every ``nn.Linear`` and ``SparseLinear`` of
-    ``model`` (or of the submodules named in ``modules``), over all tokens of ``model(batch)`` for each batch
-    (a batch that is a tuple is unpacked into the call). Returns {module name: (in_features,) norms}."""
-    from sparsetorch.nn.linear import SparseLinear
-
+    """||X_j||_2 (float32, on the layer's device) of the input of every linear layer of ``model`` (or of the
+    submodules named in ``modules``), over all tokens of ``model(batch)`` for each batch (a batch that is a
+    tuple is unpacked into the call). A linear layer is a module with int ``in_features`` and
+    ``out_features`` that takes (..., in_features) inputs: ``nn.Linear``, ``SparseLinear`` and the like.
+    Returns {module name: (in_features,) norms}."""
     named = dict(model.named_modules())
     if modules is None:
-        names = [n for n, m in named.items() if isinstance(m, (torch.nn.Linear, SparseLinear))]
+        names = [n for n, m in named.items() if _is_linear_layer(m)]
     else:
         names = list(modules)
         missing = [n for n in names if n not in named]
@@ -146,3 +146,9 @@ def input_norms(model: torch.nn.Module, batches: Iterable, modules: Optional[Ite
         for h in handles:
             h.remove()
     return {n: s.sqrt() for n, s in sums.items()}
+
+
+def _is_linear_layer(module: torch.nn.Module) -> bool:
+    # By its attributes, not its class: this package does not import the layers (sparsetorch.nn imports it).
+    return isinstance(module, torch.nn.Linear) or (isinstance(getattr(module, "in_features", None), int)
+                                                   and isinstance(getattr(module, "out_features", None), int))
