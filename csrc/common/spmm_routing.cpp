@@ -7,6 +7,23 @@
 #include <limits>
 
 namespace sparsetorch {
+
+#ifdef SPARSETORCH_WITH_CUDA
+namespace cuda {
+// spmm_cuda.cu: the device's limits and the loaded code (cuda/spmm_plans.h's route_limits_unmet).
+std::string spmm_route_unavailable_cuda(SpmmBackend route, at::ScalarType dtype, c10::DeviceIndex device);
+}
+#endif
+
+std::string spmm_route_unavailable(SpmmBackend route, at::ScalarType dtype, const c10::Device& device) {
+  if (!device.is_cuda()) return "";
+#ifdef SPARSETORCH_WITH_CUDA
+  return cuda::spmm_route_unavailable_cuda(route, dtype, device.index());
+#else
+  return "this build of sparsetorch has no CUDA code";
+#endif
+}
+
 namespace {
 
 bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
@@ -148,23 +165,28 @@ const char* spmm_route_name(SpmmBackend route) {
   return "?";
 }
 
-SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
-  if (p.n >= kDensifyMinN && prefers_densify(p, dtype)) return SpmmBackend::Densify;
+SpmmBackend choose_spmm_route(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a,
+                              const c10::Device& device) {
+  // A rule picks its route only where it can run (spmm_route_available); the row-group kernels (native,
+  // balanced, split) run everywhere.
+  auto ok = [&](SpmmBackend route) { return spmm_route_available(route, dtype, device); };
+  if (p.n >= kDensifyMinN && prefers_densify(p, dtype) && ok(SpmmBackend::Densify)) return SpmmBackend::Densify;
   const double mean_row = a ? a->mean_row() : (p.m > 0 ? static_cast<double>(p.nnz_stride) / p.m : 0.0);
+  const bool tiled = long_rows_wide_b(p, dtype, mean_row) && ok(SpmmBackend::Tiled);
   if (a == nullptr) {
     // Unchecked matrix (validate=False, never analysed): O(1) facts only, own kernels only, and the row
     // lengths unknown, so the route whose speed does not hang on the longest row. The row-per-group
     // kernel took 4.8 ms where balanced took 0.4 (100k-row power-law matrix, n = 32, H200); over the
     // skew suite's 120 cases balanced is 0.75x native's time (geomean), at worst 4.6x.
-    return long_rows_wide_b(p, dtype, mean_row) ? SpmmBackend::Tiled : SpmmBackend::Balanced;
+    return tiled ? SpmmBackend::Tiled : SpmmBackend::Balanced;
   }
-  const bool cusparse = cusparse_applies(p, a);
+  const bool cusparse = cusparse_applies(p, a) && ok(SpmmBackend::Cusparse);
   const double product = static_cast<double>(a->entries()) * static_cast<double>(p.n);
   if (p.n <= kVectorMaxN && cusparse && a->entries() >= kVectorCusparseEntries) return SpmmBackend::Cusparse;
   // A provisional analysis (PendingCheck: row lengths unknown until the fresh-graph builder's check lands)
   // takes the skewed rules: routes whose speed does not hang on the longest row.
   if (!a->provisional() && !skewed(*a)) {
-    if (long_rows_wide_b(p, dtype, mean_row)) return SpmmBackend::Tiled;
+    if (tiled) return SpmmBackend::Tiled;
     if (!cusparse || is_half(dtype)) return SpmmBackend::Native;
     return p.n <= kNativeMaxN || product < kLargeProduct ? SpmmBackend::Native : SpmmBackend::Cusparse;
   }
@@ -195,8 +217,13 @@ ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, c
                     "backend 'blocked' multiplies a layout built by sparsetorch.SpmmPlan(A, backend='blocked'); "
                     "the spmm op cannot take it");
   ResolvedRoute r{requested, checked_csr(crow, col, p.k, validate || requested == SpmmBackend::Cusparse, "spmm")};
-  if (requested != SpmmBackend::Auto) return r;
-  r.route = r.rules_route = choose_spmm_route(p, dtype, r.analysis.get());
+  if (requested != SpmmBackend::Auto) {
+    const std::string why = spmm_route_unavailable(requested, dtype, crow.device());
+    TORCH_CHECK(why.empty(), "spmm: backend '", spmm_route_name(requested), "' cannot run on ", crow.device(), ": ",
+                why, ". backend='auto' picks among the routes that can");
+    return r;
+  }
+  r.route = r.rules_route = choose_spmm_route(p, dtype, r.analysis.get(), crow.device());
   if (r.analysis && !r.analysis->provisional()) {  // a provisional analysis (PendingCheck) is routed by the rules
     // The signature's decided route (common/spmm_tuning.h), where this matrix can take it: a decision
     // (or a cache file) never sends a matrix to a route its own candidates exclude (cuSPARSE on
@@ -205,7 +232,7 @@ ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, c
     r.has_signature = true;
     const std::optional<SpmmBackend> decided = tuning::TuningTable::global().decided(r.signature);
     if (decided) {
-      const auto candidates = spmm_tuning_candidates(p, dtype, *r.analysis, r.rules_route);
+      const auto candidates = spmm_tuning_candidates(p, dtype, *r.analysis, r.rules_route, crow.device());
       if (std::find(candidates.begin(), candidates.end(), *decided) != candidates.end()) {
         r.route = *decided;
         r.measured = true;
@@ -216,15 +243,16 @@ ResolvedRoute resolve_spmm_route(const SpmmProblem& p, const at::Tensor& crow, c
 }
 
 std::vector<SpmmBackend> spmm_tuning_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis& a,
-                                                SpmmBackend rules_route) {
+                                                SpmmBackend rules_route, const c10::Device& device) {
   std::vector<SpmmBackend> routes{rules_route};
-  for (SpmmBackend r : spmm_route_candidates(p, dtype, &a)) {
+  for (SpmmBackend r : spmm_route_candidates(p, dtype, &a, device)) {
     if (r != SpmmBackend::Blocked && r != rules_route) routes.push_back(r);
   }
   return routes;
 }
 
-std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a) {
+std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarType dtype, const CsrAnalysis* a,
+                                               const c10::Device& device) {
   std::vector<SpmmBackend> routes;
   const bool hopeless_rows = a != nullptr && a->max_row() >= kNativeHopelessRow;
   const double mean_row = a ? a->mean_row() : (p.m > 0 ? static_cast<double>(p.nnz_stride) / p.m : 0.0);
@@ -244,6 +272,9 @@ std::vector<SpmmBackend> spmm_route_candidates(const SpmmProblem& p, at::ScalarT
       static_cast<double>(p.nnz_stride) >= kBlockedMinDensity * static_cast<double>(p.m * p.k)) {
     routes.push_back(SpmmBackend::Blocked);
   }
+  routes.erase(std::remove_if(routes.begin(), routes.end(),
+                              [&](SpmmBackend r) { return !spmm_route_available(r, dtype, device); }),
+               routes.end());
   return routes;
 }
 

@@ -13,6 +13,7 @@
 
 #include "common/bitmap_checks.h"
 #include "cuda/bitmap_kernel.cuh"
+#include "cuda/device_code.h"
 #include "cuda/pruned_linear_launch.cuh"
 
 namespace sparsetorch {
@@ -51,14 +52,15 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
   if (!is_aligned(val.data_ptr(), 16)) val = val.clone();
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
+  require_device_code(reinterpret_cast<const void*>(&bitmap::bitmap_linear_kernel<__half, 1, true>), 80,
+                      "bitmap_linear", "mma.sync on bf16/fp16 tensor cores");
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   // The kernels may use this device's opt-in maximum (allow_max_dynamic_smem, per kernel and device).
-  const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
-  const Launch l = bitmap::choose_launch(p.m, p.n, p.k, val.size(0), prop->multiProcessorCount,
-                                         static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
-                                         static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
-  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "bitmap_linear: needs mma.sync (sm_80+) and, for this weight, more ",
-              "shared memory per block than this GPU's ", smem_per_block, " bytes");
+  const LaunchLimits lim = launch_limits(prop);
+  const Launch l = bitmap::choose_launch(p.m, p.n, p.k, val.size(0), lim.sms, lim.smem_per_sm, lim.smem_reserved,
+                                         lim.smem_per_block);
+  TORCH_CHECK(l.smem > 0, "bitmap_linear: this weight needs more shared memory per block than this GPU's ",
+              lim.smem_per_block, " bytes");
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536, "bitmap_linear: at most ",
                     int64_t{65535} * 16 * bitmap::kWarps, " out_features, got ", p.m);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -91,7 +93,7 @@ at::Tensor bitmap_linear_cuda(const at::Tensor& x, const at::Tensor& bitmaps, co
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("bitmap_linear", &bitmap_linear_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("bitmap_linear", SPARSETORCH_CUDA_OP(bitmap_linear_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

@@ -20,6 +20,7 @@
 #include "common/csr_check_codes.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/row_stats.cuh"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -142,7 +143,7 @@ at::Tensor csr_stats_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, i
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("csr_stats", &csr_stats_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("csr_stats", SPARSETORCH_CUDA_OP(csr_stats_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

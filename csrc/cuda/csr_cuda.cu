@@ -9,6 +9,7 @@
 
 #include "common/checks.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -88,7 +89,7 @@ at::Tensor csr_scale_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, c
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
-  m.impl("csr_scale", &csr_scale_cuda);
+  m.impl("csr_scale", SPARSETORCH_CUDA_OP(csr_scale_cuda));
 }
 
 }  // namespace cuda

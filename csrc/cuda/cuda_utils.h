@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/launch_limits.h"
+
 #define SPARSETORCH_CUSPARSE_CHECK(call)                                                              \
   do {                                                                                               \
     const cusparseStatus_t status_ = (call);                                                         \
@@ -49,6 +51,16 @@ inline void allow_max_dynamic_smem(const void* kernel) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(prop->sharedMemPerBlockOptin)));
   done.insert({kernel, device});
+}
+
+// The limits a launch plan takes (cuda/launch_limits.h), read from a device's properties.
+inline LaunchLimits launch_limits(const cudaDeviceProp* prop) {
+  LaunchLimits l;
+  l.sms = prop->multiProcessorCount;
+  l.smem_per_sm = static_cast<int64_t>(prop->sharedMemPerMultiprocessor);
+  l.smem_reserved = static_cast<int64_t>(prop->reservedSharedMemPerBlock);
+  l.smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
+  return l;
 }
 
 inline cudaDataType cuda_dtype(at::ScalarType t) {

@@ -17,6 +17,7 @@
 #include "common/elementwise.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -435,11 +436,11 @@ void bias_act_inplace_cuda(const at::Tensor& out, const at::Tensor& bias, Activa
 }
 
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
-  m.impl("binary", &binary_cuda);
-  m.impl("binary_scalar", &binary_scalar_cuda);
-  m.impl("activation", &activation_cuda);
-  m.impl("bias_act", &bias_act_cuda);
-  m.impl("bias_act_backward", &bias_act_backward_cuda);
+  m.impl("binary", SPARSETORCH_CUDA_OP(binary_cuda));
+  m.impl("binary_scalar", SPARSETORCH_CUDA_OP(binary_scalar_cuda));
+  m.impl("activation", SPARSETORCH_CUDA_OP(activation_cuda));
+  m.impl("bias_act", SPARSETORCH_CUDA_OP(bias_act_cuda));
+  m.impl("bias_act_backward", SPARSETORCH_CUDA_OP(bias_act_backward_cuda));
 }
 
 }  // namespace cuda

@@ -32,6 +32,7 @@
 #include "common/graph_build.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/row_stats.cuh"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -381,7 +382,7 @@ const bool kCaptureQueryRegistered = [] {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("_build_graph", &build_graph_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("_build_graph", SPARSETORCH_CUDA_OP(build_graph_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

@@ -15,6 +15,7 @@
 #include "common/checks.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -179,8 +180,8 @@ at::Tensor dense_bmm_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
-  m.impl("linear", &linear_cuda);
-  m.impl("dense_bmm", &dense_bmm_cuda);
+  m.impl("linear", SPARSETORCH_CUDA_OP(linear_cuda));
+  m.impl("dense_bmm", SPARSETORCH_CUDA_OP(dense_bmm_cuda));
 }
 
 }  // namespace cuda

@@ -24,6 +24,7 @@
 #include "common/checks.h"
 #include "common/csr_analysis.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -215,7 +216,7 @@ at::Tensor sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("sddmm", &sddmm_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("sddmm", SPARSETORCH_CUDA_OP(sddmm_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "common/slot_checks.h"
+#include "cuda/device_code.h"
 #include "cuda/pruned_linear_launch.cuh"
 #include "cuda/slot_kernel.cuh"
 
@@ -36,13 +37,14 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
   if (!is_aligned(ent.data_ptr(), 16)) ent = ent.clone();  // one 16-byte copy per lane and trip
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
 
+  require_device_code(reinterpret_cast<const void*>(&slot::slot_linear_kernel<__half, 1, false>), 80, "slot_linear",
+                      "mma.sync on bf16/fp16 tensor cores");
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  const int64_t smem_per_block = static_cast<int64_t>(prop->sharedMemPerBlockOptin);
-  const Launch l = slot::choose_launch(p.m, p.n, p.k, banded, prop->multiProcessorCount,
-                                       static_cast<int64_t>(prop->sharedMemPerMultiprocessor),
-                                       static_cast<int64_t>(prop->reservedSharedMemPerBlock), smem_per_block);
-  TORCH_CHECK(prop->major >= 8 && l.smem > 0, "slot_linear: needs mma.sync (sm_80+) and ", slot::block_smem(l.nt, banded),
-              " bytes of shared memory per block (this GPU: ", smem_per_block, ")");
+  const LaunchLimits lim = launch_limits(prop);
+  const Launch l = slot::choose_launch(p.m, p.n, p.k, banded, lim.sms, lim.smem_per_sm, lim.smem_reserved,
+                                       lim.smem_per_block);
+  TORCH_CHECK(l.smem > 0, "slot_linear: needs ", slot::block_smem(l.nt, banded),
+              " bytes of shared memory per block (this GPU: ", lim.smem_per_block, ")");
   TORCH_CHECK_VALUE(l.row_blocks < 65536 && l.splits < 65536 && l.column_tiles < (int64_t{1} << 31),
                     "slot_linear: out_features = ", p.m, " (in_features = ", p.k, ") needs ", l.row_blocks,
                     " row blocks in the launch grid, at most 65535 are possible");
@@ -88,7 +90,7 @@ at::Tensor slot_linear_cuda(const at::Tensor& x, const at::Tensor& offsets, cons
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("slot_linear", &slot_linear_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("slot_linear", SPARSETORCH_CUDA_OP(slot_linear_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

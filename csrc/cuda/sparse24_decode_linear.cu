@@ -1,9 +1,9 @@
 // sparse24_decode_linear on CUDA: the mma.sp kernel of cuda/sparse24_decode_kernel.cuh (design, packed layout
 // and bounds there). This file prepares the operands: x as (tokens, in_features) rows that 16-byte loads can
 // read (copied only when not already so), values / meta contiguous and 16-byte aligned (copied otherwise),
-// and runs the tokens 64 at a time (the kernel's bound). On sm_90 the splits are summed inside a cluster (no
-// workspace); elsewhere the split-k workspace comes from the caching allocator and its counters are cleared by
-// one memset on the stream per launch that splits.
+// and runs the tokens 64 at a time (the kernel's bound). Where the loaded kernel was compiled for sm_90 the splits
+// are summed inside a cluster (no workspace); elsewhere the split-k workspace comes from the caching allocator and
+// its counters are cleared by one memset on the stream per launch that splits.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,6 +15,7 @@
 #include "common/activation.h"
 #include "common/sparse24_decode_checks.h"
 #include "cuda/cuda_utils.h"
+#include "cuda/device_code.h"
 #include "cuda/sparse24_decode_kernel.cuh"
 
 namespace sparsetorch {
@@ -44,9 +45,12 @@ at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& va
       check_sparse24_decode_linear_args(x, values, meta, out_features, in_features, bias);
   const Activation act = parse_activation(std::string(activation));
   const c10::cuda::CUDAGuard guard(x.device());
+  // What the loaded kernel was compiled for decides, not the device: a compute_80 build JIT-compiled on an
+  // H100 has no cluster path (device_code.h). Every instantiation comes from this file's one set of targets.
+  const void* kernel = reinterpret_cast<const void*>(&sp24d::sparse24_decode_kernel<__half, 1, 1, 8>);
+  require_device_code(kernel, 80, "sparse24_decode_linear", "mma.sp on the 2:4 sparse tensor cores");
+  const bool cluster = kernel_arch(kernel) >= 90;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major >= 8, "sparse24_decode_linear: needs a GPU of compute capability 8.0 or newer (mma.sp), got ",
-              prop->major, ".", prop->minor);
   at::Tensor out = at::empty({p.n, p.m}, x.options());
   if (p.n == 0) return out.view(p.out_shape);
 
@@ -57,7 +61,8 @@ at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& va
   const int sms = prop->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int m = static_cast<int>(p.m), k = static_cast<int>(p.k);
-  const sp24d::Config cfg = sp24d::library_config(m, k, /*cluster=*/prop->major >= 9);
+  const sp24d::Config cfg =
+      sp24d::library_config(m, k, cluster, static_cast<int64_t>(prop->sharedMemPerBlockOptin));
   // The tokens run 64 at a time: at most two chunk sizes (full and the rest), planned once each here. The
   // workspace (last-block mode only: the partials grow with the tokens) fits the larger plan.
   const int full = static_cast<int>(std::min<int64_t>(p.n, sp24d::kMaxTokens));
@@ -82,7 +87,9 @@ at::Tensor sparse24_decode_linear_cuda(const at::Tensor& x, const at::Tensor& va
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("sparse24_decode_linear", &sparse24_decode_linear_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
+  m.impl("sparse24_decode_linear", SPARSETORCH_CUDA_OP(sparse24_decode_linear_cuda));
+}
 
 }  // namespace cuda
 }  // namespace sparsetorch

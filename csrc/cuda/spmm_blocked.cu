@@ -31,26 +31,15 @@
 #include "common/csr_analysis.h"
 #include "cuda/cp_async.cuh"
 #include "cuda/spmm_cuda.h"
+#include "cuda/spmm_plans.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
 namespace {
 
-constexpr int kWarps = kTileStrips;                    // one strip per warp
-constexpr int kThreads = kWarps * 32;
-constexpr int kTileCols = 256;                         // output columns per thread block
-constexpr int kF4PerRow = kTileCols / 4;               // float4 per staged B row
-constexpr int kF4PerLane = kTileCols / 128;            // float4 of a B row per lane (2)
-constexpr int kChunk = kChunkCols;
-constexpr int kBStage = kChunk * kF4PerRow;            // float4s of B per stage
-constexpr int kMaxBlocks = kTileStrips * kChunk;       // blocks per stage (at most: every column of every strip)
-constexpr int kMaxPairs = kMaxBlocks * kStripPairs;    // pairs per stage (at most)
-constexpr int kRuns = kTileStrips * kPatterns;         // runs per (tile, chunk)
-constexpr int kStages = 2;
-constexpr int64_t kMaxSplits = 8;                      // of the chunks among thread blocks (narrow B)
-// Per stage: B tile (float4), pairs (float2), block columns (int), run starts of blocks and of pairs.
-constexpr size_t kSharedBytes = kStages * (kBStage * sizeof(float4) + kMaxPairs * sizeof(float2) +
-                                           kMaxBlocks * sizeof(int) + 2 * (kRuns + 1) * sizeof(int));
+// Sizes and the split plan: cuda/spmm_plans.h.
+using namespace blocked;
 // Blocks of one run are unrolled by this much (2 was 3-4% faster than 1 on the H200 prototype).
 constexpr int kUnroll = 2;
 
@@ -118,7 +107,6 @@ __device__ __forceinline__ void multiply_strip(float (&acc)[kStripRows][kF4PerLa
 }
 
 __global__ void __launch_bounds__(kThreads) spmm_blocked_kernel(const BlockedArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ float4 smem[];
   float4* b_stage = smem;                                                   // [kStages][kBStage]
   float2* p_stage = reinterpret_cast<float2*>(b_stage + kStages * kBStage);  // [kStages][kMaxPairs]
@@ -197,7 +185,6 @@ __global__ void __launch_bounds__(kThreads) spmm_blocked_kernel(const BlockedArg
       }
     }
   }
-#endif
 }
 
 at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indices, const at::Tensor& values,
@@ -212,8 +199,9 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
                                          bias, activation, negative_slope);
   const c10::cuda::CUDAGuard guard(dense.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major >= 8 && prop->sharedMemPerBlockOptin >= kSharedBytes, "spmm_blocked: needs ",
-              kSharedBytes, " bytes of shared memory per block (Hopper); this GPU offers ",
+  // The route's availability (spmm_route_available) says the same; SpmmPlan asks it before it builds the layout.
+  TORCH_CHECK(static_cast<int64_t>(prop->sharedMemPerBlockOptin) >= kSharedBytes, "spmm_blocked: needs ", kSharedBytes,
+              " bytes of shared memory per block (an H100 or H200 offers 227 KB); this GPU offers ",
               prop->sharedMemPerBlockOptin);
   // The kernel reads B and writes out as float4: rows of a multiple of 4 floats, 16-byte aligned.
   const int64_t n4 = (p.n + 3) / 4 * 4;
@@ -224,13 +212,10 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
   }
   at::Tensor out = at::empty({p.m, n4}, dense.options());
   // Fewer thread blocks than SMs (narrow B, few rows): the chunks are split among thread blocks, each
-  // writes its partial product to a workspace, summed after in split order (deterministic). At 4096
-  // rows and n = 256 there are 32 thread blocks; 4 splits fill 128 of the H200's 132 SMs.
+  // writes its partial product to a workspace, summed after in split order (deterministic).
   const int64_t chunks = blocked_chunks(p.k);
   const int64_t tiles = blocked_tiles(p.m), column_tiles = (n4 + kTileCols - 1) / kTileCols;
-  const int64_t sms = prop->multiProcessorCount;
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({sms / std::max<int64_t>(1, tiles * column_tiles),
-                                                                 kMaxSplits, chunks}));
+  const int64_t splits = blocked::splits(p.m, n4, p.k, prop->multiProcessorCount);
   const int64_t chunks_per_split = (chunks + splits - 1) / splits;
   const at::Tensor ptr_c = run_ptr.contiguous(), col_c = block_col.contiguous();
   at::Tensor val_c = pair_values.contiguous();
@@ -272,7 +257,7 @@ at::Tensor spmm_blocked_cuda(const at::Tensor& crow, const at::Tensor& col_indic
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("spmm_blocked", &spmm_blocked_cuda); }
+TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) { m.impl("spmm_blocked", SPARSETORCH_CUDA_OP(spmm_blocked_cuda)); }
 
 }  // namespace cuda
 }  // namespace sparsetorch

@@ -6,6 +6,8 @@
 // not passed the check, whatever validate says: it reads out of bounds on corrupt indices.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -13,6 +15,8 @@
 #include "common/checks.h"
 #include "common/spmm_routing.h"
 #include "cuda/spmm_cuda.h"
+#include "cuda/spmm_plans.h"
+#include "cuda/device_code.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -54,6 +58,13 @@ void run_spmm_route(const SpmmProblem& p, const at::Tensor& crow, const at::Tens
     default:
       TORCH_CHECK(false, "spmm: route ", spmm_route_name(route), " cannot run here");
   }
+}
+
+std::string spmm_route_unavailable_cuda(SpmmBackend route, at::ScalarType dtype, c10::DeviceIndex index) {
+  const int device = index >= 0 ? index : c10::cuda::current_device();
+  check_kernel_image(device);
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  return route_limits_unmet(route, dtype, static_cast<int64_t>(prop->sharedMemPerBlockOptin), prop->major, prop->minor);
 }
 
 namespace {
@@ -103,8 +114,8 @@ void spmm_out_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tens
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
-  m.impl("spmm", &spmm_cuda);
-  m.impl("spmm_out", &spmm_out_cuda);
+  m.impl("spmm", SPARSETORCH_CUDA_OP(spmm_cuda));
+  m.impl("spmm_out", SPARSETORCH_CUDA_OP(spmm_out_cuda));
 }
 
 }  // namespace cuda

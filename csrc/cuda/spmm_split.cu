@@ -50,6 +50,7 @@
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 #include "cuda/spmm_kernel_args.cuh"
+#include "cuda/spmm_plans.h"
 
 namespace sparsetorch {
 namespace cuda {
@@ -423,18 +424,12 @@ int lanes_per_group(int64_t n_vectors) {
   return n_vectors <= 4 ? 4 : row_group_size(n_vectors);
 }
 
-// Entries per unit: about 4 units per group the GPU holds at once (load balance), at least 64 (the
-// window per unit), twice the mean row length (a short-row unit then holds a few rows) and n / 2
-// (the scratch, 2 n per unit, then holds at most 4 accumulators per entry of A: at E = 64 a layer of
-// width 256 on a 170k-node graph took 67 MB of it; on the H100, E = 128 at n = 256 on the 100k-node
-// power-law graphs was 0.3-2.7% faster), at most 4096.
+// Entries per unit: split::unit_entries (cuda/spmm_plans.h), from this device's SMs and threads per SM.
 int64_t unit_entries(int64_t entries, int64_t rows, int64_t n, int lanes) {
   const int64_t forced = env_knob("SPARSETORCH_SPLIT_UNIT");
   if (forced > 0) return forced;
-  const int64_t resident = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
-                           (2048 / lanes);
-  const int64_t mean_row = rows > 0 ? entries / rows : 0;
-  return std::clamp<int64_t>(std::max({ceil_div(entries, 4 * resident), 2 * mean_row, n / 2}), 64, 4096);
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return split::unit_entries(entries, rows, n, lanes, prop->multiProcessorCount, prop->maxThreadsPerMultiProcessor);
 }
 
 // Whether every element offset the main kernel forms (work items and the grid-stride step past the

@@ -23,26 +23,16 @@
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 #include "cuda/spmm_kernel_args.cuh"
+#include "cuda/spmm_plans.h"
 
 namespace sparsetorch {
 namespace cuda {
 namespace {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 2;
-constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
-constexpr int kTileK = 32;  // B rows per shared-memory stage
-
+// Sizes (warps, rows per block, the column tile and the stages): cuda/spmm_plans.h.
+using namespace tiled;
 template <typename scalar_t>
-struct TileShape {
-  static constexpr int kVec = 16 / sizeof(scalar_t);            // elements per 16-byte access
-  static constexpr int kChunks = sizeof(scalar_t) == 2 ? 1 : 2;  // 16-byte accesses per lane per B row
-  static constexpr int kCols = kVec * kChunks;                   // output columns per lane
-  static constexpr int kTileN = 32 * kCols;                      // output columns per block
-  static constexpr int kStage = kTileK * kTileN;                 // elements per shared-memory stage
-};
-
+using TileShape = Shape<static_cast<int>(sizeof(scalar_t))>;
 
 // Column of lane's chunk q within the block's column tile.
 template <typename scalar_t>
@@ -244,7 +234,7 @@ void launch(const NativeArgs<scalar_t, index_t>& args) {
   TORCH_CHECK(batch * row_blocks <= std::numeric_limits<int32_t>::max() && col_blocks <= 65535,
               "spmm (tiled): problem too large for one launch (", batch, " x ", args.m, " rows, n = ", args.n,
               "); use backend=\"native\"");
-  const size_t smem = 2 * S::kStage * sizeof(scalar_t);
+  const size_t smem = static_cast<size_t>(S::kSmem);
   auto kernel = spmm_tiled_kernel<scalar_t, index_t, ALIGNED>;
   // Above 48 KB of dynamic shared memory must be asked for (per device, so on every launch; cheap).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -20,11 +20,6 @@ STRIP_PAIRS = STRIP_ROWS // 2
 PATTERNS = 2 ** STRIP_PAIRS
 TILE_STRIPS = 16
 CHUNK_COLS = 64
-# Dynamic shared memory the CUDA kernel needs per thread block (csrc/cuda/spmm_blocked.cu, kSharedBytes):
-# two stages of a 64 x 256 B tile, the pairs and block columns of one tile's chunk, two run-start rows.
-_STAGE_BLOCKS = TILE_STRIPS * CHUNK_COLS
-SHARED_BYTES = 2 * (CHUNK_COLS * 256 * 4 + _STAGE_BLOCKS * STRIP_PAIRS * 8 + _STAGE_BLOCKS * 4
-                    + 2 * (TILE_STRIPS * PATTERNS + 1) * 4)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -94,12 +89,11 @@ class BlockedLayout:
 
 
 def blocked_applies(a, b_dim: int) -> bool:
-    """Whether the blocked route can take A and a B of b_dim dimensions: one unbatched float32 A on
-    a GPU with the kernel's shared memory (Hopper), a 2-D B."""
+    """Whether the blocked route can take A and a B of b_dim dimensions: one unbatched float32 A, a 2-D B,
+    and on a GPU the kernel's shared memory per block (an H100 or H200; spmm_route_unavailable, the one
+    availability rule of the SpMM routes)."""
     if a.dtype != torch.float32 or a.crow_indices.dim() != 1 or a.values.dim() != 1 or b_dim != 2:
         return False
     if a.device.type == "cpu":
         return True
-    props = torch.cuda.get_device_properties(a.device)
-    optin = getattr(props, "shared_memory_per_block_optin", SHARED_BYTES if props.major >= 9 else 0)
-    return props.major >= 8 and optin >= SHARED_BYTES
+    return torch.ops.sparsetorch.spmm_route_unavailable("blocked", torch.float32, a.device) == ""
