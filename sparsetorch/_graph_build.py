@@ -54,11 +54,6 @@ class GraphMatrix(NamedTuple):
     transpose: Optional[CSR]   # A^T, values included; None: the product's backward finds A^T itself
 
 
-def _index_dtype(n_src: int, n_dst: int, entries: int) -> torch.dtype:
-    """As the op (common/graph_build.cpp): the counts and row pointers reach ``entries``."""
-    return torch.int32 if max(n_src, n_dst, entries) < 2**31 - 2 else torch.int64
-
-
 def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Tensor], n_src: int, n_dst: int, *,
                 loops: Optional[str] = None, fill: float = 1.0, norm: Optional[str] = None,
                 dtype: torch.dtype = torch.float32, what: str = "edge_index") -> GraphMatrix:
