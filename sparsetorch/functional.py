@@ -165,14 +165,15 @@ def spmm(A: Any, B: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0, c: O
         crow, col, values, shape = a.crow_indices, a.col_indices, a.values, a.shape
     if not isinstance(B, torch.Tensor) or B.layout != torch.strided:
         _check_dense(B, "B")
-    b_dim = B.dim()
+    b_shape = B.shape
+    b_dim = len(b_shape)
     if b_dim != 2 and b_dim != 3:
-        raise ValueError(f"B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape {tuple(B.shape)}")
-    if shape[-1] != B.shape[-2]:
-        raise ValueError(f"shape mismatch: A has shape {tuple(shape)} but B has shape {tuple(B.shape)} "
-                         f"(A's columns {shape[-1]} != B's rows {B.shape[-2]})")
-    if len(shape) == 3 and b_dim == 3 and shape[0] != B.shape[0]:
-        raise ValueError(f"batch size mismatch: A has shape {tuple(shape)} but B has shape {tuple(B.shape)}")
+        raise ValueError(f"B: expected a 2-D (k, n) or 3-D (batch, k, n) tensor, got shape {tuple(b_shape)}")
+    if shape[-1] != b_shape[-2]:
+        raise ValueError(f"shape mismatch: A has shape {tuple(shape)} but B has shape {tuple(b_shape)} "
+                         f"(A's columns {shape[-1]} != B's rows {b_shape[-2]})")
+    if b_dim == 3 and len(shape) == 3 and shape[0] != b_shape[0]:
+        raise ValueError(f"batch size mismatch: A has shape {tuple(shape)} but B has shape {tuple(b_shape)}")
     act = "none" if activation is None else _activation_name(activation)
     if validate is None and out is None and policy == "sparse":
         return spmm_call(crow, col, values, B, alpha, c, beta, bias, act, negative_slope, backend, True)

@@ -141,3 +141,16 @@ def test_input_norms_collects_the_l2_norm_of_every_linear_input():
     assert set(input_norms(model, batches[:1], modules=["2"])) == {"2"}
     with pytest.raises(ValueError, match="modules"):
         input_norms(model, batches, modules=["nope"])
+
+
+def test_input_norms_finds_sparse_linear_layers():
+    """A linear layer is found by its in_features / out_features (wanda.py does not import the layers): a
+    SparseLinear's input is collected, a module without those attributes is not."""
+    torch.manual_seed(1)
+    layer = st.nn.SparseLinear.from_dense(torch.randn(5, 6), sparsity=0.5)
+    model = torch.nn.Sequential(layer, torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    x = torch.randn(9, 6)
+    norms = input_norms(model, [x])
+    assert set(norms) == {"0", "2"}
+    torch.testing.assert_close(norms["0"], x.norm(dim=0))
+    torch.testing.assert_close(norms["2"], torch.tanh(layer(x)).detach().norm(dim=0))
