@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/csr16_checks.h"
+#include "common/native_caches.h"
 #include "cuda/csr16_kernel.cuh"
 #include "cuda/cuda_utils.h"
 #include "cuda/device_code.h"
@@ -19,22 +20,54 @@ namespace sparsetorch {
 namespace cuda {
 namespace {
 
+// Blocks per SM of a kernel, asked once per (kernel, shared-memory size, device) and thread: the occupancy
+// query is host time on every call otherwise. Listed with the native caches (common/native_caches.h).
+struct OccupancyKey {
+  const void* kernel;
+  int64_t smem;
+  int device;
+  bool operator==(const OccupancyKey& o) const { return kernel == o.kernel && smem == o.smem && device == o.device; }
+};
+struct OccupancyKeyHash {
+  size_t operator()(const OccupancyKey& k) const {
+    return std::hash<const void*>()(k.kernel) ^ (std::hash<int64_t>()(k.smem * 1024 + k.device) << 1);
+  }
+};
+thread_local std::unordered_map<OccupancyKey, int, OccupancyKeyHash> thread_occupancy;
+thread_local uint64_t thread_occupancy_generation = 0;
+native_caches::Generation occupancy_generation;
+
+std::unordered_map<OccupancyKey, int, OccupancyKeyHash>& occupancy_of_this_thread() {
+  if (occupancy_generation.stale(thread_occupancy_generation)) thread_occupancy.clear();
+  return thread_occupancy;
+}
+
+const bool kCacheListed = native_caches::add(
+    "csr16_occupancy",
+    [] {
+      thread_occupancy.clear();
+      occupancy_generation.bump();
+    },
+    [] { return static_cast<int64_t>(occupancy_of_this_thread().size()); });
+
+int blocks_per_sm(const void* kernel, int64_t smem, int device) {
+  auto& known = occupancy_of_this_thread();
+  const OccupancyKey key{kernel, smem, device};
+  auto found = known.find(key);
+  if (found == known.end()) {
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, csr16::kThreads, static_cast<size_t>(smem)));
+    found = known.emplace(key, per_sm).first;
+  }
+  return found->second;
+}
+
 template <typename T, int NB>
 void launch_nb(const csr16::Params& p, int64_t smem, int64_t token_tiles, int device, cudaStream_t stream) {
   auto* kernel = csr16::csr16_linear_kernel<T, NB>;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   allow_max_dynamic_smem(reinterpret_cast<const void*>(kernel));
-  // Blocks per SM, asked once per (device, shared-memory size): the occupancy query is host time on
-  // every call otherwise.
-  static thread_local std::unordered_map<int64_t, int> per_sm_by_smem;
-  const int64_t key = smem * 1024 + device;
-  auto found = per_sm_by_smem.find(key);
-  if (found == per_sm_by_smem.end()) {
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, csr16::kThreads, static_cast<size_t>(smem)));
-    found = per_sm_by_smem.emplace(key, per_sm).first;
-  }
-  const int per_sm = found->second;
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), smem, device);
   const int64_t blocks = csr16::row_blocks(p.m, per_sm, prop->multiProcessorCount);
   kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(token_tiles)), csr16::kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/activation.h"
+#include "common/native_caches.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
 #include "cuda/device_code.h"
@@ -435,6 +436,15 @@ class PlanCache {
     }
     put(key, std::move(plan));
   }
+  void clear() {  // a call still using a plan holds its own reference
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.clear();
+    lru_.clear();
+  }
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(lru_.size());
+  }
 
  private:
   std::shared_ptr<Plan> put(const PlanKey& key, std::shared_ptr<Plan> plan) {
@@ -455,6 +465,9 @@ PlanCache& plan_cache() {
   static auto* cache = new PlanCache();  // leaked on purpose, see the file comment
   return *cache;
 }
+
+const bool kCacheListed = native_caches::add("cusparselt_plans", [] { plan_cache().clear(); },
+                                             [] { return plan_cache().size(); });
 
 at::Tensor weight_for_compression(const at::Tensor& weight) {
   TORCH_CHECK_VALUE(weight.dim() == 2 && weight.is_cuda(), "sparse24: weight must be a 2-D CUDA tensor, got shape ",

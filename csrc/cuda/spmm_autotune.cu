@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/native_caches.h"
 #include "common/spmm_routing.h"
 #include "common/spmm_tuning.h"
 #include "cuda/spmm_cuda.h"
@@ -168,6 +169,23 @@ const bool kRegistered = [] {
   tuning::set_pending_poller(&poll_samples);
   return true;
 }();
+
+// The reset of st.clear_caches(): the samples in flight are dropped (reported lost to the table, which hands
+// their candidates out again) and their event pairs go back to the pool; the pairs themselves are kept.
+void drop_samples() {
+  Sampler& s = sampler();
+  std::vector<InFlight> dropped;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (const InFlight& f : s.in_flight) s.free[s.slots[f.slot].device].push_back(f.slot);
+    dropped.swap(s.in_flight);
+    s.count.store(0, std::memory_order_release);
+  }
+  for (const InFlight& f : dropped) tuning::TuningTable::global().lost(f.sig, f.route);
+}
+
+const bool kCacheListed = native_caches::add("spmm_tuning_samples", drop_samples,
+                                             [] { return sampler().count.load(std::memory_order_acquire); });
 
 bool capturing() { return at::cuda::currentStreamCaptureStatus() != at::cuda::CaptureStatus::None; }
 

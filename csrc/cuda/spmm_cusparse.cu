@@ -13,6 +13,7 @@
 #include <limits>
 #include <list>
 
+#include "common/native_caches.h"
 #include "common/spmm_routing.h"
 #include "cuda/cuda_utils.h"
 #include "cuda/spmm_cuda.h"
@@ -49,9 +50,25 @@ struct CallSetup {
   size_t buffer_bytes = 0;
 };
 
-// Per thread (descriptors are host objects; no locking needed), most recent first.
+// Per thread (descriptors are host objects; no locking needed), most recent first. Listed with the native
+// caches (common/native_caches.h): a reset empties the calling thread's list now, the others' at their next call.
 constexpr size_t kCacheEntries = 16;
-thread_local std::list<CallSetup> call_cache;
+thread_local std::list<CallSetup> thread_calls;
+thread_local uint64_t thread_calls_generation = 0;
+native_caches::Generation calls_generation;
+
+std::list<CallSetup>& calls_of_this_thread() {
+  if (calls_generation.stale(thread_calls_generation)) thread_calls.clear();
+  return thread_calls;
+}
+
+const bool kCacheListed = native_caches::add(
+    "cusparse_descriptors",
+    [] {
+      thread_calls.clear();
+      calls_generation.bump();
+    },
+    [] { return static_cast<int64_t>(calls_of_this_thread().size()); });
 
 // C (row-major, ldc = n, batch stride m*n) = alpha * A @ B + beta * C.
 // A: CSR rows x cols with nnz entries (strided batch when batch > 1); B row-major (dense_for_cusparse copies any other layout).
@@ -59,6 +76,7 @@ thread_local std::list<CallSetup> call_cache;
 void cusparse_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values, int64_t rows,
                    int64_t cols, int64_t nnz, int64_t batch, int64_t colval_stride, const at::Tensor& dense,
                    int64_t n, int64_t dense_bstride, const at::Tensor& out, double alpha, double beta) {
+  std::list<CallSetup>& call_cache = calls_of_this_thread();
   const at::ScalarType dtype = out.scalar_type(), b_dtype = dense.scalar_type();
   const bool row_major = dense.stride(-1) == 1;
   const CallKey key{out.get_device(), crow.data_ptr(), col.data_ptr(), values.data_ptr(), rows, cols, nnz, batch,
