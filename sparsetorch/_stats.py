@@ -8,19 +8,19 @@ lengths, the bits of a double -- and per power-of-two bin of row length, ``row_h
 is defined once, in C++ (``csr_stats::kFields``); this module reads it from the ``csr_stats_layout`` op when
 imported, so that no Python code indexes the vector by number.
 
-Also here, because the fake kernels (_ops.py) and the fresh-graph builder (_graph_build.py) both need them:
-the builder's summary layout and its index dtype rule (csrc/common/graph_build.h).
+Also here, for the fake kernel of the fresh-graph builder's op (_ops.py): the builder's summary layout and
+its index dtype rule (csrc/common/graph_build.h), low enough for every module to import.
 """
 from __future__ import annotations
 
 import struct
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 
 from sparsetorch import _C  # noqa: F401  (defines torch.ops.sparsetorch.*)
 
-__all__ = ["FIELDS", "LENGTH", "HIST_BINS", "GRAPH_SUMMARY_LENGTH", "RowStats", "build_stats", "graph_index_dtype"]
+__all__ = ["FIELDS", "LENGTH", "HIST_BINS", "GRAPH_SUMMARY_LENGTH", "RowStats", "graph_index_dtype"]
 
 
 def _layout() -> Dict[str, Tuple[int, int]]:
@@ -55,35 +55,6 @@ class RowStats:
     @property
     def valid(self) -> bool:
         return self.code == 0
-
-
-def build_stats(lengths: torch.Tensor) -> torch.Tensor:
-    """The statistics vector of a valid pattern (no defect) with these row lengths (an int64 tensor), on
-    their device, without a device-to-host read (the torch-op graph builder's, stored with
-    ``_csr_analysis_store``)."""
-    device = lengths.device
-    if lengths.numel() == 0:
-        return torch.zeros(LENGTH, dtype=torch.int64, device=device)
-    filled = lengths > 0
-    # The bin of a length l >= 1 is floor(log2(l)), read off frexp's exponent (l = mantissa * 2^e, mantissa in
-    # [0.5, 1)): exact for every int64 length a double holds exactly (< 2^53).
-    bins = (torch.frexp(lengths.double()).exponent.long() - 1).clamp_(0, HIST_BINS - 1)
-    bins = torch.where(filled, bins, HIST_BINS)  # empty rows go to a bin that is cut off
-    hist = torch.zeros(2, HIST_BINS + 1, dtype=torch.int64, device=device)
-    hist[0].scatter_add_(0, bins, torch.ones_like(lengths))
-    hist[1].scatter_add_(0, bins, lengths)
-    parts = {
-        "entries": lengths.sum().reshape(1),
-        "max_row": lengths.max().reshape(1),
-        "empty_rows": (~filled).sum().reshape(1),
-        "sum_sq": (lengths.double() ** 2).sum().reshape(1).view(torch.int64),
-        "row_hist": hist[0, :HIST_BINS],
-        "entry_hist": hist[1, :HIST_BINS],
-    }
-    pieces: List[torch.Tensor] = []
-    for name, (_, length) in FIELDS.items():  # in the vector's order; the defect fields stay 0
-        pieces.append(parts[name] if name in parts else torch.zeros(length, dtype=torch.int64, device=device))
-    return torch.cat(pieces)
 
 
 def graph_index_dtype(n_src: int, n_dst: int, entries: int) -> torch.dtype:
