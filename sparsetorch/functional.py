@@ -1,7 +1,15 @@
 """The public operations: sparse x dense products, elementwise ops and the fused bias + activation.
 
 Sparse arguments may be anything :func:`sparsetorch.as_csr` takes (torch sparse CSR tensors,
-scipy.sparse matrices, :class:`sparsetorch.CSR`, component tuples, lists of 2-D matrices).
+scipy.sparse matrices, :class:`sparsetorch.CSR`, component tuples, lists of 2-D matrices). Each function
+reaches its op one way (sparsetorch/_autograd.py: ``spmm_call``, ``call_op``).
+
+Under ``torch.compile`` every function here traces whole (``fullgraph=True``; a sparse argument is an
+:class:`sparsetorch.CSR`: torch sparse tensors cannot enter a compiled graph). What eager checks on the host
+-- shapes, dtypes, devices, argument values -- is checked while tracing; each op checks its operands again
+when it runs, and an op that takes a sparse matrix checks its structure then (on the matrix's first use, the
+verdict cached), so a malformed matrix raises ValueError in a compiled call as in eager. Only the explicit
+re-check of ``validate=True`` and :func:`validate_csr` itself run in eager alone.
 """
 from __future__ import annotations
 
@@ -250,7 +258,8 @@ def sddmm(A: Any, a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, backe
     "tiled" run it too) or "cusparse" (cusparseSDDMM, for one unbatched float32/float64 matrix;
     other cases run native; like cuSPARSE SpMM, undefined on malformed indices: validate first).
     "auto" takes native for n <= 256 and cuSPARSE above where it applies (measured on the H100).
-    ``validate`` as for :func:`spmm`.
+    ``validate`` as for :func:`spmm`, and under ``torch.compile`` too. A SciPy ``A`` (or a list) is copied to
+    a's device and dtype; an :class:`CSR` or torch tensor must match them.
     """
     _check_dense(a, "a")
     _check_dense(b, "b")

@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparsetorch as st
+import sparsetorch._autograd as st_autograd
 from _helpers import assert_matches, random_csr, randn, rounded
 from conftest import CUDA_READY, FLOAT_DTYPES, INDEX_DTYPES
 
@@ -73,6 +74,32 @@ def test_st_spmm_gradcheck(rng, target, layout, activation):
     autograd: the same gradients, every input and batch layout."""
     _gradcheck_spmm(rng, target, layout, lambda a, v, b, c, bias, backend: st.spmm(
         a.with_values(v), b, alpha=1.5, c=c, beta=0.5, bias=bias, activation=activation, backend=backend))
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_spmm_function_and_registered_autograd_agree(rng, target, layout):
+    """The two autograds of the product -- SpmmFunction (st.spmm in eager) and the op's registered one (what
+    torch.compile and direct op calls record) -- give the same output and gradients, bit for bit."""
+    device, backend = target
+    a = make_a(rng, layout, device)
+    out_shape = (3, 6, 4) if layout != "single" else (6, 4)
+    inputs = [a.values, dense_b(rng, layout, device), randn(rng, *out_shape, device=device, dtype=torch.float64),
+              randn(rng, 4, device=device, dtype=torch.float64)]
+    w = randn(rng, *out_shape, device=device, dtype=torch.float64)
+
+    def run(product):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        y = product(*leaves)
+        (y * w).sum().backward()
+        return [y.detach()] + [t.grad for t in leaves]
+
+    via_function = run(lambda v, b, c, bias: st_autograd.SpmmFunction.apply(v, b, c, bias, a.crow_indices,
+                                                                              a.col_indices, 1.5, 0.5, backend, True))
+    via_op = run(lambda v, b, c, bias: ops.spmm(a.crow_indices, a.col_indices, v, b, 1.5, c, 0.5, bias, "none", 0.01,
+                                                backend))
+    for got, want in zip(via_function, via_op):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: "-".join(t))
