@@ -22,7 +22,8 @@ import torch
 from sparsetorch._ops import ops
 from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import as_csr
-from sparsetorch.functional import _activation_name, _prefers_dense, _records_grad, _spmm_op
+from sparsetorch._autograd import records_grad, spmm_call
+from sparsetorch.functional import _activation_name, _prefers_dense
 from sparsetorch.pruned.blocked import BlockedLayout, blocked_applies
 from sparsetorch.tuning import tuner
 
@@ -113,7 +114,7 @@ class SpmmPlan:
                          self.activation, self.negative_slope, backend, self.validate)
             res = out
         else:
-            res = _spmm_op(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
+            res = spmm_call(a.crow_indices, a.col_indices, vals, B, self.alpha, c, float(beta), self.bias,
                            self.activation, self.negative_slope, backend, self.validate)
         if sample is not None:
             sample.stop()
@@ -154,7 +155,7 @@ class SpmmPlan:
         a = self.csr
         accumulate = out if out is not None and beta != 0.0 else c
         act = self.activation
-        split = act != "none" and _records_grad(vals, B, accumulate, self.bias)  # as _spmm_op
+        split = act != "none" and records_grad(vals, B, accumulate, self.bias)  # as spmm_call
         res = ops.spmm_blocked(a.crow_indices, a.col_indices, vals, layout.run_ptr, layout.block_col, pair_values,
                                B, self.alpha, accumulate, float(beta), self.bias, "none" if split else act,
                                self.negative_slope)

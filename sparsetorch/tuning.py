@@ -283,10 +283,7 @@ class _SpmmRoutes:
     """The ``"spmm"`` table: st.spmm's route decisions, kept and sampled in C++ (see the module docstring);
     the same inspection, clearing and persistence as :class:`Tuner`."""
 
-    kind = "spmm"
-
-    def __init__(self):
-        register_clear("tuning.spmm", self.clear, self.__len__)
+    kind = "spmm"  # (its reset is listed with the native caches: st.clear_caches clears it)
 
     def __len__(self) -> int:
         return int(ops.spmm_tuning_stats()[0])

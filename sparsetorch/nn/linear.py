@@ -40,7 +40,7 @@ from torch import nn
 
 from sparsetorch import functional as F
 from sparsetorch import timing
-from sparsetorch._compat import below_autograd
+from sparsetorch._autograd import call_op, spmm_call
 from sparsetorch._ops import ops
 from sparsetorch._transpose import transpose_pattern, transpose_values
 from sparsetorch._validate import ensure_valid
@@ -838,17 +838,15 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
     gy = grad.contiguous()
     crow, col = layer.crow_indices, layer.col_indices
     grad_x = grad_values = None
-    with below_autograd():
-        if need_x:
-            dense = layer._derived.forms.get("dense")
-            if dense is not None and dense.weight.dtype == gy.dtype:
-                grad_x = gy @ dense.weight
-            else:
-                crow_t, col_t, perm = transpose_pattern(crow, col, layer.in_features)
-                grad_x = ops.spmm.default(crow_t, col_t, transpose_values(values.detach(), perm), gy.t(), 1.0, None,
-                                          0.0, None, "none", 0.01, "auto").t()
-        if need_values:
-            grad_values = ops.sddmm.default(crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
+    if need_x:
+        dense = layer._derived.forms.get("dense")
+        if dense is not None and dense.weight.dtype == gy.dtype:
+            grad_x = gy @ dense.weight
+        else:
+            crow_t, col_t, perm = transpose_pattern(crow, col, layer.in_features)
+            grad_x = spmm_call(crow_t, col_t, transpose_values(values.detach(), perm), gy.t()).t()
+    if need_values:
+        grad_values = call_op(ops.sddmm, (), crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
     return grad_x, grad_values
 
 

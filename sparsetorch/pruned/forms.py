@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F_torch
 
 from sparsetorch import _build_info
-from sparsetorch._compat import below_autograd
+from sparsetorch._autograd import spmm_call, without_autograd
 from sparsetorch._ops import ops
 from sparsetorch.csr import CSR
 from sparsetorch.pruned import csr16 as _csr16
@@ -34,13 +34,6 @@ FORM_NAMES = ("csr", "dense", "2:4", "2:4 decode", "bitmap", "slots", "csr16")
 # Forms that can be a compact layer's one stored form (each also expands to dense for large token counts).
 COMPACT_FORMS = ("2:4 decode", "slots", "csr")
 _HALF = (torch.bfloat16, torch.float16)
-
-
-def _epilogue(y: torch.Tensor, bias, activation: str, negative_slope: float) -> torch.Tensor:
-    if bias is None and activation == "none":
-        return y
-    with below_autograd():
-        return ops.bias_act.default(y, None, bias, activation, float(negative_slope))
 
 
 def cuda_features(device) -> Dict[str, bool]:
@@ -153,12 +146,11 @@ class CsrForm:
         return CSR(self.crow, self.col, self.values.detach(), self.shape).to_dense()
 
     def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
-        with below_autograd():
-            y_t = ops.spmm.default(self.crow, self.col, self.values, x.t(), 1.0, None, 0.0, None, "none", 0.01,
-                                   self.backend)
-            if bias is not None or activation != "none":
-                return ops.bias_act.default(y_t.t(), None, bias, activation, float(negative_slope))
-            return y_t.t().contiguous()
+        y_t = spmm_call(self.crow, self.col, self.values.detach(), x.t(), 1.0, None, 0.0, None, "none", 0.01,
+                        self.backend)
+        if bias is not None or activation != "none":
+            return without_autograd(ops.bias_act.default, y_t.t(), None, bias, activation, float(negative_slope))
+        return y_t.t().contiguous()
 
 
 class DenseForm:
@@ -182,8 +174,7 @@ class DenseForm:
     def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
         if activation == "none":
             return F_torch.linear(x, self.weight, bias)
-        with below_autograd():
-            return ops.linear.default(x, self.weight, bias, activation, float(negative_slope))
+        return without_autograd(ops.linear.default, x, self.weight, bias, activation, float(negative_slope))
 
 
 class Sparse24Form:
@@ -214,9 +205,8 @@ class Sparse24Form:
         crow, col, vals = w._residual()
         if w.compressed is None:  # the CPU reference
             return w(x, bias, activation, negative_slope, None)
-        with below_autograd():
-            return ops.sparse24_linear.default(x, w.compressed, w.split.shape[0], crow, col, vals, bias, activation,
-                                               float(negative_slope), int(alg))
+        return without_autograd(ops.sparse24_linear.default, x, w.compressed, w.split.shape[0], crow, col, vals, bias,
+                                activation, float(negative_slope), int(alg))
 
     def search(self, x, bias) -> int:
         """cuSPARSELt's fastest algorithm for this x (it times them all: tens of calls)."""
@@ -256,9 +246,8 @@ class Sparse24DecodeForm:
 
     def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
         w = self.weight
-        with below_autograd():
-            return ops.sparse24_decode_linear.default(x, w.values, w.meta, w.shape[0], w.shape[1], bias, activation,
-                                                      float(negative_slope))
+        return without_autograd(ops.sparse24_decode_linear.default, x, w.values, w.meta, w.shape[0], w.shape[1], bias,
+                                activation, float(negative_slope))
 
 
 class BitmapForm:
@@ -284,9 +273,8 @@ class BitmapForm:
 
     def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
         w = self.weight
-        with below_autograd():
-            return ops.bitmap_linear.default(x, w.bitmaps, w.offsets, w.values, w.shape[0], bias, activation,
-                                             float(negative_slope))
+        return without_autograd(ops.bitmap_linear.default, x, w.bitmaps, w.offsets, w.values, w.shape[0], bias,
+                                activation, float(negative_slope))
 
 
 class SlotsForm:
@@ -317,9 +305,8 @@ class SlotsForm:
 
     def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
         w = self.weight
-        with below_autograd():
-            return ops.slot_linear.default(x, w.offsets, w.entries, w.shape[0], bias, activation, float(negative_slope),
-                                           w.banded)
+        return without_autograd(ops.slot_linear.default, x, w.offsets, w.entries, w.shape[0], bias, activation,
+                                float(negative_slope), w.banded)
 
 
 class Csr16Form:
@@ -346,8 +333,7 @@ class Csr16Form:
 
     def __call__(self, x, bias=None, activation="none", negative_slope=0.01):
         w = self.weight
-        with below_autograd():
-            return ops.csr16_linear.default(x, w.crow, w.entries, bias, activation, float(negative_slope))
+        return without_autograd(ops.csr16_linear.default, x, w.crow, w.entries, bias, activation, float(negative_slope))
 
 
 def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto"):
