@@ -97,6 +97,8 @@ def applicable(p: Pattern, tokens: Optional[int] = None) -> Dict[str, str]:
     mma = features.get("mma", not cuda)
     out = {"csr": None, "dense": None}
     reason24 = sparse24_applies(p.shape, p.dtype, p.device)
+    if reason24 is None and cuda and not features.get("cusparselt", True):
+        reason24 = "cuSPARSELt cannot run on this GPU with this build (it needs sm_80 or newer)"
     if reason24 is None and p.residual24 is not None and p.residual24 > MAX_RESIDUAL_DENSITY * p.shape[0] * p.shape[1]:
         reason24 = f"{p.residual24} entries beyond 2 per group of 4 (more than {MAX_RESIDUAL_DENSITY:.1%} of positions)"
     out["2:4"] = reason24
