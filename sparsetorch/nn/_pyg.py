@@ -7,7 +7,6 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from sparsetorch import functional as F
-from sparsetorch._graph_build import GraphMatrix
 from sparsetorch._ops import ops
 from sparsetorch.csr import CSR
 from sparsetorch.graph import is_data
@@ -48,19 +47,19 @@ def _training(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def propagate(g: GraphMatrix, h: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
-              negative_slope: float, backend: str, c: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``act(A @ h + c + bias)``. Inference: bias and activation in the SpMM's epilogue. Training
+def propagate(a: Any, h: torch.Tensor, bias: Optional[torch.Tensor], activation: str, negative_slope: float,
+              backend: str, c: Optional[torch.Tensor] = None, transpose: Optional[CSR] = None) -> torch.Tensor:
+    """``act(a @ h + c + bias)``. Inference: bias and activation in the SpMM's epilogue. Training
     with an activation: the SpMM (with c), then one fused bias_act, whose backward gives the input
-    and bias gradients in one pass. Under torch.compile, training, a product whose A^T is known
-    multiplies by it in the backward (:class:`_SpmmWithTranspose`)."""
-    a = g.matrix
+    and bias gradients in one pass. ``a``: a CSR or a distributed matrix; ``transpose``: A^T where
+    it was built with A (GraphMatrix): under torch.compile, training, the backward multiplies by it
+    (:class:`_SpmmWithTranspose`)."""
     beta = 0.0 if c is None else 1.0
     # A distributed matrix gets bias and activation with the product: it runs its own epilogue.
     if isinstance(a, CSR) and _training(h, bias, c, a.values):
         inner_bias = bias if activation == "none" else None
-        if g.transpose is not None and torch.compiler.is_compiling():
-            t = g.transpose
+        if transpose is not None and torch.compiler.is_compiling():
+            t = transpose
             z = _SpmmWithTranspose.apply(a.values, h, c, inner_bias, a.crow_indices, a.col_indices, t.crow_indices,
                                          t.col_indices, t.values, backend)
         else:

@@ -147,15 +147,16 @@ def _gcn_graph(graph, edge_weight, num_nodes, improved, add_self_loops, normaliz
                        norm="gcn" if normalize else None, dtype=dtype, what=what)
 
 
-def graph_linear(g: GraphMatrix, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 activation: str, negative_slope: float, backend: str) -> torch.Tensor:
-    """``act(A @ x @ weight.T + bias)`` (weight (out, in)) with the dense product on the cheaper side:
-    ``(A @ x) @ weight.T`` when in < out (the SpMM on the narrower side; a first layer's x needs no
-    gradient, so neither does its SpMM), else ``A @ (x @ weight.T)``. ``g``: A (a CSR or a
-    distributed matrix) and A^T where known."""
+def graph_linear(a: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str,
+                 negative_slope: float, backend: str, transpose: Optional[CSR] = None) -> torch.Tensor:
+    """``act(a @ x @ weight.T + bias)`` (weight (out, in)) with the dense product on the cheaper side:
+    ``(a @ x) @ weight.T`` when in < out (the SpMM on the narrower side; a first layer's x needs no
+    gradient, so neither does its SpMM), else ``a @ (x @ weight.T)``. ``a``: a CSR or a
+    distributed matrix; ``transpose``: A^T where it was built with A (see :func:`propagate`)."""
     if weight.shape[1] < weight.shape[0]:
-        return dense(propagate(g, x, None, "none", 0.0, backend), weight, bias, activation, negative_slope)
-    return propagate(g, dense(x, weight), bias, activation, negative_slope, backend)
+        return dense(propagate(a, x, None, "none", 0.0, backend, transpose=transpose), weight, bias, activation,
+                     negative_slope)
+    return propagate(a, dense(x, weight), bias, activation, negative_slope, backend, transpose=transpose)
 
 
 _PYG_DEFAULTS = {"aggr": ("add", "sum"), "flow": ("source_to_target",), "node_dim": (-2, 0),
@@ -274,7 +275,8 @@ class GCNConv(nn.Module):
             raise ValueError(f"x: expected (num_nodes, {self.in_channels}) node features (in_channels), got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         g = self.propagation_matrix(graph, x.dtype, x.shape[-2], edge_weight, x.device)
-        return graph_linear(g, x, self.lin.weight, self.bias, self.activation, self.negative_slope, self.backend)
+        return graph_linear(g.matrix, x, self.lin.weight, self.bias, self.activation, self.negative_slope,
+                            self.backend, g.transpose)
 
     def extra_repr(self) -> str:
         extra = f", activation={self.activation!r}" if self.activation != "none" else ""

@@ -160,10 +160,11 @@ class SAGEConv(nn.Module):
         if is_distributed(m.matrix) or x_src.shape[-1] > self.out_channels:
             # M (x W_l^T): the SpMM on the narrower side, the root term as its accumulate operand.
             r = dense(x_dst, self.lin_r.weight, b_l) if root else None
-            out = propagate(m, dense(x_src, w_l), None if root else b_l, act, slope, self.backend, c=r)
+            out = propagate(m.matrix, dense(x_src, w_l), None if root else b_l, act, slope, self.backend, c=r,
+                            transpose=m.transpose)
         else:
-            out = dense(propagate(m, x_src, None, "none", 0.0, self.backend), w_l, b_l,
-                        "none" if root else act, slope)
+            out = dense(propagate(m.matrix, x_src, None, "none", 0.0, self.backend, transpose=m.transpose), w_l,
+                        b_l, "none" if root else act, slope)
             if root:  # the root GEMM accumulates into the output (beta = 1): no extra temporary
                 w_r = self.lin_r.weight
                 out = (torch.addmm(out, x_dst, w_r.t()) if out.dim() == 2 and x_dst.dim() == 2
