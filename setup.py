@@ -186,9 +186,8 @@ def announce(sources) -> None:
     """What the build is about to compile: ninja then prints [n/N] per file (N counts only files that changed)."""
     cuda = sum(src.endswith(".cu") for src in sources)
     jobs = os.environ.get("MAX_JOBS") or os.cpu_count()
-    print(f"sparsetorch: {len(sources)} source files ({cuda} CUDA), {jobs} parallel jobs; a CUDA file takes about a "
-          "minute of a core per target" if cuda else f"sparsetorch: {len(sources)} C++ source files, {jobs} parallel "
-          "jobs", flush=True)
+    kinds = f"{cuda} of them CUDA, a minute or more of a core each" if cuda else "C++"
+    print(f"sparsetorch: {len(sources)} source files ({kinds}), {jobs} parallel jobs", flush=True)
 
 
 def get_extension():
