@@ -94,16 +94,22 @@ class TensorCache:
     def lookup(self, tensors: tuple, extra: tuple = ()) -> Any:
         """The value stored for these tensors and ``extra``, or :data:`MISS`."""
         key = tuple(map(id, tensors)) + tuple(extra)
-        entry = self._entries.get(key)
+        try:
+            entry = self._entries.get(key)
+        except TypeError:  # an unhashable extra (a symbolic size while tracing): never stored
+            return MISS
         if entry is None:
             return MISS
         refs, versions, value = entry
-        if len(refs) != len(tensors) or any(r() is not t for r, t in zip(refs, tensors)) \
-                or versions != tuple(map(_version, tensors)):
+        if len(refs) != len(tensors):
             return MISS
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+        for ref, t, version in zip(refs, tensors, versions):
+            if ref() is not t or _version(t) != version:
+                return MISS
+        try:
+            self._entries.move_to_end(key)  # least recently used first out
+        except KeyError:  # dropped meanwhile (its tensor freed in another thread)
+            pass
         return value
 
     def store(self, tensors: tuple, extra: tuple, value: Any) -> Any:
@@ -127,13 +133,14 @@ class TensorCache:
         return value
 
     def get(self, tensors: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
-        """The stored value, else ``build()`` stored (where cacheable) and returned."""
-        if self.cacheable(tensors, extra):
-            value = self.lookup(tensors, extra)
-            if value is not MISS:
-                return value
-            return self.store(tensors, extra, build())
-        return build()
+        """The stored value, else ``build()`` stored (where cacheable) and returned. A hit costs a dictionary
+        lookup and an identity and version check per tensor."""
+        if torch.compiler.is_compiling():
+            return build()
+        value = self.lookup(tensors, extra)
+        if value is not MISS:
+            return value
+        return self.store(tensors, extra, build()) if self.cacheable(tensors, extra) else build()
 
     def discard(self, tensors: tuple, extra: tuple = ()) -> None:
         with self._lock:
