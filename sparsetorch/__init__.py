@@ -7,7 +7,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from sparsetorch import _ops  # noqa: F401  (loads the native ops and their fake kernels)
 from sparsetorch import _autograd  # noqa: F401  (registers the backward of every op)
-from sparsetorch._build_info import build_info
+from sparsetorch._build_info import build_info, cuda_features
 from sparsetorch._cache import cache_info, clear_caches
 from sparsetorch.csr import (
     CSR,
@@ -68,7 +68,7 @@ from sparsetorch.tuning import clear_tuning, save_tuning_cache, set_tuning_cache
 
 __all__ = [
     "ACTIVATIONS", "BitmapWeight", "CSR", "Csr16Weight", "DENSE_CROSSOVER", "MatrixInfo", "SlotWeight", "SpmmPlan", "analyze", "bitmap_linear",
-    "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "csr16_linear", "slot_linear",
+    "set_autotune", "spmm_route", "dense_bmm", "linear", "activation", "add", "as_csr", "bias_act", "build_info", "cuda_features", "csr16_linear", "slot_linear",
     "Sparse24DecodeWeight", "sparse24_decode_linear",
     "div", "from_dense", "from_edge_index", "from_list", "from_scipy", "from_torch", "gelu", "leaky_relu", "mul", "relu",
     "scale", "scale_cols", "scale_rows", "sigmoid", "silu", "spmm", "sddmm", "sub", "tanh", "to_dense", "to_edge_index",

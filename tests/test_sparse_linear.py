@@ -18,9 +18,10 @@ import sparsetorch as st
 from sparsetorch import tuning
 from sparsetorch.nn import linear as lin
 from sparsetorch.pruned import forms, rule
-from conftest import CUDA_READY
+from conftest import CUDA_MMA, CUDA_READY
 
 needs_cuda = pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
+needs_mma = pytest.mark.skipif(not CUDA_MMA, reason="needs a GPU and this build's tensor-core (sm_80) code")
 
 
 @pytest.fixture(autouse=True)
@@ -416,7 +417,7 @@ def test_format_errors():
 
 # --- CUDA: what the GPU runs --------------------------------------------------------------------------
 
-@needs_cuda
+@needs_mma
 @pytest.mark.parametrize("scheme", ["2:4", "global"])
 def test_cuda_rule_forms_match_and_stay_bounded(scheme):
     torch.manual_seed(20)
@@ -431,7 +432,7 @@ def test_cuda_rule_forms_match_and_stay_bounded(scheme):
         e["decided"] for e in st.tuning_table(kind="linear"))
 
 
-@needs_cuda
+@needs_mma
 @pytest.mark.parametrize("scheme, stored", [("2:4", "2:4 decode"), ("global", "slots")])
 def test_cuda_compact_memory_and_results(scheme, stored):
     torch.manual_seed(21)
@@ -475,7 +476,7 @@ def test_cuda_graph_capture_replays_the_decided_form_and_builds_nothing():
     assert _rel(out32, _ref(layer, x32)) < 2e-2
 
 
-@needs_cuda
+@needs_mma
 def test_cuda_reduce_overhead_runs_the_chosen_form():
     torch.manual_seed(23)
     model = torch.nn.Sequential(
