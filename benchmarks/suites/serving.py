@@ -371,14 +371,15 @@ def _e2e_job(ctx: Context) -> Job:
 
 def serving_suite(ctx: Context) -> List[Job]:
     jobs = [
-        _serving_job(ctx, "MLP block 70% per row", _mlp_weights(ctx, 1), 0.7, "row", mlp=True),
-        _serving_job(ctx, "MLP block 90%", _mlp_weights(ctx, 2), 0.9, "global", mlp=True),
         _serving_job(ctx, "MLP block 2:4", _mlp_weights(ctx, 3), 0.5, "2:4", mlp=True),
-        _serving_job(ctx, "4-layer decoder stack projections 2:4", _stack_weights(ctx, 4), 0.5, "2:4", mlp=False,
-                     inner_kinds=tuple(f"down{i}" for i in range(8))),
+        _serving_job(ctx, "MLP block 90%", _mlp_weights(ctx, 2), 0.9, "global", mlp=True),
+        _serving_job(ctx, "MLP block 70% per row", _mlp_weights(ctx, 1), 0.7, "row", mlp=True),
     ]
-    if ctx.cuda:
-        jobs.append(_e2e_job(ctx))
+    if not ctx.quick:  # --full: the stack's 28 projections and the end-to-end model (compilation: minutes)
+        jobs.append(_serving_job(ctx, "4-layer decoder stack projections 2:4", _stack_weights(ctx, 4), 0.5, "2:4",
+                                 mlp=False, inner_kinds=tuple(f"down{i}" for i in range(8))))
+        if ctx.cuda:
+            jobs.append(_e2e_job(ctx))
     return jobs
 
 
