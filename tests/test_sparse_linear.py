@@ -235,7 +235,7 @@ def test_compact_holds_one_form_and_runs_every_token_count(dtype, scheme, sparsi
     assert mem["stored"] <= max(csr_bytes, mem["dense_weight"])
     assert "values" not in dict(layer.named_parameters())
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for n in (1, 16, 200, 700):
+    for n in (1, 16, 200, 700, 1, 16):  # twice: the second calls take the decided buckets' bound calls
         x = torch.randn(n, 128).to(dtype)
         with torch.no_grad():
             assert _rel(layer(x), _ref(layer, x, w)) < tol, n

@@ -380,6 +380,7 @@ class SparseLinear(nn.Module):
         if form is not None:
             derived.forms[name] = form
             derived.key = self._compact_key()
+            derived.stamp = self._make_stamp()
 
     def _stored_buffers(self) -> Dict[str, torch.Tensor]:
         return {k[len("stored_"):]: v for k, v in self._buffers.items()
@@ -709,8 +710,8 @@ class SparseLinear(nn.Module):
             # drops every bound call: __setattr__).
             derived = self._derived
             call = derived.exact.get(x.shape[0])
-            if call is not None and x.dim() == 2 and x.shape[1] == self.in_features:
-                stamp = derived.stamp
+            stamp = derived.stamp
+            if call is not None and stamp is not None and x.dim() == 2 and x.shape[1] == self.in_features:
                 fresh = x.dtype == stamp[0][0].dtype or (self.stored_format is not None and x.dtype == self._dtype)
                 for (t, version, ptr), now in zip(stamp, self._state_tensors()):
                     if t is not now or t._version != version or t.data_ptr() != ptr:
