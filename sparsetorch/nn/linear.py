@@ -47,6 +47,7 @@ from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
 from sparsetorch.pruned import forms as _forms
 from sparsetorch.pruned import rule as _rule
+from sparsetorch.pruned.sparse24 import sparse24_applies
 from sparsetorch.pruned.wanda import prune_mask
 from sparsetorch.tuning import tuner
 
@@ -519,11 +520,12 @@ class SparseLinear(nn.Module):
         fmt = self.format
         if fmt == "2:4":
             p = self._pattern()
-            available = _forms.applicable(p, n)
-            if n <= SPARSE24_DECODE_TOKENS and available.get("2:4 decode") is None:
+            if n <= SPARSE24_DECODE_TOKENS and _forms.applicable(p, n).get("2:4 decode") is None:
                 return "2:4 decode"
-            if available.get("2:4") is not None and self.values.device.type == "cuda":
-                raise ValueError(f"format '2:4': {available['2:4']}")
+            # forced: cuSPARSELt with whatever residual the pattern has (the residual limit is "auto"'s)
+            reason = sparse24_applies(p.shape, p.dtype, p.device)
+            if reason is not None and self.values.device.type == "cuda":
+                raise ValueError(f"format '2:4': {reason}")
         return fmt
 
     def _form(self, name: str, device: torch.device):
@@ -667,7 +669,11 @@ class SparseLinear(nn.Module):
             for bucket in counts:
                 x = torch.randn(bucket, self.in_features, device=device).to(self._dtype)
                 if self.format != "auto" and self.stored_format is None:
-                    result[bucket] = derived.choices[bucket] = self._forced(bucket)
+                    route = result[bucket] = derived.choices[bucket] = self._forced(bucket)
+                    if route == "2:4":  # cuSPARSELt's algorithm for this bucket (the forced form's only choice)
+                        derived.algs[bucket] = self._form("2:4", device).search(x, self._parameters.get("bias"))
+                        derived.runners.pop(bucket, None)
+                        derived.exact = {}
                     continue
                 names = self._all_candidates(bucket)
                 times, failed = {}, {}
