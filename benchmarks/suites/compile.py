@@ -38,6 +38,7 @@ from benchmarks.harness import make_clean_l2_timer
 from benchmarks.suites.common import Context, Job
 from benchmarks.suites.decode import (LLAMA3_8B, TINY, calibrate, dense_stack, heavy_tailed_weight, kv_caches,
                                       pruned_stacks, rope_at)
+from benchmarks.suites.decode import _graphed as decode_graphed
 from benchmarks.suites.gnn import Net, planetoid_case
 from benchmarks.suites.gnn_common import power_law_edge_index, pyg_layers, release_memory
 from benchmarks.suites.minibatch import Net3, make_batches
@@ -198,15 +199,8 @@ def _planetoid_job(ctx: Context, name: str, layer: str) -> Job:
 # --- pruned decode ------------------------------------------------------------------------------------------
 
 def _graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    """fn captured into a CUDA graph (decode.py's capture): a call that replays it and returns its output."""
+    graph, out = decode_graphed(fn)
 
     def replay():
         graph.replay()

@@ -35,13 +35,10 @@ def _ok(available: Dict[str, Optional[str]], form: str) -> bool:
 
 
 def _dense_crossover(device: torch.device, dtype: torch.dtype) -> float:
-    from sparsetorch.functional import DENSE_CROSSOVER
+    """st.spmm's density above which the dense GEMM wins (functional.DENSE_CROSSOVER, the one table)."""
+    from sparsetorch.functional import _crossover
 
-    table = DENSE_CROSSOVER["cuda" if device.type == "cuda" else "cpu"]
-    key = str(dtype).replace("torch.", "")
-    if key == "float32" and device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
-        key = "float32_tf32"
-    return table.get(key, 1.0)
+    return _crossover(torch.device(device), dtype)
 
 
 def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> str:
