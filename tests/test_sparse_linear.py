@@ -493,3 +493,30 @@ def test_cuda_reduce_overhead_runs_the_chosen_form():
         for bucket in (1, 16):
             decided = tuning.tuner("linear").decided(layer._tuning_key(bucket))
             assert layer.routes[bucket] == decided.partition("#")[0]
+
+
+def test_inference_forms_hold_no_refresh_maps_until_the_values_change():
+    """An auto layer builds its slot/bitmap/2:4-decode forms without the maps from the CSR's order (8 bytes per
+    entry for slots); once its values change (it trains), forms are rebuilt with them and follow every step."""
+    torch.manual_seed(15)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8)
+    tuning.tuner("linear").decide(layer._tuning_key(8), "slots")
+    x = torch.randn(7, 128).bfloat16()
+    with torch.no_grad():
+        assert _rel(layer(x), _ref(layer, x)) < 2e-2
+    entries = layer.nnz
+    assert layer.memory()["slots"] == 4 * (layer._derived.forms["slots"].weight.offsets.numel() + entries)
+    with torch.no_grad():
+        layer.values.mul_(-3.0)  # an optimizer step
+        assert _rel(layer(x), _ref(layer, x)) < 2e-2
+        assert layer._derived.forms["slots"].refreshable
+        layer.values.mul_(0.5)
+        assert _rel(layer(x), _ref(layer, x)) < 2e-2  # repacked in place this time
+    w24 = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).bfloat16(), scheme="2:4")
+    tuning.tuner("linear").decide(w24._tuning_key(1), "2:4 decode")
+    x1 = torch.randn(1, 64).bfloat16()
+    with torch.no_grad():
+        assert _rel(w24(x1), _ref(w24, x1)) < 2e-2
+        assert not w24._derived.forms["2:4 decode"].refreshable  # packed from the dense weight, no split
+        w24.values.mul_(2.0)
+        assert _rel(w24(x1), _ref(w24, x1)) < 2e-2

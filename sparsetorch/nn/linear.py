@@ -144,6 +144,8 @@ class _Derived:
         self.values_meta = None            # (shape, dtype, device) of the values the forms were made from
         self.signature = None              # the tuner's signature of this weight (without the bucket)
         self.stamp = None                  # (tensor, version, data_ptr) of the state the fast path checks
+        self.trained = False               # the values changed since the forms were built: keep refresh maps
+        self.rules: Dict[int, str] = {}    # bucket -> the rule's form (an undecided bucket samples around it)
         self.exact: Dict[int, Any] = {}    # token count -> bound call of a decided bucket (the fast path)
 
     def __getstate__(self):
@@ -443,12 +445,15 @@ class SparseLinear(nn.Module):
             derived = self._derived = _Derived()
             self._dtype = v.dtype
         else:
-            derived.runners = {}
+            derived.runners, derived.exact = {}, {}
             if key[:6] != old[:6]:
+                derived.trained = True  # the layer trains: forms built from now on keep their refresh maps
                 with torch.no_grad():
-                    for name, form in derived.forms.items():
+                    for name, form in list(derived.forms.items()):
                         if name == "dense":
                             form.weight = self.weight.to_dense().detach()
+                        elif not getattr(form, "refreshable", True):
+                            del derived.forms[name]  # built again, with its maps, when next used
                         elif hasattr(form, "set_values"):
                             form.set_values(v.detach())
         derived.key = key
@@ -539,8 +544,9 @@ class SparseLinear(nn.Module):
                                   self.backend)
         else:
             pattern = self._pattern()
+            keep = self._derived.trained or self.format != "auto"
             form = _outside_graph_pool(lambda: _forms.build(name, pattern, self.crow_indices, self.col_indices,
-                                                            self.values.detach(), self.backend), device)
+                                                            self.values.detach(), self.backend, keep), device)
         derived.forms[name] = form
         return form
 
@@ -561,6 +567,7 @@ class SparseLinear(nn.Module):
                 route, sample = decided, None
             else:
                 route, sample = table.choose(key, list(self._candidates(n, rule)), rule, x.device)
+            derived.rules[bucket] = rule
             decided = table.decided(key) is not None
             derived.decided[bucket] = decided
         if capturing and route not in derived.forms and route not in ("csr", "expand"):
@@ -644,15 +651,17 @@ class SparseLinear(nn.Module):
         return lambda a: form(a, None, "none", 0.0)
 
     def _release_unused(self) -> None:
-        """Free the forms no bucket takes now (only once every bucket seen is decided: undecided buckets
-        sample the held forms)."""
+        """Free the forms no bucket takes now and no undecided bucket samples (its rule's form and its
+        neighbours' choices, which are buckets' choices themselves)."""
         derived = self._derived
-        if self.stored_format is not None or not all(derived.decided.get(b) for b in derived.choices):
+        if self.stored_format is not None:
             return
         used = set(derived.choices.values())
+        used.update(rule for b, rule in derived.rules.items() if not derived.decided.get(b))
         for name in [n for n in derived.forms if n not in used and n != "csr"]:
             del derived.forms[name]
             derived.runners = {b: c for b, c in derived.runners.items() if derived.choices.get(b) != name}
+            derived.exact = {}
 
     # --- prepare: decide buckets now ------------------------------------------------------------------
 

@@ -4,7 +4,10 @@ one place that knows each format's API (SparseLinear, sparsetorch/nn/linear.py, 
 Every form ``f`` has ``f.name``, ``f.nbytes`` (what it holds), ``f(x, bias, activation, negative_slope)``
 (``act(x @ W.T + bias)`` for x (N, in), recording no gradient), ``f.tensors()`` (what it holds, by name:
 its state in a compact layer's state_dict) and ``f.to_dense()`` (W, for a transient expansion). Forms
-built from a CSR also take ``f.set_values(values)`` (new CSR values, same pattern: the layer trained).
+built from a CSR also take ``f.set_values(values)`` (new CSR values, same pattern: the layer trained)
+where ``f.refreshable``; the layouts that need maps from the CSR's order for that (slots: 8 bytes per
+entry, bitmap: 8, 2:4 decode: its 2:4 split) are built without them unless asked (``keep_maps``), and a
+layer that trains builds them again with their maps.
 
 Which forms apply (``applicable``) depends on the weight (dtype, shape, pattern) and on what the loaded
 build can run on the device (tensor-core forms need mma: sm_80 code, see sparsetorch._build_info).
@@ -130,6 +133,7 @@ class CsrForm:
     """The CSR itself, through st.spmm's routes (its own route tuner picks among them)."""
 
     name = "csr"
+    refreshable = True
 
     def __init__(self, crow, col, values, shape, backend: str = "auto"):
         self.crow, self.col, self.values, self.shape, self.backend = crow, col, values, tuple(shape), backend
@@ -159,6 +163,7 @@ class DenseForm:
     """The dense weight (cuBLAS through torch's linear; cuBLASLt's fused epilogue for an activation)."""
 
     name = "dense"
+    refreshable = True
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
@@ -184,6 +189,7 @@ class Sparse24Form:
     bucket is cuSPARSELt's searched algorithm (-1: its default)."""
 
     name = "2:4"
+    refreshable = True
 
     def __init__(self, split: Sparse24Split, values: torch.Tensor):
         self.weight = Sparse24Weight(split, values.detach())
@@ -231,6 +237,10 @@ class Sparse24DecodeForm:
         return cls(Sparse24DecodeWeight.from_split(split, values.detach()))
 
     @property
+    def refreshable(self) -> bool:
+        return self.weight.split is not None
+
+    @property
     def nbytes(self) -> int:
         return self.weight.nbytes
 
@@ -255,14 +265,20 @@ class Sparse24DecodeForm:
 class BitmapForm:
     name = "bitmap"
 
-    def __init__(self, csr: CSR):
+    def __init__(self, csr: CSR, keep_maps: bool = True):
         self.weight = BitmapWeight.from_csr(csr)
+        if not keep_maps:
+            self.weight._csr_gather = self.weight._csr_scatter = None
 
     @property
     def nbytes(self) -> int:
         w = self.weight
         maps = [t for t in (w._csr_gather, w._csr_scatter) if t is not None]
         return int(w.nbytes) + sum(t.numel() * t.element_size() for t in maps)
+
+    @property
+    def refreshable(self) -> bool:
+        return self.weight._csr_gather is not None or self.weight._csr_scatter is not None
 
     def set_values(self, values):
         self.weight.values_from_csr(values.detach())
@@ -286,12 +302,19 @@ class SlotsForm:
         self.weight = weight
 
     @classmethod
-    def from_csr(cls, crow, col, values, shape) -> "SlotsForm":
-        return cls(_slots.SlotWeight(crow, col, values.detach(), shape))
+    def from_csr(cls, crow, col, values, shape, keep_maps: bool = True) -> "SlotsForm":
+        form = cls(_slots.SlotWeight(crow, col, values.detach(), shape))
+        if not keep_maps:
+            form.compact()
+        return form
 
     @property
     def nbytes(self) -> int:
         return int(self.weight.nbytes)
+
+    @property
+    def refreshable(self) -> bool:
+        return self.weight._into is not None
 
     def set_values(self, values):
         self.weight.set_values(values)
@@ -313,6 +336,7 @@ class SlotsForm:
 
 class Csr16Form:
     name = "csr16"
+    refreshable = True
 
     def __init__(self, crow, col, values, shape):
         self.weight = _csr16.Csr16Weight(crow, col, values.detach(), shape)
@@ -338,8 +362,10 @@ class Csr16Form:
         return without_autograd(ops.csr16_linear.default, x, w.crow, w.entries, bias, activation, float(negative_slope))
 
 
-def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto"):
-    """The form ``name`` of the CSR weight (crow, col, values); ValueError/RuntimeError when it cannot apply."""
+def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto", keep_maps: bool = True):
+    """The form ``name`` of the CSR weight (crow, col, values); ValueError/RuntimeError when it cannot apply.
+    ``keep_maps=False``: without the maps from the CSR's order (module docstring): less memory and, for a 2:4
+    weight's decode layout, no split (a sort) to build."""
     shape = pattern.shape
     with torch.no_grad():
         if name == "csr":
@@ -349,11 +375,13 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto")
         if name == "2:4":
             return Sparse24Form(pattern.split, values)
         if name == "2:4 decode":
+            if not keep_maps and pattern.is_24:  # W is its own 2:4 part: packed from the dense weight
+                return Sparse24DecodeForm(Sparse24DecodeWeight(CSR(crow, col, values.detach(), shape).to_dense()))
             return Sparse24DecodeForm.from_csr(pattern.split, values)
         if name == "bitmap":
-            return BitmapForm(CSR(crow, col, values.detach(), shape))
+            return BitmapForm(CSR(crow, col, values.detach(), shape), keep_maps)
         if name == "slots":
-            return SlotsForm.from_csr(crow, col, values, shape)
+            return SlotsForm.from_csr(crow, col, values, shape, keep_maps)
         if name == "csr16":
             return Csr16Form(crow, col, values, shape)
     raise ValueError(f"format: unknown form {name!r}; expected one of {', '.join(FORM_NAMES)}")
