@@ -116,15 +116,10 @@ def _outside_graph_pool(build, device: torch.device):
 
 
 def _tensors_of(form) -> Iterable[torch.Tensor]:
-    seen = []
-    for t in form.tensors().values():
-        if isinstance(t, torch.Tensor) and t.is_cuda:
-            seen.append(t)
+    """The CUDA tensors a form holds: its state and what its weight object keeps beside it (maps)."""
     inner = getattr(form, "weight", None)
-    for t in vars(inner).values() if inner is not None and hasattr(inner, "__dict__") else ():
-        if isinstance(t, torch.Tensor) and t.is_cuda:
-            seen.append(t)
-    return seen
+    found = list(form.tensors().values()) + (list(vars(inner).values()) if hasattr(inner, "__dict__") else [])
+    return list({id(t): t for t in found if isinstance(t, torch.Tensor) and t.is_cuda}.values())
 
 
 class _Derived:
@@ -402,15 +397,9 @@ class SparseLinear(nn.Module):
         key = self._compact_key()
         if derived.key != key or self.stored_format not in derived.forms:
             tensors = self._stored_buffers()
-            nnz, banded = self._pattern_summary()
-            shape = (self.out_features, self.in_features)
-            if self.stored_format == "slots":
-                from sparsetorch.pruned.slots import SlotWeight
-
-                form = _forms.SlotsForm(SlotWeight.from_packed(tensors["offsets"], tensors["entries"], shape,
-                                                               self._dtype, banded))
-            else:
-                form = _forms.from_tensors(self.stored_format, tensors, shape, self._dtype, self.backend)
+            _, banded = self._pattern_summary()
+            form = _forms.from_tensors(self.stored_format, tensors, (self.out_features, self.in_features), self._dtype,
+                                       self.backend, banded)
             self._derived = derived = _Derived()
             derived.forms[self.stored_format] = form
             derived.key = key

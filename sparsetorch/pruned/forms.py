@@ -184,22 +184,30 @@ class DenseForm:
         return without_autograd(ops.linear.default, x, self.weight, bias, activation, float(negative_slope))
 
 
-class Sparse24Form:
+class _WeightForm:
+    """A form that wraps one pruned-weight object (``weight``) with ``nbytes`` and ``set_values`` of its own."""
+
+    refreshable = True
+
+    def __init__(self, weight):
+        self.weight = weight
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.weight.nbytes)
+
+    def set_values(self, values):
+        self.weight.set_values(values)
+
+
+class Sparse24Form(_WeightForm):
     """The 2:4 part on cuSPARSELt plus a CSR residual (any pattern close to 2:4); ``alg`` per token-count
     bucket is cuSPARSELt's searched algorithm (-1: its default)."""
 
     name = "2:4"
-    refreshable = True
 
     def __init__(self, split: Sparse24Split, values: torch.Tensor):
-        self.weight = Sparse24Weight(split, values.detach())
-
-    @property
-    def nbytes(self) -> int:
-        return self.weight.nbytes
-
-    def set_values(self, values):
-        self.weight.set_values(values)
+        super().__init__(Sparse24Weight(split, values.detach()))
 
     def tensors(self):
         return {k: v for k, v in (("compressed", self.weight.compressed), ("dense", self.weight.dense),
@@ -224,13 +232,10 @@ class Sparse24Form:
         return int(ops.sparse24_search(x, w.compressed, w.split.shape[0], w.res_values is not None, bias, "none"))
 
 
-class Sparse24DecodeForm:
+class Sparse24DecodeForm(_WeightForm):
     """A pure 2:4 weight in the mma.sp decode kernel's layout (1.125 bytes per position in bf16)."""
 
     name = "2:4 decode"
-
-    def __init__(self, weight: Sparse24DecodeWeight):
-        self.weight = weight
 
     @classmethod
     def from_csr(cls, split: Sparse24Split, values: torch.Tensor) -> "Sparse24DecodeForm":
@@ -239,13 +244,6 @@ class Sparse24DecodeForm:
     @property
     def refreshable(self) -> bool:
         return self.weight.split is not None
-
-    @property
-    def nbytes(self) -> int:
-        return self.weight.nbytes
-
-    def set_values(self, values):
-        self.weight.set_values(values)
 
     def tensors(self):
         return {"values": self.weight.values, "meta": self.weight.meta}
@@ -295,11 +293,8 @@ class BitmapForm:
                                 activation, float(negative_slope))
 
 
-class SlotsForm:
+class SlotsForm(_WeightForm):
     name = "slots"
-
-    def __init__(self, weight: _slots.SlotWeight):
-        self.weight = weight
 
     @classmethod
     def from_csr(cls, crow, col, values, shape, keep_maps: bool = True) -> "SlotsForm":
@@ -309,15 +304,8 @@ class SlotsForm:
         return form
 
     @property
-    def nbytes(self) -> int:
-        return int(self.weight.nbytes)
-
-    @property
     def refreshable(self) -> bool:
         return self.weight._into is not None
-
-    def set_values(self, values):
-        self.weight.set_values(values)
 
     def tensors(self):
         return {"offsets": self.weight.offsets, "entries": self.weight.entries}
@@ -334,12 +322,11 @@ class SlotsForm:
                                 float(negative_slope), w.banded)
 
 
-class Csr16Form:
+class Csr16Form(_WeightForm):
     name = "csr16"
-    refreshable = True
 
     def __init__(self, crow, col, values, shape):
-        self.weight = _csr16.Csr16Weight(crow, col, values.detach(), shape)
+        super().__init__(_csr16.Csr16Weight(crow, col, values.detach(), shape))
         self._shared_crow = crow
 
     @property
@@ -348,8 +335,6 @@ class Csr16Form:
         shared = w.crow.data_ptr() == self._shared_crow.data_ptr()  # int32 row pointers shared with the CSR
         return w.nbytes - (w.crow.numel() * 4 if shared else 0)
 
-    def set_values(self, values):
-        self.weight.set_values(values)
 
     def tensors(self):
         return {"crow": self.weight.crow, "entries": self.weight.entries}
@@ -387,15 +372,16 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     raise ValueError(f"format: unknown form {name!r}; expected one of {', '.join(FORM_NAMES)}")
 
 
-def from_tensors(name: str, tensors: Dict[str, torch.Tensor], shape: Tuple[int, int], dtype, backend="auto"):
+def from_tensors(name: str, tensors: Dict[str, torch.Tensor], shape: Tuple[int, int], dtype, backend="auto",
+                 banded: bool = False):
     """A compact layer's stored form rebuilt from its state_dict tensors (checked: a corrupt layout
-    raises ValueError naming the tensor, before any kernel reads it)."""
+    raises ValueError naming the tensor, before any kernel reads it). ``banded``: the slot layout's variant."""
     m, k = int(shape[0]), int(shape[1])
     if name == "2:4 decode":
         values, meta = tensors["values"], tensors["meta"]
         return Sparse24DecodeForm(Sparse24DecodeWeight.from_packed(values, meta, (m, k)))
     if name == "slots":
-        return SlotsForm(_slots.SlotWeight.from_packed(tensors["offsets"], tensors["entries"], (m, k), dtype))
+        return SlotsForm(_slots.SlotWeight.from_packed(tensors["offsets"], tensors["entries"], (m, k), dtype, banded))
     if name == "csr":
         crow, col, values = tensors["crow_indices"], tensors["col_indices"], tensors["values"]
         from sparsetorch._validate import validate_csr
