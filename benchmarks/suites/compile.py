@@ -26,7 +26,6 @@ dense).
 """
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable, Dict, List
 
@@ -76,7 +75,12 @@ def _finish(rows: List[dict], key: str = "impl") -> List[dict]:
 
 # --- GNN training -------------------------------------------------------------------------------------------
 
-def _train_step(model, opt, moved_device=None):
+def _libraries() -> dict:
+    """name -> the layers' module: sparsetorch's, and torch_geometric's where installed."""
+    pyg_nn, _ = pyg_layers()
+    return {"sparsetorch": st.nn, **({"torch_geometric": pyg_nn} if pyg_nn is not None else {})}
+
+def _train_step(model, opt):
     def step(batch):
         x, edge_index, y, size = batch
         opt.zero_grad(set_to_none=True)
@@ -93,10 +97,7 @@ def _minibatch_job(ctx: Context, layer: str) -> Job:
         graph = power_law_edge_index(nodes, entries, seed=7, device=str(ctx.device))
         batches = make_batches(ctx, graph, nodes, (15, 10), steps + 5, seed=2)
         case = f"{layer} mini-batch, power-law {nodes // 1000}k, fanout [15, 10], 128-256-256-47"
-        pyg_nn, _ = pyg_layers()
-        libs = {"sparsetorch": st.nn}
-        if pyg_nn is not None:
-            libs["torch_geometric"] = pyg_nn
+        libs = _libraries()
         torch.manual_seed(0)
         initial = Net3(st.nn, layer).state_dict()
         rows = []
@@ -149,10 +150,7 @@ def _planetoid_job(ctx: Context, name: str, layer: str) -> Job:
         edge_index, x, y = edge_index.to(ctx.device), x.to(ctx.device), y.to(ctx.device)
         channels = (x.shape[1], 16 if layer == "GCNConv" else 64, int(y.max()) + 1)
         case = f"{layer} full-graph step, {name}"
-        pyg_nn, _ = pyg_layers()
-        libs = {"sparsetorch": st.nn}
-        if pyg_nn is not None:
-            libs["torch_geometric"] = pyg_nn
+        libs = _libraries()
         torch.manual_seed(0)
         initial = Net(st.nn, layer, channels).state_dict()
         # A fixed graph: sparsetorch's layers hold its matrix (cached=True, as torch_geometric's GCNConv does in

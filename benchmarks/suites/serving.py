@@ -101,8 +101,7 @@ def _run_sequence(ctx: Context, layers: List[Callable], mlp: bool, steps: List[i
                 per = [t1 - t0, t2 - t1, t4 - t3]
                 total += t4 - t0
             else:
-                a = x
-                for layer, (k_in) in layers:
+                for layer, k_in in layers:
                     inp = pool_inner[:n] if k_in == "inner" else pool[:n]
                     sync()
                     t0 = time.perf_counter()
@@ -111,7 +110,6 @@ def _run_sequence(ctx: Context, layers: List[Callable], mlp: bool, steps: List[i
                     dt = time.perf_counter() - t0
                     per.append(dt)
                     total += dt
-                del a
             costs.append(per)
     return total, costs
 
@@ -132,7 +130,6 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         pool = torch.randn(max(steps), hidden, device=ctx.device, generator=g).to(dtype)
         pool_inner = torch.randn(max(steps), inner, device=ctx.device, generator=g).to(dtype)
         kinds = list(weights)
-        masks = {}
 
         def fresh_layers():
             out = []
