@@ -520,3 +520,22 @@ def test_inference_forms_hold_no_refresh_maps_until_the_values_change():
         assert not w24._derived.forms["2:4 decode"].refreshable  # packed from the dense weight, no split
         w24.values.mul_(2.0)
         assert _rel(w24(x1), _ref(w24, x1)) < 2e-2
+
+
+def test_sparse_linear_op_opcheck_and_gradcheck():
+    """The op torch.compile sees: schema, fake kernel and registered autograd (opcheck), and float64 gradients
+    of x and of the CSR values (gradcheck) through it."""
+    torch.manual_seed(16)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(12, 8, dtype=torch.float64), sparsity=0.5, bias=None)
+    x = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
+    op = torch.ops.sparsetorch.sparse_linear
+    torch.library.opcheck(op, (x, layer.values, layer._handle, False))
+    torch.library.opcheck(op, (x.detach(), layer.values.detach(), layer._handle, True),
+                          test_utils=("test_schema", "test_faketensor"))
+    assert torch.autograd.gradcheck(lambda a: op(a, layer.values, layer._handle, False), (x,))
+    # values other than the layer's own (gradcheck perturbs through .data, which no version counter sees, so
+    # a copy): the op computes on them
+    v = layer.values.detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, w: op(a, w, layer._handle, False), (x, v))
+    with pytest.raises(RuntimeError, match="no live SparseLinear"):
+        op(x.detach(), None, 10**9, True)

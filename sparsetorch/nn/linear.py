@@ -859,8 +859,14 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
 def _sparse_linear_op(x: torch.Tensor, values: Optional[torch.Tensor], handle: int, epilogue: bool) -> torch.Tensor:
     """x @ W^T for the SparseLinear registered under ``handle``, on the form its token-count bucket takes;
     ``epilogue``: with the layer's bias and activation fused (inference). ``values`` is the layer's CSR
-    values parameter (None for a compact layer): an input so that autograd reaches it."""
-    return _layer(handle)._run(x, bias_act=epilogue)
+    values parameter (None for a compact layer): an input so that autograd reaches it. Other values on the
+    layer's pattern (a functional call, gradcheck) run the CSR route on them: the op is a function of its
+    inputs."""
+    layer = _layer(handle)
+    if values is not None and layer.stored_format is None and values.data_ptr() != layer.values.data_ptr():
+        form = _forms.CsrForm(layer.crow_indices, layer.col_indices, values, (layer.out_features, layer.in_features))
+        return form(x, layer.bias, layer.activation, layer.negative_slope) if epilogue else form(x)
+    return layer._run(x, bias_act=epilogue)
 
 
 @_sparse_linear_op.register_fake
