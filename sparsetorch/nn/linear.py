@@ -849,7 +849,7 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
             grad_x = gy @ dense.weight
         else:
             crow_t, col_t, perm = transpose_pattern(crow, col, layer.in_features)
-            grad_x = spmm_call(crow_t, col_t, transpose_values(values.detach(), perm), gy.t()).t()
+            grad_x = spmm_call(crow_t, col_t, transpose_values(values.detach(), perm), gy.t()).t().contiguous()
     if need_values:
         grad_values = call_op(ops.sddmm, (), crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
     return grad_x, grad_values
