@@ -18,6 +18,7 @@ from typing import Callable, Dict
 import torch
 
 import sparsetorch as st
+from conftest import python_env
 
 M, K, PER_ROW = 200, 150, 6
 
@@ -276,7 +277,8 @@ def run_isolated(device, index_dtype, layout):
     while start < len(todo):
         code = (f"import sys; sys.path.insert(0, {here!r}); import _corruptions; "
                 f"_corruptions._worker({device!r}, {index_dtype!r}, {layout!r}, {start})")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                              env=python_env())
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
         records = {x["i"]: x for x in lines if "started" not in x}
         started = [x["i"] for x in lines if "started" in x]

@@ -21,6 +21,17 @@ CUDA_READY = st.build_info()["cuda_available"]
 # tensor-core forms (bitmap, slots, 2:4 decode) refuse with the error below instead of running.
 CUDA_MMA = CUDA_READY and st.cuda_features()["mma"]
 NO_MMA_REFUSAL = "needs device code for compute capability 8.0 or newer"
+
+
+def python_env(**extra):
+    """os.environ plus ``extra`` for a subprocess, with this suite's sparsetorch first on its PYTHONPATH (a
+    subprocess imports the build under test, installed or in place)."""
+    env = dict(os.environ, **extra)
+    first = os.path.dirname(os.path.dirname(os.path.abspath(st.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([first] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
 DEVICES = ["cpu"] + (["cuda"] if CUDA_READY else [])
 FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INDEX_DTYPES = [torch.int32, torch.int64]

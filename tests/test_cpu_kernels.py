@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import sparsetorch as st
 from _helpers import activation_refs, assert_matches, randn, random_csr, rounded, to_st
-from conftest import FLOAT_DTYPES, INDEX_DTYPES
+from conftest import FLOAT_DTYPES, INDEX_DTYPES, python_env
 
 ops = torch.ops.sparsetorch
 ACTS = activation_refs(negative_slope=0.1)
@@ -587,7 +587,7 @@ def test_portable_build_matches_in_a_subprocess():
                 close(st.spmm(st.from_scipy(a, dtype=dtype), x[:, :n]), torch.from_numpy(a @ x[:, :n].double().numpy()))
         print("ok")
     """)
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    env = python_env(ATEN_CPU_CAPABILITY="default")
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stdout + res.stderr

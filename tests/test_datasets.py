@@ -9,6 +9,7 @@ import pytest
 
 from sparsetorch import datasets
 from _helpers import DATA_DIR, HAS_PLANETOID
+from conftest import python_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 needs_cora = pytest.mark.skipif(not HAS_PLANETOID, reason=f"Planetoid data not found under {DATA_DIR}")
@@ -76,7 +77,7 @@ def test_nothing_found_names_the_folders_searched(tmp_path, monkeypatch):
 def test_examples_say_what_data_is_missing(tmp_path, script):
     if script == "pyg_dropin.py":
         pytest.importorskip("torch_geometric")
-    env = dict(os.environ, SPARSETORCH_DATA=str(tmp_path))
+    env = python_env(SPARSETORCH_DATA=str(tmp_path))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--device", "cpu", "--data",
                            str(tmp_path), "--epochs", "1", "--seeds", "1"], capture_output=True, text=True, env=env,
                           timeout=300)

@@ -126,7 +126,8 @@ def samples(rng, device):
     # sparse_linear (SparseLinear's op: the layer's forms behind an integer handle; tests/test_sparse_linear.py)
     layer = st.nn.SparseLinear.from_dense(torch.randn(8, 6, device=device), sparsity=0.5)
     xl = torch.randn(3, 6, device=device, requires_grad=True)
-    yield ops.sparse_linear, (xl, layer.values, layer._handle, False), {}
+    yield ops.sparse_linear, (xl, layer.values, layer._handle), {}
+    yield ops.sparse_linear_inference, (xl.detach(), layer._handle), {}
     yield ops.sparse_linear_backward, (torch.randn(3, 8, device=device), xl.detach(), layer.values.detach(),
                                        layer._handle, True, True), {}
 

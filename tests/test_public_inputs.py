@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
+from conftest import python_env
 from _helpers import REL_TOL
 
 M, K, N = 7, 5, 3  # A is M x K, B is K x N; graphs are N_NODES x N_NODES
@@ -423,5 +424,5 @@ def test_conversions_raise_no_torch_notice():
             "a = st.from_dense(torch.eye(3)); st.from_dense(torch.eye(3).expand(2, 3, 3).contiguous())\n"
             "st.to_torch(a); st.to_torch(st.from_list([a, a]))\n")
     proc = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=python_env())
     assert proc.returncode == 0, proc.stderr

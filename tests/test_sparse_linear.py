@@ -18,7 +18,7 @@ import sparsetorch as st
 from sparsetorch import tuning
 from sparsetorch.nn import linear as lin
 from sparsetorch.pruned import forms, rule
-from conftest import CUDA_MMA, CUDA_READY
+from conftest import CUDA_MMA, CUDA_READY, python_env
 
 needs_cuda = pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 needs_mma = pytest.mark.skipif(not CUDA_MMA, reason="needs a GPU and this build's tensor-core (sm_80) code")
@@ -173,7 +173,7 @@ def test_cache_file_holds_linear_decisions_and_a_new_process_starts_decided(tmp_
         layer.prepare([1, 8])
         print("END", layer.routes)
     """)
-    env = dict(os.environ, SPARSETORCH_TUNING_CACHE=path)
+    env = python_env(SPARSETORCH_TUNING_CACHE=path)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     first = subprocess.run([sys.executable, "-c", code], env=env, cwd=tests_dir, capture_output=True, text=True,
                            check=True, timeout=300).stdout
@@ -523,19 +523,23 @@ def test_inference_forms_hold_no_refresh_maps_until_the_values_change():
 
 
 def test_sparse_linear_op_opcheck_and_gradcheck():
-    """The op torch.compile sees: schema, fake kernel and registered autograd (opcheck), and float64 gradients
-    of x and of the CSR values (gradcheck) through it."""
+    """The ops torch.compile sees: schema, fake kernel and registered autograd (opcheck), and float64 gradients
+    of x and of the CSR values (gradcheck) through the training op; the inference op gives the layer's output."""
     torch.manual_seed(16)
-    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(12, 8, dtype=torch.float64), sparsity=0.5, bias=None)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(12, 8, dtype=torch.float64), sparsity=0.5,
+                                          activation="relu")
     x = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
     op = torch.ops.sparsetorch.sparse_linear
-    torch.library.opcheck(op, (x, layer.values, layer._handle, False))
-    torch.library.opcheck(op, (x.detach(), layer.values.detach(), layer._handle, True),
-                          test_utils=("test_schema", "test_faketensor"))
-    assert torch.autograd.gradcheck(lambda a: op(a, layer.values, layer._handle, False), (x,))
+    torch.library.opcheck(op, (x, layer.values, layer._handle))
+    assert torch.autograd.gradcheck(lambda a: op(a, layer.values, layer._handle), (x,))
     # values other than the layer's own (gradcheck perturbs through .data, which no version counter sees, so
     # a copy): the op computes on them
     v = layer.values.detach().clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, w: op(a, w, layer._handle, False), (x, v))
+    assert torch.autograd.gradcheck(lambda a, w: op(a, w, layer._handle), (x, v))
+    inference = torch.ops.sparsetorch.sparse_linear_inference
+    torch.library.opcheck(inference, (x.detach(), layer._handle), test_utils=("test_schema", "test_faketensor"))
+    with torch.no_grad():
+        ref = torch.relu(x.detach() @ layer.to_dense().T + layer.bias)
+        assert torch.allclose(inference(x.detach(), layer._handle), ref)
     with pytest.raises(RuntimeError, match="no live SparseLinear"):
-        op(x.detach(), None, 10**9, True)
+        inference(x.detach(), 10**9)

@@ -22,7 +22,7 @@ from sparsetorch import tuning
 from sparsetorch._ops import ops
 
 from _helpers import assert_matches, random_csr, rounded
-from conftest import CUDA_READY
+from conftest import CUDA_READY, python_env
 
 needs_cuda = pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
 
@@ -360,7 +360,7 @@ def test_save_without_a_path_raises():
 
 
 def _run(code, env_extra):
-    env = dict(os.environ, **env_extra)
+    env = python_env(**env_extra)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=tests_dir, check=True,
                           capture_output=True, text=True, timeout=300).stdout

@@ -17,7 +17,8 @@ they persist in the tuning cache file (``st.set_tuning_cache``). ``layer.prepare
 ``st.nn.prepare(model, token_counts)`` builds and times every form for those buckets now (a server does
 this at load), and searches cuSPARSELt's algorithm for the 2:4 form.
 
-**Compile and CUDA graphs.** The choice lives inside one custom op, ``sparsetorch::sparse_linear``, which
+**Compile and CUDA graphs.** The choice lives inside one custom op, ``sparsetorch::sparse_linear_inference``
+(``sparsetorch::sparse_linear`` when autograd records: the bare product, with its backward), which
 torch.compile sees as one opaque call: compiled code runs the form the bucket decided, and a CUDA graph
 (``mode="reduce-overhead"``, ``torch.cuda.graph``) captures it. Nothing is sampled or built during a
 capture: a bucket still undecided there takes its rule among the forms the layer holds. Forms are built
@@ -749,7 +750,7 @@ class SparseLinear(nn.Module):
             y = self._forward_op(x2, values, bias, training)
         elif training:
             self._require_csr("backward")
-            y = _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle, False))
+            y = _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle))
         else:
             y = self._run(x2)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
@@ -758,8 +759,8 @@ class SparseLinear(nn.Module):
         """The traced forward: one opaque op (the choice happens inside it, at run time)."""
         if training:
             self._require_csr("backward")
-            return _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle, False))
-        return torch.ops.sparsetorch.sparse_linear(x2, values, self._handle, True)
+            return _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle))
+        return torch.ops.sparsetorch.sparse_linear_inference(x2, self._handle)
 
     # --- state_dict ----------------------------------------------------------------------------------
 
@@ -856,21 +857,43 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
 
 
 @torch.library.custom_op("sparsetorch::sparse_linear", mutates_args=())
-def _sparse_linear_op(x: torch.Tensor, values: Optional[torch.Tensor], handle: int, epilogue: bool) -> torch.Tensor:
-    """x @ W^T for the SparseLinear registered under ``handle``, on the form its token-count bucket takes;
-    ``epilogue``: with the layer's bias and activation fused (inference). ``values`` is the layer's CSR
-    values parameter (None for a compact layer): an input so that autograd reaches it. Other values on the
-    layer's pattern (a functional call, gradcheck) run the CSR route on them: the op is a function of its
-    inputs."""
+def _sparse_linear_op(x: torch.Tensor, values: torch.Tensor, handle: int) -> torch.Tensor:
+    """x @ W^T (no bias, no activation) for the training-mode SparseLinear registered under ``handle``, on the
+    form its token-count bucket takes; ``values`` is the layer's CSR values parameter, an input so that
+    autograd reaches it. Other values on the layer's pattern (a functional call, gradcheck) run the CSR
+    route on them: the op is a function of its inputs."""
     layer = _layer(handle)
-    if values is not None and layer.stored_format is None and values.data_ptr() != layer.values.data_ptr():
-        form = _forms.CsrForm(layer.crow_indices, layer.col_indices, values, (layer.out_features, layer.in_features))
-        return form(x, layer.bias, layer.activation, layer.negative_slope) if epilogue else form(x)
-    return layer._run(x, bias_act=epilogue)
+    if layer.stored_format is not None:
+        raise RuntimeError("sparse_linear: the layer is compact (no CSR values to differentiate); run it under "
+                           "torch.no_grad()")
+    if values.data_ptr() != layer.values.data_ptr():
+        return _forms.CsrForm(layer.crow_indices, layer.col_indices, values, (layer.out_features, layer.in_features))(x)
+    return layer._run(x, bias_act=False)
 
 
 @_sparse_linear_op.register_fake
-def _(x, values, handle, epilogue):
+def _(x, values, handle):
+    return x.new_empty((x.shape[0], _layer(handle).out_features))
+
+
+# The inference op: the layer's bias and activation fused, no autograd formula. Defined with torch.library
+# directly (one dispatcher hop into Python per call, where custom_op adds a Python autograd layer and a
+# redispatch): compiled decode pays it once per layer and step.
+_LIB = torch.library.Library("sparsetorch", "FRAGMENT")
+_LIB.define("sparse_linear_inference(Tensor x, int handle) -> Tensor")
+
+
+def _sparse_linear_inference(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """act(x @ W^T + bias) for the SparseLinear under ``handle`` (training mode or compact), on the form its
+    token-count bucket takes; records no gradient."""
+    return _layer(handle)._run(x)
+
+
+_LIB.impl("sparse_linear_inference", _sparse_linear_inference, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("sparsetorch::sparse_linear_inference", lib=_LIB)
+def _(x, handle):
     return x.new_empty((x.shape[0], _layer(handle).out_features))
 
 
@@ -889,19 +912,16 @@ def _(grad, x, values, handle, need_x, need_values):
 
 
 def _setup(ctx, inputs, output):
-    x, values, handle, epilogue = inputs
-    if epilogue:
-        raise RuntimeError("sparse_linear: the fused epilogue is for inference (the layer runs bias and activation "
-                           "as their own op when autograd records)")
+    x, values, handle = inputs
     ctx.save_for_backward(x, values)
     ctx.handle = handle
 
 
 def _op_backward(ctx, grad):
     x, values = ctx.saved_tensors
-    need_x, need_values = ctx.needs_input_grad[0], values is not None and ctx.needs_input_grad[1]
+    need_x, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     gx, gv = torch.ops.sparsetorch.sparse_linear_backward(grad, x, values, ctx.handle, need_x, need_values)
-    return (gx if need_x else None), (gv if need_values else None), None, None
+    return (gx if need_x else None), (gv if need_values else None), None
 
 
 _sparse_linear_op.register_autograd(_op_backward, setup_context=_setup)
