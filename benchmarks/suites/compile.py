@@ -243,7 +243,9 @@ def _pruned_job(ctx: Context, kind: str, sparsity, scheme: str) -> Job:
                   heavy_tailed_weight(h, i, ctx.device, dtype, g)]
             sparse = torch.nn.ModuleList(st.nn.SparseLinear.from_dense(w, sparsity=sparsity, scheme=scheme)
                                          .requires_grad_(False) for w in ws)
-            dense_w = [m.to_dense().detach() for m in sparse]
+            # Parameters, as a model holds them: CUDA graph trees treat them as static inputs (a plain tensor
+            # captured by the function would be copied into the graph's input buffer at every replay).
+            dense_w = [torch.nn.Parameter(m.to_dense().detach(), requires_grad=False) for m in sparse]
 
             def st_fn(x):
                 return sparse[2](F.silu(sparse[0](x)) * sparse[1](x))
