@@ -84,6 +84,11 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
     # The op checks the indices and records both analyses (on CUDA provisional until its check lands).
     # For weights that require a gradient it gives the pattern only: the values come from torch ops.
     w = None if weights is None or differentiable else weights.to(dtype)
+    if src.is_cuda and not torch.compiler.is_compiling():
+        # The op's check of the indices lands later on CUDA and holds the edges until then (PendingCheck,
+        # csrc/common/csr_analysis.h). Views would hold the caller's edge_index itself, the key of the layers'
+        # graph cache: it could not die, nor take its cached matrices with it, until the next graph build.
+        src, dst = storage_alias(src), storage_alias(dst)
     crow, col, values, crow_t, col_t, values_t, perm, _ = ops._build_graph(
         src, dst, w, n_src, n_dst, LOOP_MODES.index(loops), float(fill), NORMS.index(norm), dtype, what)
     if differentiable:
@@ -96,6 +101,13 @@ def build_graph(src: torch.Tensor, dst: torch.Tensor, weights: Optional[torch.Te
     if not torch.compiler.is_compiling():
         remember_transpose(crow, col, n_src, crow_t, col_t, perm, values, values_t)
     return GraphMatrix(a, a_t)
+
+
+def storage_alias(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as a tensor that shares its storage but is no view of it: holding it keeps the
+    memory alive, not the tensor ``t`` is a view of (nor weak references to that tensor from firing)."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                               t.stride())
 
 
 def _differentiable_values(src, dst, weights, n_src, n_dst, loops, fill, norm, dtype) -> torch.Tensor:

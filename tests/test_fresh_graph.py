@@ -155,6 +155,23 @@ def test_out_of_range_indices_raise_before_use(device, bad):
     assert torch.equal(ei, before)  # the caller's tensor is left alone
 
 
+def test_a_graph_in_flight_does_not_hold_the_callers_edge_index(device):
+    """On CUDA the builder's index check lands after the call and keeps the edges until then: it holds
+    aliases of their storage, never views of the caller's edge_index, so the edge_index (the key of the
+    layers' graph cache) dies when the caller drops it, even before the check lands."""
+    import weakref
+
+    from sparsetorch._graph_build import storage_alias
+
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]], device=device)
+    alias = storage_alias(ei[1])
+    assert alias._base is None and alias.data_ptr() == ei[1].data_ptr() and torch.equal(alias, ei[1])
+    ref = weakref.ref(ei)
+    build_graph(ei[0], ei[1], None, 3, 3, loops="add", norm="gcn")
+    del ei
+    assert ref() is None
+
+
 def test_arguments_are_checked():
     ei = torch.tensor([[0], [1]])
     with pytest.raises(ValueError, match="square"):
