@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from sparsetorch._cache import MISS, TensorCache
+from sparsetorch._transpose import row_indices
 
 __all__ = [
     "CSR",
@@ -341,38 +342,28 @@ def as_csr(obj: Any, device=None, dtype: Optional[torch.dtype] = None) -> CSR:
 
 # --- conversions out of CSR ------------------------------------------------------------------
 
-def _batch_entries(a: CSR):
-    """(batch index, row index, column, value) of every stored, non-padding entry. O(nnz)."""
-    crow = a.crow_indices.long()
-    if crow.dim() == 1:
-        crow = crow.unsqueeze(0)
-    col = a.col_indices.long()
-    if col.dim() == 1:
-        col = col.unsqueeze(0)
-    values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)
-    b = values.shape[0]
-    m, width = a.shape[-2], values.shape[-1]
-    counts = crow[:, 1:] - crow[:, :-1]  # (pattern batches, m)
-    rows = torch.repeat_interleave(torch.arange(m, device=crow.device).repeat(crow.shape[0]), counts.reshape(-1))
-    pattern_batch = torch.repeat_interleave(torch.arange(crow.shape[0], device=crow.device), crow[:, -1])
-    pos = torch.arange(rows.numel(), device=crow.device) - torch.repeat_interleave(
-        torch.cumsum(crow[:, -1], 0) - crow[:, -1], crow[:, -1])
-    flat = pattern_batch * width + pos
-    cols = col.reshape(-1)[flat]
-    if crow.shape[0] == b:
-        return pattern_batch, rows, cols, values.reshape(-1)[flat]
-    # One pattern shared by b batches of values.
-    bidx = torch.arange(b, device=crow.device).repeat_interleave(rows.numel())
-    return bidx, rows.repeat(b), cols.repeat(b), values[:, pos].reshape(-1)
-
-
 def to_dense(a: Any) -> torch.Tensor:
-    """Dense tensor of shape ``a.shape``; repeated entries are summed. O(nnz + m*k)."""
+    """Dense tensor of shape ``a.shape``; repeated entries are summed. O(nnz + m*k), no host sync: every
+    slot is scattered to its flat position, padding slots and columns outside [0, k) to one spare element
+    past the end (index_add_, or index_put_'s sorting accumulate where deterministic algorithms are on)."""
     a = as_csr(a)
-    out = torch.zeros(a.shape if a.batched else (1,) + a.shape, dtype=a.dtype, device=a.device)
-    b, r, c, v = _batch_entries(a)
-    out.index_put_((b, r, c), v, accumulate=True)
-    return out if a.batched else out[0]
+    m, k = a.shape[-2], a.shape[-1]
+    crow, col = a.crow_indices, a.col_indices
+    length = col.shape[-1]
+    values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)  # (b, L)
+    b = values.shape[0]
+    rows, valid = row_indices(crow, length)  # (patterns, L)
+    cols = col.long().reshape(rows.shape[0], length)
+    valid &= (cols >= 0) & (cols < k)
+    size = b * m * k
+    flat = torch.where(valid, rows * k + cols, size - torch.arange(b, device=crow.device).unsqueeze(1) * m * k)
+    flat = (flat + torch.arange(b, device=crow.device).unsqueeze(1) * (m * k)).reshape(-1)  # spare: size
+    out = torch.zeros(size + 1, dtype=a.dtype, device=a.device)
+    if torch.are_deterministic_algorithms_enabled():
+        out = out.index_put((flat,), values.reshape(-1), accumulate=True)
+    else:
+        out = out.index_add(0, flat, values.reshape(-1))
+    return out[:size].view(a.shape if a.batched else (m, k))
 
 
 class _torch_csr_notices_off(warnings.catch_warnings):
