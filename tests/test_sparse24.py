@@ -110,6 +110,48 @@ def test_cpu_reference_path_matches_float64(rng, activation):
     torch.testing.assert_close(gv, gw_ref[rows, layer.col_indices.long()])
 
 
+def test_weight_from_a_dense_2to4_weight(device):
+    """Sparse24Weight.from_dense: a weight already 2:4 compressed as it is (no split, no residual), the same
+    product as the split-built weight; a weight that is not 2:4 is refused; no values to set."""
+    if device == "cuda" and not LT:
+        pytest.skip("needs a GPU and a build with cuSPARSELt")
+    torch.manual_seed(5)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    w = torch.randn(48, 64, device=device)
+    w = (w * prune_2to4_mask(w)).to(dtype)
+    x = torch.randn(7, 64, device=device).to(dtype)
+    made = Sparse24Weight.from_dense(w)
+    a = st.from_dense(w)
+    split = Sparse24Weight(Sparse24Split(a.crow_indices, a.col_indices, w.shape), a.values)
+    ref = x.double() @ w.double().t()
+    assert made.residual_nnz == 0 and made.split is None
+    assert _rel(made(x), ref) < 1e-2 and torch.allclose(made(x).float(), split(x).float(), atol=1e-2, rtol=1e-2)
+    with pytest.raises(ValueError, match="not 2:4"):
+        Sparse24Weight.from_dense(torch.ones(16, 16, device=device, dtype=dtype))
+    with pytest.raises(ValueError, match="no CSR order"):
+        made.set_values(a.values)
+
+
+def test_inference_2to4_forms_build_from_the_dense_weight(device):
+    """Without refresh maps (an inference layer), a 2:4 pattern's cuSPARSELt form is made from the dense
+    weight with no split; it is not refreshable, and the layer rebuilds it with maps once it trains."""
+    from sparsetorch.pruned import forms
+
+    if device == "cuda" and not LT:
+        pytest.skip("needs a GPU and a build with cuSPARSELt")
+    torch.manual_seed(6)
+    dtype = torch.bfloat16  # the pattern's distance from 2:4 is measured for half types
+    w = torch.randn(32, 64, device=device)
+    a = st.from_dense((w * prune_2to4_mask(w)).to(dtype))
+    pattern = forms.Pattern(a.crow_indices, a.col_indices, (32, 64), dtype, torch.device(device))
+    bare = forms.build("2:4", pattern, a.crow_indices, a.col_indices, a.values, keep_maps=False)
+    kept = forms.build("2:4", pattern, a.crow_indices, a.col_indices, a.values, keep_maps=True)
+    assert not bare.refreshable and kept.refreshable and pattern._split is not None
+    x = torch.randn(5, 64, device=device).to(dtype)
+    assert torch.allclose(bare(x).float(), kept(x).float(), atol=1e-2, rtol=1e-2)
+    assert _rel(bare(x), x.double() @ a.to_dense().double().t()) < 1e-2
+
+
 def test_applies_says_why_not():
     assert "CUDA-only" in sparse24_applies((32, 32), torch.bfloat16, torch.device("cpu"))
     assert "float16/bfloat16" in sparse24_applies((32, 32), torch.float32, torch.device("cuda"))

@@ -206,8 +206,13 @@ class Sparse24Form(_WeightForm):
 
     name = "2:4"
 
-    def __init__(self, split: Sparse24Split, values: torch.Tensor):
-        super().__init__(Sparse24Weight(split, values.detach()))
+    def __init__(self, split: Optional[Sparse24Split], values: Optional[torch.Tensor], *,
+                 w24: Optional[torch.Tensor] = None):
+        super().__init__(Sparse24Weight(split, values.detach()) if w24 is None else Sparse24Weight.from_dense(w24))
+
+    @property
+    def refreshable(self) -> bool:
+        return self.weight.split is not None
 
     def tensors(self):
         return {k: v for k, v in (("compressed", self.weight.compressed), ("dense", self.weight.dense),
@@ -221,7 +226,7 @@ class Sparse24Form(_WeightForm):
         crow, col, vals = w._residual()
         if w.compressed is None:  # the CPU reference
             return w(x, bias, activation, negative_slope, None)
-        return without_autograd(ops.sparse24_linear.default, x, w.compressed, w.split.shape[0], crow, col, vals, bias,
+        return without_autograd(ops.sparse24_linear.default, x, w.compressed, w.shape[0], crow, col, vals, bias,
                                 activation, float(negative_slope), int(alg))
 
     def search(self, x, bias) -> int:
@@ -229,7 +234,7 @@ class Sparse24Form(_WeightForm):
         w = self.weight
         if w.compressed is None:
             return -1
-        return int(ops.sparse24_search(x, w.compressed, w.split.shape[0], w.res_values is not None, bias, "none"))
+        return int(ops.sparse24_search(x, w.compressed, w.shape[0], w.res_values is not None, bias, "none"))
 
 
 class Sparse24DecodeForm(_WeightForm):
@@ -357,10 +362,14 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
             return CsrForm(crow, col, values, shape, backend)
         if name == "dense":
             return DenseForm(CSR(crow, col, values.detach(), shape).to_dense())
+        # Without maps, a 2:4 pattern is its own 2:4 part: both 2:4 forms are made from the dense weight,
+        # with no split (a sort of every entry).
         if name == "2:4":
+            if not keep_maps and pattern.is_24:
+                return Sparse24Form(None, None, w24=CSR(crow, col, values.detach(), shape).to_dense())
             return Sparse24Form(pattern.split, values)
         if name == "2:4 decode":
-            if not keep_maps and pattern.is_24:  # W is its own 2:4 part: packed from the dense weight
+            if not keep_maps and pattern.is_24:
                 return Sparse24DecodeForm(Sparse24DecodeWeight(CSR(crow, col, values.detach(), shape).to_dense()))
             return Sparse24DecodeForm.from_csr(pattern.split, values)
         if name == "bitmap":

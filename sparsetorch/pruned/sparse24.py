@@ -140,31 +140,58 @@ class Sparse24Weight:
     compression) when the layer's values change. Calls compute ``act(x @ W^T + bias)`` for x (N, in).
     """
 
-    def __init__(self, split: Sparse24Split, values: torch.Tensor):
+    def __init__(self, split: Optional[Sparse24Split], values: Optional[torch.Tensor], *,
+                 w24: Optional[torch.Tensor] = None):
         self.split = split
-        self.device, self.dtype = values.device, values.dtype
+        source = values if w24 is None else w24
+        self.shape = split.shape if split is not None else (int(w24.shape[0]), int(w24.shape[1]))
+        self.device, self.dtype = source.device, source.dtype
         self.compressed = None   # CUDA: cuSPARSELt's compressed W24 (uint8)
         self.dense = None        # CPU: W24 expanded (the reference path)
         self.res_values = None
         self.algs = {}           # token-count bucket -> algorithm code found by cuSPARSELt's search
-        self.set_values(values)
+        if w24 is None:
+            self.set_values(values)
+        else:
+            self._store(w24)
+
+    @classmethod
+    def from_dense(cls, w24: torch.Tensor) -> "Sparse24Weight":
+        """A weight that is 2:4 already, given dense (out x in): compressed as it is, no residual and no
+        split to build (a sort per entry); :meth:`set_values` is not available. ValueError when a group of
+        4 consecutive entries of a row holds more than 2 nonzeros (prune_2to4_mask makes such a weight)."""
+        if w24.dim() != 2:
+            raise ValueError(f"w24: expected a 2-D (out_features, in_features) tensor, got shape {tuple(w24.shape)}")
+        m, k = w24.shape
+        padded = torch.nn.functional.pad(w24.detach(), (0, -k % 4))
+        worst = int((padded.reshape(m, -1, 4) != 0).sum(-1).amax()) if w24.numel() else 0
+        if worst > 2:
+            raise ValueError(f"w24: not 2:4 (a group of 4 consecutive entries holds {worst} nonzeros); prune it "
+                             "with prune_2to4_mask, or build from a CSR through Sparse24Split")
+        return cls(None, None, w24=w24.detach())
 
     @property
     def residual_nnz(self) -> int:
-        return self.split.residual_nnz
+        return self.split.residual_nnz if self.split is not None else 0
 
     @property
     def nbytes(self) -> int:
         held = [self.compressed, self.dense, self.res_values]
-        return sum(t.numel() * t.element_size() for t in held if t is not None) + self.split.nbytes
+        split = self.split.nbytes if self.split is not None else 0
+        return sum(t.numel() * t.element_size() for t in held if t is not None) + split
+
+    def _store(self, w24: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            self.compressed = ops.sparse24_compress(w24)
+        else:
+            self.dense = w24
 
     def set_values(self, values: torch.Tensor) -> None:
+        if self.split is None:
+            raise ValueError("values: this Sparse24Weight was made from a dense 2:4 weight (no CSR order to take "
+                             "values in); build it from a Sparse24Split")
         with torch.no_grad():
-            w24 = self.split.dense24(values.detach())
-            if self.device.type == "cuda":
-                self.compressed = ops.sparse24_compress(w24)
-            else:
-                self.dense = w24
+            self._store(self.split.dense24(values.detach()))
             self.res_values = self.split.residual_values(values.detach()) if self.residual_nnz else None
 
     def _residual(self):
@@ -174,7 +201,7 @@ class Sparse24Weight:
 
     def search(self, x: torch.Tensor, bias: Optional[torch.Tensor], bucket: int) -> int:
         """Let cuSPARSELt time its algorithms for this x (N rows) and keep the best for the bucket."""
-        code = ops.sparse24_search(x, self.compressed, self.split.shape[0], self.res_values is not None, bias, "none")
+        code = ops.sparse24_search(x, self.compressed, self.shape[0], self.res_values is not None, bias, "none")
         self.algs[bucket] = code
         return code
 
@@ -195,7 +222,7 @@ class Sparse24Weight:
         crow, col, vals = self._residual()
         if self.compressed is not None:
             alg = self.alg_for(x, bias, bucket)
-            return ops.sparse24_linear.default(x, self.compressed, self.split.shape[0], crow, col, vals, bias, activation,
+            return ops.sparse24_linear.default(x, self.compressed, self.shape[0], crow, col, vals, bias, activation,
                                        float(negative_slope), alg)
         y = x @ self.dense.t()  # CPU reference
         if vals is not None:
