@@ -270,7 +270,10 @@ def _pruned_job(ctx: Context, kind: str, sparsity, scheme: str) -> Job:
             if kind == "mlp":
                 fns = {"sparsetorch": (st_fn, (x,)), "dense": (dense_fn, (x,))}
             else:
-                caches = kv_caches(shape, n, ctx.device, dtype, seed=20 + n)
+                # Parameters, as a model's buffers would be: static inputs that the step may write in place
+                # (cudagraph trees do not capture a graph that mutates a plain input tensor).
+                caches = [tuple(torch.nn.Parameter(t, requires_grad=False) for t in kv)
+                          for kv in kv_caches(shape, n, ctx.device, dtype, seed=20 + n)]
                 fns = {"sparsetorch": (lambda a, c=caches: sparse_stack(a, c, rope), (x,)),
                        "dense": (lambda a, c=caches: dense_stack_(a, c, rope), (x,))}
             case = f"{case_name}, N={n}"
