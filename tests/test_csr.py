@@ -74,6 +74,27 @@ def test_shared_pattern_to_dense_and_torch(device, rng):
     assert torch.equal(st.to_torch(A).to_dense(), dense)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_to_dense_sums_duplicates_and_is_differentiable(device, deterministic):
+    """Repeated (row, column) slots add up, in every dtype, with deterministic algorithms on or off, and the
+    gradient of every slot's value is the output gradient at its position."""
+    crow = torch.tensor([0, 3, 3, 6], device=device)
+    col = torch.tensor([2, 0, 2, 1, 1, 3], device=device)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        values = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5, 6.0], device=device, dtype=dtype, requires_grad=True)
+        expected = torch.tensor([[2.0, 0, 4, 0], [0, 0, 0, 0], [0, 4.5, 0, 6]], device=device, dtype=dtype)
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            dense = st.CSR(crow, col, values, (3, 4)).to_dense()
+        finally:
+            torch.use_deterministic_algorithms(previous)
+        assert torch.equal(dense, expected)
+        weights = torch.arange(12, device=device, dtype=dtype).view(3, 4)
+        (dense * weights).sum().backward()
+        assert torch.equal(values.grad, weights[torch.tensor([0, 0, 0, 2, 2, 2]), col])
+
+
 def test_to_changes_dtype_device_index(device, rng):
     A = st.from_scipy(random_csr(rng, 4, 4, 0.5))
     B = A.to(device=device, dtype=torch.float16, index_dtype=torch.int32)
