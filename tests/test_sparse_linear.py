@@ -543,3 +543,7 @@ def test_sparse_linear_op_opcheck_and_gradcheck():
         assert torch.allclose(inference(x.detach(), layer._handle), ref)
     with pytest.raises(RuntimeError, match="no live SparseLinear"):
         inference(x.detach(), 10**9)
+    for bad in (x.detach()[:, :5], x.detach().float(), x.detach().unsqueeze(0)):  # the layer's forward checks these
+        for call in (lambda a: inference(a, layer._handle), lambda a: op(a, layer.values, layer._handle)):
+            with pytest.raises(ValueError, match=r"x: expected \(N, 12\) of torch.float64"):
+                call(bad)

@@ -856,13 +856,23 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
     return grad_x, grad_values
 
 
+def _op_input(handle: int, x: torch.Tensor, op: str) -> SparseLinear:
+    """The layer under ``handle``, once ``x`` is what its ops take: (N, in_features) of the layer's dtype
+    (the layer's forward reshapes and checks before it calls them; a direct call is checked here)."""
+    layer = _layer(handle)
+    if x.dim() != 2 or x.shape[1] != layer.in_features or x.dtype != layer._dtype:
+        raise ValueError(f"{op}: x: expected (N, {layer.in_features}) of {layer._dtype} (the layer's in_features "
+                         f"and dtype), got {tuple(x.shape)} of {x.dtype}")
+    return layer
+
+
 @torch.library.custom_op("sparsetorch::sparse_linear", mutates_args=())
 def _sparse_linear_op(x: torch.Tensor, values: torch.Tensor, handle: int) -> torch.Tensor:
     """x @ W^T (no bias, no activation) for the training-mode SparseLinear registered under ``handle``, on the
     form its token-count bucket takes; ``values`` is the layer's CSR values parameter, an input so that
     autograd reaches it. Other values on the layer's pattern (a functional call, gradcheck) run the CSR
     route on them: the op is a function of its inputs."""
-    layer = _layer(handle)
+    layer = _op_input(handle, x, "sparse_linear")
     if layer.stored_format is not None:
         raise RuntimeError("sparse_linear: the layer is compact (no CSR values to differentiate); run it under "
                            "torch.no_grad()")
@@ -886,7 +896,7 @@ _LIB.define("sparse_linear_inference(Tensor x, int handle) -> Tensor")
 def _sparse_linear_inference(x: torch.Tensor, handle: int) -> torch.Tensor:
     """act(x @ W^T + bias) for the SparseLinear under ``handle`` (training mode or compact), on the form its
     token-count bucket takes; records no gradient."""
-    return _layer(handle)._run(x)
+    return _op_input(handle, x, "sparse_linear_inference")._run(x)
 
 
 _LIB.impl("sparse_linear_inference", _sparse_linear_inference, "CompositeExplicitAutograd")

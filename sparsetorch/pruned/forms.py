@@ -208,7 +208,9 @@ class Sparse24Form(_WeightForm):
 
     def __init__(self, split: Optional[Sparse24Split], values: Optional[torch.Tensor], *,
                  w24: Optional[torch.Tensor] = None):
-        super().__init__(Sparse24Weight(split, values.detach()) if w24 is None else Sparse24Weight.from_dense(w24))
+        # w24: a weight the pattern's statistics show to be 2:4 (Pattern.is_24): not checked again
+        super().__init__(Sparse24Weight(split, values.detach()) if w24 is None else
+                         Sparse24Weight(None, None, w24=w24.detach()))
 
     @property
     def refreshable(self) -> bool:
@@ -357,20 +359,24 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     ``keep_maps=False``: without the maps from the CSR's order (module docstring): less memory and, for a 2:4
     weight's decode layout, no split (a sort) to build."""
     shape = pattern.shape
+
+    def dense():
+        return CSR(crow, col, values.detach(), shape).to_dense()
+
     with torch.no_grad():
         if name == "csr":
             return CsrForm(crow, col, values, shape, backend)
         if name == "dense":
-            return DenseForm(CSR(crow, col, values.detach(), shape).to_dense())
+            return DenseForm(dense())
         # Without maps, a 2:4 pattern is its own 2:4 part: both 2:4 forms are made from the dense weight,
         # with no split (a sort of every entry).
         if name == "2:4":
             if not keep_maps and pattern.is_24:
-                return Sparse24Form(None, None, w24=CSR(crow, col, values.detach(), shape).to_dense())
+                return Sparse24Form(None, None, w24=dense())
             return Sparse24Form(pattern.split, values)
         if name == "2:4 decode":
             if not keep_maps and pattern.is_24:
-                return Sparse24DecodeForm(Sparse24DecodeWeight(CSR(crow, col, values.detach(), shape).to_dense()))
+                return Sparse24DecodeForm(Sparse24DecodeWeight(dense()))
             return Sparse24DecodeForm.from_csr(pattern.split, values)
         if name == "bitmap":
             return BitmapForm(CSR(crow, col, values.detach(), shape), keep_maps)
