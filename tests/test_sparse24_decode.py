@@ -5,7 +5,8 @@ combination against a float64 product, and the argument errors."""
 import pytest
 import torch
 
-from sparsetorch.pruned.sparse24_decode import TILE_K, pack_sparse24_decode, packed_ktiles, unpack_sparse24_decode
+from sparsetorch.pruned.sparse24_decode import (TILE_K, expand_sparse24_decode, pack_sparse24_decode, packed_ktiles,
+                                               unpack_sparse24_decode)
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -36,6 +37,7 @@ def test_round_trip(dtype, shape):
     assert values.shape == (m // 16, ktp, 32, 8) and values.dtype == dtype
     assert meta.shape == (m // 16, ktp // 8, 32, 4) and meta.dtype == torch.int32
     assert torch.equal(unpack_sparse24_decode(values, meta, shape), w)
+    assert torch.equal(expand_sparse24_decode(values, meta, shape), w)
 
 
 @pytest.mark.parametrize("fill", [0, 1, None])
@@ -45,9 +47,9 @@ def test_sparser_groups_and_specials(fill):
     w[0, 0], w[0, 1], w[0, 2], w[0, 3] = float("nan"), 0.0, float("-inf"), 0.0
     w[1, 4:8] = torch.tensor([-0.0, 0.0, 0.0, 0.0])
     values, meta = pack_sparse24_decode(w)
-    back = unpack_sparse24_decode(values, meta, w.shape)
-    same = (back == w) | (back.isnan() & w.isnan())
-    assert bool(same.all())
+    for back in (unpack_sparse24_decode(values, meta, w.shape), expand_sparse24_decode(values, meta, w.shape)):
+        same = (back == w) | (back.isnan() & w.isnan())
+        assert bool(same.all())
 
 
 def test_metadata_is_valid_and_ordered():

@@ -168,34 +168,38 @@ def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> t
     return dense[:, :k].contiguous()
 
 
-# Rows expanded per step by expand_sparse24_decode: bounds its temporaries (int64 indices, 8 bytes per kept
-# value) to ~64 MB whatever the weight.
+# Rows expanded per step by expand_sparse24_decode: bounds its temporaries (two bool masks and one
+# intermediate, 4 bytes per weight position) to ~32 MB at 4096 columns.
 _EXPAND_ROWS = 2048
 
 
 def expand_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> torch.Tensor:
     """The dense weight (shape) of packed (values, meta), as pack_sparse24_decode's inverse: a few torch ops
     per block of rows, no device sync (usable inside CUDA graph capture). Unlike unpack_sparse24_decode it
-    checks nothing: for a layout already checked (a layer's own, or one loaded through from_packed)."""
+    checks nothing: for a layout already checked (a layer's own, or one loaded through from_packed).
+
+    Each 4-column chunk is written by two selects on its two positions (a nibble of uint8s), not a scatter:
+    no int64 index per value (the scatter's index alone moved 4x the dense weight's bytes)."""
     m, k = int(shape[0]), int(shape[1])
     r16, ktp = m // 16, packed_ktiles(k)
     dense = torch.empty(m, ktp * TILE_K, dtype=values.dtype, device=values.device)
     step = max(1, _EXPAND_ROWS // 16)
-    shifts = 4 * torch.arange(4, device=values.device)
+    shifts = 4 * torch.arange(4, device=values.device, dtype=torch.int32)
+    positions = torch.arange(4, device=values.device, dtype=torch.uint8)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
     for r0 in range(0, r16, step):
         r1 = min(r16, r0 + step)
         rr = r1 - r0
         # values (R, KTP, lane = 4 g + t, 8 = (q, h, v)) -> comp (R, h, g, KTP, q, t, v) = (rows, chunks, 2)
         comp = values[r0:r1].reshape(rr, ktp, 8, 4, 2, 2, 2).permute(0, 5, 2, 1, 4, 3, 6).reshape(rr * 16, ktp * 8, 2)
         # meta (R, B, lane = 4 g + 2 s + r, w) -> words (R, g, P = 4 B + w, s, r) -> nibbles (R, h, g, P, s, r, j)
-        words = meta[r0:r1].to(torch.int64).permute(0, 1, 3, 2).reshape(rr, ktp // 2, 8, 2, 2).permute(0, 2, 1, 3, 4)
-        halves = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], dim=1)  # (R, h, g, P, s, r)
-        nibs = (halves.unsqueeze(-1) >> shifts) & 0xF  # (R, h, g, P, s, r, j): chunk 4 r + j of tile 2 P + s
-        nibs = nibs.reshape(rr * 16, ktp * 8)
-        index = torch.stack([nibs & 3, nibs >> 2], dim=-1)  # (rows, chunks, 2) positions in the chunk
-        block = torch.zeros(rr * 16, ktp * 8, 4, dtype=values.dtype, device=values.device)
-        block.scatter_(2, index, comp)
-        dense[r0 * 16:r1 * 16] = block.reshape(rr * 16, ktp * TILE_K)
+        words = meta[r0:r1].permute(0, 1, 3, 2).reshape(rr, ktp // 2, 8, 2, 2).permute(0, 2, 1, 3, 4)
+        halves = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], dim=1)  # (R, h, g, P, s, r), int32
+        nibs = ((halves.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8)  # chunk 4 r + j of tile 2 P + s
+        nibs = nibs.reshape(rr * 16, ktp * 8, 1)
+        block = dense[r0 * 16:r1 * 16].view(rr * 16, ktp * 8, 4)
+        second = torch.where((nibs >> 2) == positions, comp[..., 1:], zero)
+        torch.where((nibs & 3) == positions, comp[..., :1], second, out=block)
     return dense[:, :k]
 
 
