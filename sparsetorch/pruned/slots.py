@@ -183,11 +183,15 @@ class SlotWeight(PackedWeight):
         m, k = self.shape
         o = self.offsets.long()
         n = self.entries.numel()
-        groups = torch.repeat_interleave(torch.arange(o.numel() - 1, device=o.device), o.diff(), output_size=n)
-        rows, cols = position_of(groups, (self.entries & 0xFFFF).long(), -(-k // GROUP_COLS), self.banded)
+        # int32 positions (a group index, a row and a column fit: the checks bound the shape), int64 only for
+        # the flat index: half the bytes of every elementwise pass over the entries
+        group_ids = torch.arange(o.numel() - 1, device=o.device,
+                                 dtype=torch.int32 if o.numel() < 2**31 else torch.int64)
+        groups = torch.repeat_interleave(group_ids, o.diff(), output_size=n)
+        rows, cols = position_of(groups, self.entries & 0xFFFF, -(-k // GROUP_COLS), self.banded)
         values = (self.entries >> 16).to(torch.int16).view(self.dtype)
         dense = torch.zeros(m, k, dtype=self.dtype, device=self.device)
-        dense.view(-1)[rows * k + cols] = values
+        dense.view(-1)[rows.long() * k + cols] = values
         return dense
 
     def _packed(self, values: torch.Tensor) -> torch.Tensor:
