@@ -245,6 +245,28 @@ def test_compact_holds_one_form_and_runs_every_token_count(dtype, scheme, sparsi
     torch.testing.assert_close(layer.to_dense(), w)
 
 
+def test_compact_layer_decides_by_rule_and_never_samples_the_expansion(monkeypatch):
+    """A compact layer's buckets are decided at their first call (one route each): the stored form up to
+    its token limit, the dense expansion above; the expansion never runs where the stored form serves."""
+    torch.manual_seed(7)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8).compact()
+    assert layer.stored_format == "slots"
+    form = layer._stored_form()
+    expansions = []
+    original = type(form).to_dense
+    monkeypatch.setattr(type(form), "to_dense", lambda self: expansions.append(1) or original(self))
+    st.clear_tuning()
+    with torch.no_grad():
+        for _ in range(6):
+            for n in (1, 16, 128):
+                layer(torch.randn(n, 128).bfloat16())
+        assert not expansions
+        assert all(layer._derived.decided.get(b) for b in (1, 16, 128))
+        assert {layer.routes[b] for b in (1, 16, 128)} == {"slots"}
+        layer(torch.randn(129, 128).bfloat16())
+    assert expansions and layer.routes[256] == "expand"
+
+
 def test_compact_state_dict_round_trips_and_is_checked():
     torch.manual_seed(6)
     src = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8).compact()
