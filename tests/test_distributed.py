@@ -428,6 +428,30 @@ def test_absent_rank_times_out_with_an_error():
     assert "rank 0" in got[0][1] and "did not complete" in got[0][1], got[0]
 
 
+def _rank_worker(rank, world):
+    return rank, world
+
+
+def test_spawn_retries_a_rendezvous_whose_port_was_taken(monkeypatch):
+    """Another process holds the first port free_port() gave (the race of two spawns at once): the ranks fail
+    their rendezvous, and spawn runs them again on a new port."""
+    import socket
+
+    from sparsetorch.distributed import launch
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(8)  # accepts connections and never answers the store's handshake
+    ports = [taken.getsockname()[1]]
+    real = launch.free_port
+    monkeypatch.setattr(launch, "free_port", lambda: ports.pop(0) if ports else real())
+    try:
+        assert launch.spawn(_rank_worker, 2, backend="gloo", timeout=5, join_timeout=60) == [(0, 2), (1, 2)]
+    finally:
+        taken.close()
+    assert not ports  # the taken port was tried first
+
+
 def _mid_step_worker(rank, world, linger):
     """A GCN training step in which rank 1 raises between the forward and the backward (then exits,
     or with ``linger`` stays alive without calling anything): what each rank raised, and when."""

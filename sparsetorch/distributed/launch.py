@@ -36,19 +36,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A rank whose rendezvous failed for the port (taken by another process between free_port() and the store's
+# bind: two spawns at once race for ports) reports this kind; spawn() retries those runs on a new port.
+_PORT_FAILURE = "port"
+_PORT_ERRORS = ("DistNetworkError", "EADDRINUSE", "address already in use")
+SPAWN_TRIES = 3
+
+
 def _entry(rank, world_size, fn, args, backend, port, timeout, threads, results):
     set_no_multicast_env()
     if threads:
         torch.set_num_threads(threads)
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout),
-                                pg_options=nccl_options() if backend == "nccl" else None)
-        results.put((rank, True, fn(rank, world_size, *args)))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        results.put((rank, False, traceback.format_exc()))
+        try:
+            if backend == "nccl":
+                torch.cuda.set_device(rank)
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world_size, timeout=datetime.timedelta(seconds=timeout),
+                                    pg_options=nccl_options() if backend == "nccl" else None)
+        except BaseException:  # noqa: BLE001 - reported to the parent
+            text = traceback.format_exc()
+            results.put((rank, _PORT_FAILURE if any(e in text for e in _PORT_ERRORS) else False, text))
+            return
+        try:
+            results.put((rank, True, fn(rank, world_size, *args)))
+        except BaseException:  # noqa: BLE001 - reported to the parent
+            results.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -61,8 +74,23 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args, backend: str = "gloo", tim
     ``fn`` must be importable (a module-level function) and its arguments and results picklable.
     ``timeout``: the process group's (a collective waiting longer raises); ``join_timeout``: the
     whole run's (default ``4 * timeout + 60`` s); ``threads``: torch threads per rank (None: torch's default).
+    A run whose ranks all failed their rendezvous for the port (another process took it after
+    :func:`free_port` found it free) runs again on a new port, up to ``SPAWN_TRIES`` runs in all.
     """
     set_no_multicast_env()  # inherited by the children, and NCCL in this process never sees NVLS either
+    for attempt in range(SPAWN_TRIES):
+        got, failures = _run(fn, nprocs, args, backend, timeout, join_timeout, threads)
+        if failures and all(kind == _PORT_FAILURE for _, kind, _ in failures) and attempt + 1 < SPAWN_TRIES:
+            continue  # every failure was the rendezvous port: again on a new one
+        break
+    if failures:
+        failures.sort(key=lambda f: f[0])
+        raise SpawnError("\n".join(f"--- rank {r} ---\n{text}" for r, _, text in failures))
+    return [got[r] for r in range(nprocs)]
+
+
+def _run(fn, nprocs, args, backend, timeout, join_timeout, threads):
+    """One run of every rank on a fresh port: (results by rank, [(rank, failure kind, text)])."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -77,25 +105,28 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args, backend: str = "gloo", tim
             try:
                 rank, ok, value = results.get(timeout=0.2)
             except queue_module.Empty:
-                reported = set(got) | {r for r, _ in failures}
+                reported = set(got) | {r for r, _, _ in failures}
                 dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
                 if dead:
-                    failures += [(r, f"rank {r} died with exit code {procs[r].exitcode}") for r in dead]
+                    failures += [(r, False, f"rank {r} died with exit code {procs[r].exitcode}") for r in dead]
                 elif time.time() > deadline:
                     missing = [r for r in range(nprocs) if r not in reported]
                     raise SpawnError(f"ranks {missing} did not finish within the join timeout")
                 continue
-            if ok:
+            if ok is True:
                 got[rank] = value
             else:
-                failures.append((rank, value))
+                failures.append((rank, ok, value))
+                if ok == _PORT_FAILURE:  # that rank never joins: the others wait for it in vain
+                    reported = set(got) | {r for r, _, _ in failures}
+                    failures += [(r, _PORT_FAILURE, "stopped: another rank's rendezvous failed")
+                                 for r in range(nprocs) if r not in reported]
+                    for p in procs:
+                        p.kill()
     finally:
         for p in procs:
             p.join(timeout=max(0.0, min(10.0, deadline - time.time())))
             if p.is_alive():
                 p.kill()
                 p.join()
-    if failures:
-        failures.sort()
-        raise SpawnError("\n".join(f"--- rank {r} ---\n{text}" for r, text in failures))
-    return [got[r] for r in range(nprocs)]
+    return got, failures
