@@ -106,6 +106,31 @@ def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
     assert "sparsetorch is" in capsys.readouterr().out
 
 
+def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
+    """The serving suite's CPU rehearsal: every pruning case has the dense baseline, the four sparse modes
+    and prepare(), each with its time, ratio, costliest call and memory; compact layers hold less than dense."""
+    from benchmarks.run import main
+
+    out = tmp_path / "res"
+    main(["--device", "cpu", "--suites", "serving", "--no-plots", "--out", str(out)])
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    modes = ["dense F.linear", "sparsetorch", "sparsetorch, cache file", "sparsetorch compact",
+             "sparsetorch compact, cache file"]
+    cases = {r["case"] for r in rows}
+    assert {"MLP block 2:4", "MLP block 90%", "MLP block 70% per row"} <= cases
+    for case in cases:
+        got = {r["impl"]: r for r in rows if r["case"] == case}
+        assert set(modes) | {"prepare"} == set(got), case
+        for mode in modes:
+            r = got[mode]
+            assert r["time_ms"] > 0 and r["vs_dense"] > 0 and 0 < r["costliest_ms"] <= r["time_ms"], (case, mode)
+            assert r["held_bytes"] > 0 and r["costliest_call"].split(" at N=")[0] in ("gate", "up", "down")
+        # float32 on the CPU: a compact layer keeps the CSR (8 bytes per kept value, 4 per dense position)
+        kept = 0.5 if "2:4" in case else 0.1 if "90%" in case else 0.3
+        assert got["sparsetorch compact"]["held_vs_dense"] == pytest.approx(2 * kept, rel=0.02), case
+        assert got["prepare"]["time_ms"] > 0
+
+
 def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
     """Each finished suite's rows are written (marked partial) before the next suite starts, so a run that
     is killed or fails in a later suite leaves a results folder that --replot can redraw."""
