@@ -44,6 +44,25 @@ DTYPES = (torch.bfloat16, torch.float16)
 _PAD_NIBBLE = 0b0100  # idx0 = 0, idx1 = 1: valid metadata for an all-zero chunk
 
 
+def _nibble_of_mask() -> torch.Tensor:
+    """For each 4-bit mask of a chunk's nonzeros: the metadata nibble idx0 | idx1 << 2 of the two positions
+    kept (the nonzeros first, then the lowest zero positions; idx0 < idx1), or _NOT_24 for 3-4 nonzeros."""
+    out = []
+    for mask in range(16):
+        chosen = [p for p in range(4) if mask >> p & 1]
+        if len(chosen) > 2:
+            out.append(_NOT_24)
+            continue
+        chosen += [p for p in range(4) if p not in chosen][:2 - len(chosen)]
+        i0, i1 = sorted(chosen)
+        out.append(i0 | i1 << 2)
+    return torch.tensor(out, dtype=torch.uint8)
+
+
+_NOT_24 = 0xFF
+_NIBBLE_OF_MASK = _nibble_of_mask()
+
+
 def packed_ktiles(in_features: int) -> int:
     """Packed k-tiles of a weight with ``in_features`` columns: K / 32 rounded up to a multiple of 8."""
     tiles = in_features // TILE_K
@@ -83,19 +102,19 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     kt, ktp = k // TILE_K, packed_ktiles(k)
     dev = w.device
     groups = w.reshape(m, k // 4, 4)
-    nz = groups != 0
-    counts = nz.sum(-1)
-    if bool((counts > 2).any()):
-        bad = (counts > 2).nonzero()[0]
+    nz = (groups != 0).to(torch.uint8)  # NaN counts as nonzero
+    code = (nz * torch.tensor([1, 2, 4, 8], dtype=torch.uint8, device=dev)).sum(-1, dtype=torch.uint8)
+    nib = _NIBBLE_OF_MASK.to(dev).index_select(0, code.flatten().to(torch.int32)).view(m, k // 4)
+    if bool((nib == _NOT_24).any()):
+        bad = (nib == _NOT_24).nonzero()[0]
         r, c = int(bad[0]), int(bad[1]) * 4
-        raise ValueError(f"weight: not 2:4 sparse: row {r}, columns {c}..{c + 3} hold {int(counts[bad[0], bad[1]])} "
+        raise ValueError(f"weight: not 2:4 sparse: row {r}, columns {c}..{c + 3} hold {int(nz[bad[0], bad[1]].sum())} "
                          "nonzeros (at most 2 of every 4 consecutive columns)")
-    # The two kept positions of each chunk, increasing: the nonzeros first (lowest position first), then the
-    # lowest zero positions; sorted again so that idx0 < idx1 (mma.sp::ordered_metadata).
-    key = (~nz).to(torch.int64) * 4 + torch.arange(4, device=dev)
-    idx = torch.sort(torch.argsort(key, dim=-1)[..., :2], dim=-1).values  # (m, k/4, 2)
-    kept = torch.gather(groups, -1, idx)  # zeros where a zero position was taken
-    nib = idx[..., 0] | (idx[..., 1] << 2)  # (m, k/4)
+    # The two kept positions of each chunk (idx0 < idx1): selects on the nibble, no sort or int64 index.
+    idx0, idx1 = nib & 3, nib >> 2  # idx0 in 0..2, idx1 in 1..3
+    g0, g1, g2, g3 = groups.unbind(-1)
+    kept = torch.stack([torch.where(idx0 == 0, g0, torch.where(idx0 == 1, g1, g2)),
+                        torch.where(idx1 == 3, g3, torch.where(idx1 == 2, g2, g1))], dim=-1)  # (m, k/4, 2)
 
     # Pad to ktp tiles: zero values, valid metadata.
     comp = torch.zeros(m, ktp * 8, 2, dtype=w.dtype, device=dev)
