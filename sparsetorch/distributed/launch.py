@@ -36,9 +36,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# A rank whose rendezvous failed for the port (taken by another process between free_port() and the store's
-# bind: two spawns at once race for ports) reports this kind; spawn() retries those runs on a new port.
-_PORT_FAILURE = "port"
+# What a rank reports: its result, its error, or a rendezvous that failed for the port (taken by another
+# process between free_port() and the store's bind: two spawns at once race for ports), which spawn() retries.
+_DONE, _FAILED, _PORT_FAILURE = "done", "failed", "port"
 _PORT_ERRORS = ("DistNetworkError", "EADDRINUSE", "address already in use")
 SPAWN_TRIES = 3
 
@@ -56,12 +56,12 @@ def _entry(rank, world_size, fn, args, backend, port, timeout, threads, results)
                                     pg_options=nccl_options() if backend == "nccl" else None)
         except BaseException:  # noqa: BLE001 - reported to the parent
             text = traceback.format_exc()
-            results.put((rank, _PORT_FAILURE if any(e in text for e in _PORT_ERRORS) else False, text))
+            results.put((rank, _PORT_FAILURE if any(e in text for e in _PORT_ERRORS) else _FAILED, text))
             return
         try:
-            results.put((rank, True, fn(rank, world_size, *args)))
+            results.put((rank, _DONE, fn(rank, world_size, *args)))
         except BaseException:  # noqa: BLE001 - reported to the parent
-            results.put((rank, False, traceback.format_exc()))
+            results.put((rank, _FAILED, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -103,21 +103,21 @@ def _run(fn, nprocs, args, backend, timeout, join_timeout, threads):
     try:
         while len(got) + len(failures) < nprocs:
             try:
-                rank, ok, value = results.get(timeout=0.2)
+                rank, kind, value = results.get(timeout=0.2)
             except queue_module.Empty:
                 reported = set(got) | {r for r, _, _ in failures}
                 dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
                 if dead:
-                    failures += [(r, False, f"rank {r} died with exit code {procs[r].exitcode}") for r in dead]
+                    failures += [(r, _FAILED, f"rank {r} died with exit code {procs[r].exitcode}") for r in dead]
                 elif time.time() > deadline:
                     missing = [r for r in range(nprocs) if r not in reported]
                     raise SpawnError(f"ranks {missing} did not finish within the join timeout")
                 continue
-            if ok is True:
+            if kind == _DONE:
                 got[rank] = value
             else:
-                failures.append((rank, ok, value))
-                if ok == _PORT_FAILURE:  # that rank never joins: the others wait for it in vain
+                failures.append((rank, kind, value))
+                if kind == _PORT_FAILURE:  # that rank never joins: the others wait for it in vain
                     reported = set(got) | {r for r, _, _ in failures}
                     failures += [(r, _PORT_FAILURE, "stopped: another rank's rendezvous failed")
                                  for r in range(nprocs) if r not in reported]

@@ -703,7 +703,7 @@ class SparseLinear(nn.Module):
 
     def _all_candidates(self, n: int) -> Sequence[str]:
         if self.stored_format is not None:
-            return self._candidates(n, self._rule(n))
+            return [self._rule(n)]
         available = _forms.applicable(self._pattern(), n)
         return [name for name in _forms.FORM_NAMES if available.get(name) is None]
 

@@ -17,7 +17,7 @@ import torch
 from sparsetorch._ops import ops
 from sparsetorch._transpose import row_indices
 
-__all__ = ["available", "prune_2to4_mask", "Sparse24Split", "Sparse24Weight", "sparse24_applies"]
+__all__ = ["available", "check_2to4", "prune_2to4_mask", "Sparse24Split", "Sparse24Weight", "sparse24_applies"]
 
 # cuSPARSELt's minimum for the structured operand's dimensions (16-bit types).
 DIM_MULTIPLE = 16
@@ -49,6 +49,18 @@ def prune_2to4_mask(weight: torch.Tensor) -> torch.Tensor:
     mask = torch.zeros(out_f, groups, 4, dtype=torch.bool, device=weight.device)
     mask.scatter_(-1, order[..., :2], True)
     return mask.view(out_f, groups * 4)[:, :in_f].clone()
+
+
+def check_2to4(weight: torch.Tensor, name: str = "weight") -> None:
+    """ValueError naming ``name`` and the first group of 4 consecutive columns of a row that holds more than 2
+    nonzeros (NaN counts as nonzero; a trailing group of fewer than 4 columns counts too). One host sync."""
+    m, k = weight.shape
+    counts = (torch.nn.functional.pad(weight.detach(), (0, -k % 4)).reshape(m, -1, 4) != 0).sum(-1)
+    over = counts > 2
+    if weight.numel() and bool(over.any()):
+        r, g = (int(i) for i in over.nonzero()[0])
+        raise ValueError(f"{name}: not 2:4 sparse: row {r}, columns {4 * g}..{4 * g + 3} hold {int(counts[r, g])} "
+                         "nonzeros (at most 2 of every 4 consecutive columns; prune_2to4_mask keeps 2)")
 
 
 def sparse24_applies(shape, dtype: torch.dtype, device: torch.device) -> Optional[str]:
@@ -165,12 +177,7 @@ class Sparse24Weight:
         4 consecutive entries of a row holds more than 2 nonzeros (prune_2to4_mask makes such a weight)."""
         if w24.dim() != 2:
             raise ValueError(f"w24: expected a 2-D (out_features, in_features) tensor, got shape {tuple(w24.shape)}")
-        m, k = w24.shape
-        padded = torch.nn.functional.pad(w24.detach(), (0, -k % 4))
-        worst = int((padded.reshape(m, -1, 4) != 0).sum(-1).amax()) if w24.numel() else 0
-        if worst > 2:
-            raise ValueError(f"w24: not 2:4 (a group of 4 consecutive entries holds {worst} nonzeros); prune it "
-                             "with prune_2to4_mask, or build from a CSR through Sparse24Split")
+        check_2to4(w24, "w24")
         return cls(None, None, w24=w24.detach())
 
     @property

@@ -29,7 +29,7 @@ import torch
 
 from sparsetorch._ops import ops
 from sparsetorch.pruned.packed import PackedWeight, csr_parts
-from sparsetorch.pruned.sparse24 import Sparse24Split
+from sparsetorch.pruned.sparse24 import Sparse24Split, check_2to4
 
 __all__ = ["pack_sparse24_decode", "unpack_sparse24_decode", "expand_sparse24_decode", "decode_applies", "packed_ktiles", "TILE_K", "DTYPES",
            "Sparse24DecodeWeight", "sparse24_decode_linear", "DECODE_MAX_TOKENS"]
@@ -106,10 +106,7 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     code = (nz * torch.tensor([1, 2, 4, 8], dtype=torch.uint8, device=dev)).sum(-1, dtype=torch.uint8)
     nib = _NIBBLE_OF_MASK.to(dev).index_select(0, code.flatten().to(torch.int32)).view(m, k // 4)
     if bool((nib == _NOT_24).any()):
-        bad = (nib == _NOT_24).nonzero()[0]
-        r, c = int(bad[0]), int(bad[1]) * 4
-        raise ValueError(f"weight: not 2:4 sparse: row {r}, columns {c}..{c + 3} hold {int(nz[bad[0], bad[1]].sum())} "
-                         "nonzeros (at most 2 of every 4 consecutive columns)")
+        check_2to4(w)  # raises, naming the first such group
     # The two kept positions of each chunk (idx0 < idx1): selects on the nibble, no sort or int64 index.
     idx0, idx1 = nib & 3, nib >> 2  # idx0 in 0..2, idx1 in 1..3
     g0, g1, g2, g3 = groups.unbind(-1)
