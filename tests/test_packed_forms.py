@@ -113,6 +113,11 @@ def test_sparse_linear_prepare_times_form(form):
     x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         y = layer(x)
+    reason = form_classes.applicable(layer._pattern(), 3)[form]
+    if reason is not None:  # a build without tensor-core mma code for this GPU (compute_75): never timed
+        assert "mma" in reason and not st.cuda_features()["mma"]
+        assert form not in layer.route_times[4]
+        pytest.skip(f"{form}: {reason}")
     assert form in layer.route_times[4]
     ref = torch.nn.functional.linear(x.double(), layer.to_dense().detach().double(), layer.bias.detach().double())
     assert_matches(y, ref, torch.bfloat16)

@@ -301,6 +301,26 @@ def test_compact_24_state_dict_rejects_undefined_metadata():
         st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).bfloat16(), scheme="2:4").load_state_dict(sd)
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY else []))
+def test_layer_converted_with_to_dtype_trains_and_infers_in_the_new_dtype(device):
+    # the README tour's `layer.to(device, dtype)`: the ops' input check reads the values' dtype after .to()
+    torch.manual_seed(0)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32), sparsity=0.75, activation="relu").to(device, torch.float64)
+    x = torch.randn(5, 64, device=device, dtype=torch.float64, requires_grad=True)
+    expected = F.relu(x @ layer.to_dense().detach().t() + layer.bias)
+    y = layer(x)
+    torch.testing.assert_close(y, expected)
+    y.sum().backward()
+    assert x.grad is not None and layer.values.grad is not None and layer.values.grad.dtype == torch.float64
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x.detach()), expected.detach())
+    layer.compact()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x.detach()), expected.detach())
+    with pytest.raises(TypeError, match="float64"):
+        layer(x.detach().float())
+
+
 def test_compact_layer_does_not_train():
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(16, 8), sparsity=0.5).compact()
     with pytest.raises(RuntimeError, match="compact"):

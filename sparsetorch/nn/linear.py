@@ -188,9 +188,15 @@ class SparseLinear(nn.Module):
         self.backend = backend
         self.format = format
         self.stored_format: Optional[str] = None  # the compact layer's one form (None: training mode)
-        self._dtype = values.dtype
+        self._stored_dtype = values.dtype  # a compact layer's dtype (a training layer's is its values')
         self._derived = _Derived()
         self._handle = _register(self)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The dtype x must have: the values' (which ``.to(dtype)`` converts) or a compact layer's stored one."""
+        values = self._parameters.get("values")
+        return values.dtype if values is not None else self._stored_dtype
 
     # Copies (copy.deepcopy, pickle) get their own handle and derived state.
     def __setstate__(self, state):
@@ -360,10 +366,12 @@ class SparseLinear(nn.Module):
         banded = int(getattr(form.weight, "banded", False)) if name == "slots" else 0
         summary = torch.tensor([_STORED_CODES[name], banded, pattern.nnz, _DTYPE_CODES.index(self._dtype)],
                                dtype=torch.int64)
-        self._become_compact(name, tensors, summary, form)
+        self._become_compact(name, tensors, summary, self._dtype, form)
         return self
 
-    def _become_compact(self, name: str, tensors: Dict[str, torch.Tensor], summary: torch.Tensor, form=None):
+    def _become_compact(self, name: str, tensors: Dict[str, torch.Tensor], summary: torch.Tensor, dtype: torch.dtype,
+                        form=None):
+        self._stored_dtype = dtype
         for attr in ("crow_indices", "col_indices"):
             self._buffers.pop(attr, None)
         self._parameters.pop("values", None)
@@ -433,7 +441,6 @@ class SparseLinear(nn.Module):
         meta = (tuple(v.shape), v.dtype, v.device)
         if key[1:3] + key[4:6] != old[1:3] + old[4:6] or meta != derived.values_meta:
             derived = self._derived = _Derived()
-            self._dtype = v.dtype
         else:
             derived.runners, derived.exact = {}, {}
             if key[:6] != old[:6]:
@@ -805,12 +812,11 @@ class SparseLinear(nn.Module):
         if fields is None or not 0 <= fields[0] < len(_forms.COMPACT_FORMS) or not 0 <= fields[3] < len(_DTYPE_CODES):
             raise ValueError(f"stored_summary: expected (form code, banded, entries, dtype code), got {summary}")
         name = _forms.COMPACT_FORMS[int(fields[0])]
-        self._dtype = _DTYPE_CODES[int(fields[3])]
         incoming = {k[len(prefix) + len("stored_"):]: v for k, v in state_dict.items()
                     if k.startswith(prefix + "stored_") and k != prefix + "stored_summary"}
         device = self.stored_buffer_device() if self.stored_format else self.values.device
         tensors = {k: torch.empty_like(v, device=device) for k, v in incoming.items()}
-        self._become_compact(name, tensors, torch.empty_like(summary, device="cpu"))
+        self._become_compact(name, tensors, torch.empty_like(summary, device="cpu"), _DTYPE_CODES[int(fields[3])])
 
     def extra_repr(self) -> str:
         routes = ", ".join(f"{b}: {r}" for b, r in sorted(self._derived.choices.items()))
