@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import sparsetorch as st
 from sparsetorch import tuning
 from sparsetorch.nn import linear as lin
-from sparsetorch.pruned import forms, rule
+from sparsetorch.pruned import forms, rule, sparse24
 from conftest import CUDA_MMA, CUDA_READY, python_env
 
 needs_cuda = pytest.mark.skipif(not CUDA_READY, reason="needs CUDA")
@@ -92,8 +92,9 @@ def test_compact_form_and_routes():
     assert rule.compact_form(_P((64, 64), 0.3, dtype=torch.float32), ALL) == "csr"
     assert rule.compact_choice("slots", _P((64, 64), 0.3), 16) == "slots"
     assert rule.compact_choice("slots", _P((64, 64), 0.3), 2048) == "expand"
-    assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), 64) == "2:4 decode"
-    assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), 65) == "expand"
+    limit = rule.COMPACT_STORED_MAX_TOKENS["2:4 decode"]
+    assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), limit) == "2:4 decode"
+    assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), limit + 1) == "expand"
 
 
 def test_pattern_counts_entries_beyond_two_per_group_of_four():
@@ -147,6 +148,38 @@ def test_undecided_bucket_samples_held_forms_then_decides():
     entry = next(e for e in st.tuning_table(kind="linear") if e["key"] == key)
     assert set(entry["candidates"]) == {"dense", "csr"} and entry["source"] == "sampled"
     assert all(len(c["costs_ms"]) >= 1 for c in entry["candidates"].values())
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY and sparse24.available() else []))
+def test_decided_24_bucket_runs_a_new_token_count_on_dense_and_plans_it_the_second_time(monkeypatch, device):
+    """A bucket decided for the 2:4 form, in a layer holding its dense form: each token count (padded to
+    cuSPARSELt's 8) runs dense the first time and the 2:4 form from the second (built at that first use);
+    every call is the product. (The CPU 2:4 form is a reference with no plans: the plan rule is switched on.)"""
+    if device == "cpu":
+        monkeypatch.setattr(lin, "_plans_per_token_count", lambda x: True)
+    torch.manual_seed(9)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48).to(device, torch.bfloat16), scheme="2:4")
+    table = tuning.tuner("linear")
+    table.decide(layer._tuning_key(16), "dense")
+    table.decide(layer._tuning_key(256), "2:4")
+    ran = []
+    for cls, name in ((forms.Sparse24Form, "2:4"), (forms.DenseForm, "dense")):
+        original = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *a, _o=original, _n=name, **k: ran.append(_n) or _o(self, *a, **k))
+    monkeypatch.setattr(lin.F_torch, "linear", lambda *a, _o=F.linear, **k: ran.append("dense") or _o(*a, **k))
+    with torch.no_grad():
+        layer(torch.randn(16, 64, device=device).bfloat16())  # bucket 16: the dense form, held from now on
+        assert "2:4" not in layer._derived.forms
+        for n, expected in ((200, "dense"), (200, "2:4"), (197, "2:4"), (201, "dense"), (208, "2:4"), (200, "2:4")):
+            ran.clear()
+            x = torch.randn(n, 64, device=device).bfloat16()
+            y = layer(x)
+            assert ran == [expected], (n, ran)
+            assert _rel(y.float(), _ref(layer, x.float())) < 2e-2
+            assert "2:4" in layer._derived.forms or expected == "dense"
+    assert layer.routes[256] == "2:4" and len(lin._sparse24.PLANS) == 2
+    st.clear_caches()
+    assert len(lin._sparse24.PLANS) == 0
 
 
 def test_layers_of_one_signature_share_decisions():
@@ -235,7 +268,7 @@ def test_compact_holds_one_form_and_runs_every_token_count(dtype, scheme, sparsi
     assert mem["stored"] <= max(csr_bytes, mem["dense_weight"])
     assert "values" not in dict(layer.named_parameters())
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for n in (1, 16, 200, 700, 1, 16):  # twice: the second calls take the decided buckets' bound calls
+    for n in (1, 16, 200, 700, 1500, 1, 16):  # twice: the second calls take the decided buckets' bound calls
         x = torch.randn(n, 128).to(dtype)
         with torch.no_grad():
             assert _rel(layer(x), _ref(layer, x, w)) < tol, n

@@ -13,7 +13,10 @@ chunks) expand it to the dense weight for the call and free it after (``memory()
 call plus building that form; later calls of an undecided bucket sample the forms the layer already holds,
 as the real calls, timed without a sync, until one is decided. Decisions are keyed on the weight's
 signature (GPU, dtype, shape, pattern kind and density, epilogue) and shared by layers of that signature;
-they persist in the tuning cache file (``st.set_tuning_cache``). ``layer.prepare(token_counts)`` /
+they persist in the tuning cache file (``st.set_tuning_cache``). A bucket decided for the 2:4 (cuSPARSELt)
+form runs a token count's first call on the dense form where the layer holds one: cuSPARSELt makes a plan
+per token count, which costs several dense calls, so it is made the second time that count comes.
+``layer.prepare(token_counts)`` /
 ``st.nn.prepare(model, token_counts)`` builds and times every form for those buckets now (a server does
 this at load), and searches cuSPARSELt's algorithm for the 2:4 form.
 
@@ -48,7 +51,7 @@ from sparsetorch._validate import ensure_valid
 from sparsetorch.csr import CSR, as_csr
 from sparsetorch.pruned import forms as _forms
 from sparsetorch.pruned import rule as _rule
-from sparsetorch.pruned.sparse24 import sparse24_applies
+from sparsetorch.pruned import sparse24 as _sparse24
 from sparsetorch.pruned.wanda import prune_mask
 from sparsetorch.tuning import tuner
 
@@ -200,6 +203,8 @@ class SparseLinear(nn.Module):
 
     # Copies (copy.deepcopy, pickle) get their own handle and derived state.
     def __setstate__(self, state):
+        if "_stored_dtype" not in state and "_dtype" in state:  # pickled before the dtype followed the values
+            state = dict(state, _stored_dtype=state.pop("_dtype"))
         super().__setstate__(state)
         self._derived = _Derived()
         self._handle = _register(self)
@@ -526,7 +531,7 @@ class SparseLinear(nn.Module):
             if n <= SPARSE24_DECODE_TOKENS and _forms.applicable(p, n).get("2:4 decode") is None:
                 return "2:4 decode"
             # forced: cuSPARSELt with whatever residual the pattern has (the residual limit is "auto"'s)
-            reason = sparse24_applies(p.shape, p.dtype, p.device)
+            reason = _sparse24.sparse24_applies(p.shape, p.dtype, p.device)
             if reason is not None and self.values.device.type == "cuda":
                 raise ValueError(f"format '2:4': {reason}")
         return fmt
@@ -577,7 +582,7 @@ class SparseLinear(nn.Module):
     def _held_fallback(self, n: int) -> str:
         derived = self._derived
         if self.stored_format is not None:
-            return self.stored_format if n <= _forms.MAX_TOKENS.get(self.stored_format, 1 << 62) else "expand"
+            return self._rule(n)
         available = _forms.applicable(self._pattern(), n)
         held = [name for name in derived.forms if available.get(name) is None]
         for name in ("dense", "2:4 decode", "slots", "csr16", "bitmap", "2:4"):
@@ -585,10 +590,13 @@ class SparseLinear(nn.Module):
                 return name
         return "csr"
 
-    def _runner(self, route: str, x: torch.Tensor, bucket: int):
-        """The call of ``route`` with the layer's epilogue bound: y = call(x2)."""
+    def _runner(self, route: str, x: torch.Tensor, bucket: int, decided: bool = False):
+        """The call of ``route`` with the layer's epilogue bound: y = call(x2). ``decided``: the bucket's
+        bound call (not a sample, not prepare()'s timing), where the 2:4 form defers new cuSPARSELt plans."""
         name, _, alg = route.partition("#")
         bias, act, slope = self._parameters.get("bias"), self.activation, self.negative_slope
+        if name == "2:4" and decided and self.stored_format is None and self.format == "auto":
+            return self._sparse24_call(int(alg) if alg else self._derived.algs.get(bucket, -1), bias, act, slope)
         if name == "expand":
             form = self._stored_form()
             derived = self._derived
@@ -607,6 +615,32 @@ class SparseLinear(nn.Module):
             return functools.partial(F_torch.linear, weight=form.weight, bias=bias)
         return lambda a: form(a, bias, act, slope)
 
+    def _sparse24_call(self, code: int, bias, act: str, slope: float):
+        """The 2:4 (cuSPARSELt) form's call for a decided bucket. cuSPARSELt makes a plan per token count
+        (padded to 8): on an H100 a 14336 x 4096 call at a new count of 136-2001 tokens took 1.4-1.7 ms against
+        0.2-0.8 ms repeated, and the dense form 0.3-0.5 ms (docs/performance.md, the serving sequence). So where
+        the layer holds its dense form, a count's first call runs on it and the plan is made the second time
+        that count comes (a server's ever-new prefill sizes stay on dense; a repeated size pays one dense
+        call); the 2:4 form itself is built at its first use. During a CUDA graph capture nothing is built:
+        a form not held yet runs on the dense one."""
+        derived = self._derived
+        shape = (self.out_features, self.in_features)
+        residual = bool(self._pattern().residual24)
+
+        def call(a):
+            dense = derived.forms.get("dense")
+            form = derived.forms.get("2:4")
+            if dense is not None and _plans_per_token_count(a):
+                capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
+                first = not capturing and _sparse24.PLANS.sight(_sparse24.PLANS.key(a, shape, residual, bias, code)) == 1
+                if first or (capturing and form is None):
+                    return F_torch.linear(a, dense.weight, bias) if act == "none" else dense(a, bias, act, slope)
+            if form is None:
+                form = self._form("2:4", a.device)
+            return form(a, bias, act, slope, code)
+
+        return call
+
     def _run(self, x: torch.Tensor, bias_act: bool = True) -> torch.Tensor:
         """The forward on the chosen form, recording no gradient: x (N, in) -> (N, out). ``bias_act``: with
         the layer's bias and activation (else the bare product, for the training path)."""
@@ -619,7 +653,7 @@ class SparseLinear(nn.Module):
                 derived.exact[n] = call
                 return call(x)
         route, sample = self._choose(x, bucket)
-        call = self._runner(route, x, bucket) if bias_act else self._bare(route, x, bucket)
+        call = self._runner(route, x, bucket, decided=sample is None) if bias_act else self._bare(route, x, bucket)
         if sample is None:
             y = call(x)
         else:
@@ -861,6 +895,12 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
     if need_values:
         grad_values = call_op(ops.sddmm, (), crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
     return grad_x, grad_values
+
+
+def _plans_per_token_count(x: torch.Tensor) -> bool:
+    """Whether the 2:4 form's calls on x make a plan per token count (cuSPARSELt, on CUDA; the CPU runs a
+    reference)."""
+    return x.is_cuda
 
 
 def _op_input(handle: int, x: torch.Tensor, op: str) -> SparseLinear:

@@ -26,8 +26,11 @@ __all__ = ["first_choice", "compact_form", "compact_choice", "COMPACT_STORED_MAX
 
 _HALF = (torch.float16, torch.bfloat16)
 # A compact layer runs its stored form up to these token counts and a transient dense expansion above
-# (the expansion costs about three passes over the dense weight's bytes, the GEMM then runs at dense speed).
-COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 64, "slots": 128, "csr": 1 << 62}
+# (torch ops, then the GEMM at dense speed). The expansion of a 14336 x 4096 2:4 decode layout took 2.7 ms
+# on an H100 (docs/performance.md, the serving sequence), while the decode kernel runs any token count 64 at a
+# time, each chunk at most 4x its 16-token call (25.6 us at 11008 x 4096, the pruned suite): 1024 tokens cost
+# at most 2.1 ms that way. A faster expansion moves this limit down.
+COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 1024, "slots": 128, "csr": 1 << 62}
 
 
 def _ok(available: Dict[str, Optional[str]], form: str) -> bool:

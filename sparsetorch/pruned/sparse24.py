@@ -10,10 +10,13 @@ epilogue. On the CPU the same split runs as a dense reference (W24 expanded, the
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Optional
 
 import torch
 
+from sparsetorch._cache import register_clear
 from sparsetorch._ops import ops
 from sparsetorch._transpose import row_indices
 
@@ -26,6 +29,51 @@ DIM_MULTIPLE = 16
 # H100, bf16, N = 2048 (benchmarks/results/nvidia-h100-80gb-hbm3/pruned@df9e984): the 2:4 form took 1.34 ms at 70%
 # on 4096 x 4096 (dense 0.09 ms), 0.17 ms at 90% and 0.14 ms at 95% (a pure 2:4 weight: 0.068 ms).
 MAX_RESIDUAL_DENSITY = 0.005
+
+
+# cuSPARSELt makes a plan per token count padded to this (csrc/cuda/cusparselt_linear.cu, kPadN), and keeps
+# at most PLAN_CACHE_ENTRIES of them (kMaxPlans).
+PLAN_PAD_TOKENS = 8
+PLAN_CACHE_ENTRIES = 256
+
+
+class PlanSightings:
+    """How often each cuSPARSELt plan has been asked for in this process, keyed as the native plan cache is
+    (device, dtype, out and in features, the padded token count, a residual, the bias's address, the
+    algorithm code), bounded as it is. SparseLinear reads it to run a token count's first 2:4 call on its
+    dense form instead of making a plan (see SparseLinear's module docstring). Listed in st.clear_caches,
+    which empties the native plans too."""
+
+    def __init__(self, max_entries: int = PLAN_CACHE_ENTRIES):
+        self.max_entries = int(max_entries)
+        self._counts: "OrderedDict[tuple, int]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(x: torch.Tensor, shape, residual: bool, bias: Optional[torch.Tensor], alg: int) -> tuple:
+        n_pad = -(-max(int(x.shape[0]), 1) // PLAN_PAD_TOKENS) * PLAN_PAD_TOKENS
+        return (x.device.index, x.dtype, int(shape[0]), int(shape[1]), n_pad, bool(residual),
+                bias.data_ptr() if bias is not None else 0, int(alg))
+
+    def sight(self, key: tuple) -> int:
+        """Count one more request for ``key``'s plan; returns how many there have been (1: the first)."""
+        with self._lock:
+            count = self._counts.pop(key, 0) + 1
+            self._counts[key] = count
+            while len(self._counts) > self.max_entries:
+                self._counts.popitem(last=False)
+            return count
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+PLANS = PlanSightings()
+register_clear("cusparselt_plan_sightings", PLANS.clear, PLANS.__len__)
 
 
 def available() -> bool:
