@@ -296,8 +296,11 @@ def test_compact_layer_decides_by_rule_and_never_samples_the_expansion(monkeypat
         assert not expansions
         assert all(layer._derived.decided.get(b) for b in (1, 16, 128))
         assert {layer.routes[b] for b in (1, 16, 128)} == {"slots"}
-        layer(torch.randn(129, 128).bfloat16())
-    assert expansions and layer.routes[256] == "expand"
+        limit = rule.COMPACT_STORED_MAX_TOKENS["slots"]
+        layer(torch.randn(limit, 128).bfloat16())
+        assert not expansions and layer.routes[limit] == "slots"
+        layer(torch.randn(limit + 1, 128).bfloat16())
+    assert expansions and layer.routes[2 * limit] == "expand"
 
 
 def test_compact_state_dict_round_trips_and_is_checked():

@@ -29,8 +29,10 @@ _HALF = (torch.float16, torch.bfloat16)
 # (torch ops, then the GEMM at dense speed). The expansion of a 14336 x 4096 2:4 decode layout took 2.7 ms
 # on an H100 (docs/performance.md, the serving sequence), while the decode kernel runs any token count 64 at a
 # time, each chunk at most 4x its 16-token call (25.6 us at 11008 x 4096, the pruned suite): 1024 tokens cost
-# at most 2.1 ms that way. A faster expansion moves this limit down.
-COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 1024, "slots": 128, "csr": 1 << 62}
+# at most 2.1 ms that way. The slot kernel takes 64 tokens per tile, 0.03 ms per tile of 8.4M entries (4096 x
+# 4096 at 2:4, N = 128, the pruned suite): 512 tokens of a 70% 14336 x 4096 layer cost about 0.5 ms against
+# its 2.7 ms expansion (1.3 ms at 90%). A faster expansion moves these limits down.
+COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 1024, "slots": 512, "csr": 1 << 62}
 
 
 def _ok(available: Dict[str, Optional[str]], form: str) -> bool:
