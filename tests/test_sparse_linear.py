@@ -303,6 +303,37 @@ def test_compact_layer_decides_by_rule_and_never_samples_the_expansion(monkeypat
     assert expansions and layer.routes[2 * limit] == "expand"
 
 
+def test_compact_layer_route_is_its_rule_whatever_the_table_holds():
+    """A compact layer's route is its rule's alone: a decision in the tuning table (a cache file written with
+    other limits, another version) does not override it."""
+    torch.manual_seed(7)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8).compact()
+    tuning.tuner("linear").decide(layer._tuning_key(256), "expand")
+    with torch.no_grad():
+        layer(torch.randn(200, 128).bfloat16())
+    assert layer.routes[256] == layer._rule(200) == "slots" and layer.memory()["peak_transient"] == 0
+
+
+def test_capture_runs_a_held_searched_24_route(monkeypatch):
+    """A bucket prepare() decided as "2:4#<algorithm>" runs the held 2:4 form inside a CUDA graph capture (the
+    route names the algorithm; the form is held under "2:4"), not the held-forms fallback."""
+    import types
+
+    torch.manual_seed(9)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48).bfloat16(), scheme="2:4")
+    table = tuning.tuner("linear")
+    table.decide(layer._tuning_key(16), "dense")
+    table.decide(layer._tuning_key(512), "2:4#7")
+    with torch.no_grad():
+        layer(torch.randn(16, 64).bfloat16())
+        layer._form("2:4", torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    capturing_x = types.SimpleNamespace(shape=(300, 64), is_cuda=True, device=torch.device("cpu"))
+    assert layer._choose(capturing_x, 512) == ("2:4#7", None)
+    del layer._derived.forms["2:4"]  # not held: no build inside a capture, the held dense form runs
+    assert layer._choose(capturing_x, 512)[0] == "dense"
+
+
 def test_compact_state_dict_round_trips_and_is_checked():
     torch.manual_seed(6)
     src = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8).compact()

@@ -532,6 +532,8 @@ class SparseLinear(nn.Module):
                 return "2:4 decode"
             # forced: cuSPARSELt with whatever residual the pattern has (the residual limit is "auto"'s)
             reason = _sparse24.sparse24_applies(p.shape, p.dtype, p.device)
+            if reason is None and p.device.type == "cuda" and not _forms.cuda_features(p.device).get("cusparselt", True):
+                reason = "cuSPARSELt cannot run on this GPU with this build (it needs sm_80 or newer)"
             if reason is not None and self.values.device.type == "cuda":
                 raise ValueError(f"format '2:4': {reason}")
         return fmt
@@ -561,6 +563,12 @@ class SparseLinear(nn.Module):
         if self.format != "auto" and self.stored_format is None:
             route, sample = self._forced(n), None
             derived.decided[bucket] = True
+        elif self.stored_format is not None:
+            # a compact layer's route is its rule's alone (module docstring): no table, so no decision of
+            # another build or version (a cache file) overrides it
+            route, sample = self._rule(n), None
+            derived.rules[bucket] = route
+            derived.decided[bucket] = True
         else:
             key = self._tuning_key(bucket)
             rule = self._rule(n)
@@ -573,7 +581,7 @@ class SparseLinear(nn.Module):
             derived.rules[bucket] = rule
             decided = table.decided(key) is not None
             derived.decided[bucket] = decided
-        if capturing and route not in derived.forms and route not in ("csr", "expand"):
+        if capturing and route.partition("#")[0] not in derived.forms and route not in ("csr", "expand"):
             # no build inside a capture: the rule among the held forms
             route, sample = self._held_fallback(n), None
         derived.choices[bucket] = route.partition("#")[0]
@@ -632,8 +640,11 @@ class SparseLinear(nn.Module):
             form = derived.forms.get("2:4")
             if dense is not None and _plans_per_token_count(a):
                 capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
-                first = not capturing and _sparse24.PLANS.sight(_sparse24.PLANS.key(a, shape, residual, bias, code)) == 1
+                key = _sparse24.PLANS.key(a, shape, residual, bias, code)
+                first = not capturing and _sparse24.PLANS.seen(key) == 0
                 if first or (capturing and form is None):
+                    if first:
+                        _sparse24.PLANS.sight(key)  # the second call at this count makes the plan
                     return F_torch.linear(a, dense.weight, bias) if act == "none" else dense(a, bias, act, slope)
             if form is None:
                 form = self._form("2:4", a.device)

@@ -228,6 +228,7 @@ class Sparse24Form(_WeightForm):
         crow, col, vals = w._residual()
         if w.compressed is None:  # the CPU reference
             return w(x, bias, activation, negative_slope, None)
+        w.count_plan(x, bias, int(alg))
         return without_autograd(ops.sparse24_linear.default, x, w.compressed, w.shape[0], crow, col, vals, bias,
                                 activation, float(negative_slope), int(alg))
 
@@ -236,7 +237,9 @@ class Sparse24Form(_WeightForm):
         w = self.weight
         if w.compressed is None:
             return -1
-        return int(ops.sparse24_search(x, w.compressed, w.shape[0], w.res_values is not None, bias, "none"))
+        code = int(ops.sparse24_search(x, w.compressed, w.shape[0], w.res_values is not None, bias, "none"))
+        w.count_plan(x, bias, code)
+        return code
 
 
 class Sparse24DecodeForm(_WeightForm):

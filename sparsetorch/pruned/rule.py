@@ -29,9 +29,11 @@ _HALF = (torch.float16, torch.bfloat16)
 # (torch ops, then the GEMM at dense speed). The expansion of a 14336 x 4096 2:4 decode layout took 2.7 ms
 # on an H100 (docs/performance.md, the serving sequence), while the decode kernel runs any token count 64 at a
 # time, each chunk at most 4x its 16-token call (25.6 us at 11008 x 4096, the pruned suite): 1024 tokens cost
-# at most 2.1 ms that way. The slot kernel takes 64 tokens per tile, 0.03 ms per tile of 8.4M entries (4096 x
-# 4096 at 2:4, N = 128, the pruned suite): 512 tokens of a 70% 14336 x 4096 layer cost about 0.5 ms against
-# its 2.7 ms expansion (1.3 ms at 90%). A faster expansion moves these limits down.
+# at most 2.1 ms that way. The slot kernel reads the weight once per tile of tokens (64; 32 in the banded
+# layout, which a 14336 x 4096 weight takes on an H100), 0.03 ms per 64-token tile of 8.4M entries (4096 x
+# 4096 at 2:4, N = 128, the pruned suite): 512 tokens of a 70% 14336 x 4096 layer (16 banded passes) cost
+# about 1 ms against its 2.7 ms expansion (0.3 ms at 90% against 1.3). Neither limit is measured end to end;
+# a faster expansion moves them down.
 COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 1024, "slots": 512, "csr": 1 << 62}
 
 

@@ -51,9 +51,14 @@ class PlanSightings:
 
     @staticmethod
     def key(x: torch.Tensor, shape, residual: bool, bias: Optional[torch.Tensor], alg: int) -> tuple:
+        # a bias not 16-byte aligned is copied for every call (a new address each time): keyed as one
+        address = 0 if bias is None else bias.data_ptr() if bias.data_ptr() % 16 == 0 else -1
         n_pad = -(-max(int(x.shape[0]), 1) // PLAN_PAD_TOKENS) * PLAN_PAD_TOKENS
-        return (x.device.index, x.dtype, int(shape[0]), int(shape[1]), n_pad, bool(residual),
-                bias.data_ptr() if bias is not None else 0, int(alg))
+        return (x.device.index, x.dtype, int(shape[0]), int(shape[1]), n_pad, bool(residual), address, int(alg))
+
+    def seen(self, key: tuple) -> int:
+        """How many requests for ``key``'s plan were counted."""
+        return self._counts.get(key, 0)
 
     def sight(self, key: tuple) -> int:
         """Count one more request for ``key``'s plan; returns how many there have been (1: the first)."""
@@ -261,7 +266,13 @@ class Sparse24Weight:
         """Let cuSPARSELt time its algorithms for this x (N rows) and keep the best for the bucket."""
         code = ops.sparse24_search(x, self.compressed, self.shape[0], self.res_values is not None, bias, "none")
         self.algs[bucket] = code
+        self.count_plan(x, bias, code)
         return code
+
+    def count_plan(self, x: torch.Tensor, bias: Optional[torch.Tensor], alg: int) -> None:
+        """Count the plan a CUDA call (or search) on x makes or reuses (PLANS)."""
+        if self.compressed is not None and x.shape[0] > 0 and not torch.compiler.is_compiling():
+            PLANS.sight(PLANS.key(x, self.shape, self.res_values is not None, bias, alg))
 
     def alg_for(self, x: torch.Tensor, bias: Optional[torch.Tensor], bucket: Optional[int]) -> int:
         """The algorithm code for x's token-count bucket, searched on the bucket's first call (-1: cuSPARSELt's
@@ -280,6 +291,7 @@ class Sparse24Weight:
         crow, col, vals = self._residual()
         if self.compressed is not None:
             alg = self.alg_for(x, bias, bucket)
+            self.count_plan(x, bias, alg)
             return ops.sparse24_linear.default(x, self.compressed, self.shape[0], crow, col, vals, bias, activation,
                                        float(negative_slope), alg)
         y = x @ self.dense.t()  # CPU reference
