@@ -107,6 +107,33 @@ def test_pattern_counts_entries_beyond_two_per_group_of_four():
     assert p.residual24 == 3 and not p.is_24 and p.split.residual_nnz == 3  # the split agrees
 
 
+def test_a_2to4_pruned_layer_skips_counting_its_pattern_until_its_indices_change(monkeypatch):
+    """from_dense(scheme="2:4") knows its pattern is 2:4 (residual 0) without the counting pass; a layer whose
+    index tensors were written, replaced or loaded counts again (a stale "2:4" would let cuSPARSELt prune)."""
+    counted = []
+    original = forms.residual_24
+    monkeypatch.setattr(forms, "residual_24", lambda *a: counted.append(1) or original(*a))
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(64, 32).bfloat16()
+    layer = st.nn.SparseLinear.from_dense(lin, scheme="2:4", sparsity=0.6)
+    p = layer._pattern()
+    assert p.is_24 and p.residual24 == 0 and not counted
+    assert copy.deepcopy(layer)._pattern().is_24  # a copy's tensors are new: it counts (and agrees)
+    counted.clear()
+    moved = st.nn.SparseLinear.from_dense(lin, scheme="2:4").to(torch.float32).to("cpu")  # _apply keeps it
+    assert moved._made_24[1][0] is moved.col_indices and moved._pattern().residual24 is None  # float32: not counted
+    assert not counted
+    with torch.no_grad():
+        layer.col_indices[0] = (layer.col_indices[1] // 4) * 4 + (layer.col_indices[1] + 1) % 4  # in place
+    layer._pattern()
+    assert counted  # counted again after the in-place write
+    other = st.nn.SparseLinear.from_dense(lin, scheme="row", sparsity=0.25)  # 3 of 4 kept: not 2:4
+    loaded = st.nn.SparseLinear.from_dense(lin, scheme="2:4")
+    loaded.load_state_dict(other.state_dict())
+    assert not loaded._pattern().is_24 and loaded._pattern().residual24 > 0
+    assert "_made_24" not in st.nn.SparseLinear.from_dense(lin, scheme="2:4").compact().__dict__
+
+
 # --- the first call and the online samples ---------------------------------------------------------
 
 def test_first_call_takes_the_rule_without_timing(monkeypatch):

@@ -209,12 +209,25 @@ class SparseLinear(nn.Module):
         self._derived = _Derived()
         self._handle = _register(self)
 
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() move the index tensors: a 2:4 pruning's pattern stays known (and the old tensors
+        # are not held by it)
+        known = self.__dict__.pop("_made_24", None)
+        before = (self._buffers.get("crow_indices"), self._buffers.get("col_indices"))
+        out = super()._apply(fn, recurse)
+        after = (self._buffers.get("crow_indices"), self._buffers.get("col_indices"))
+        if known is not None and None not in after and _same_tensors(known, before):
+            self.__dict__["_made_24"] = _tensor_stamps(after)
+        return out
+
     # Setting what a bound call captured (the epilogue, the format, the state tensors) drops the fast path.
     _CAPTURED = frozenset({"activation", "negative_slope", "format", "backend", "values", "bias", "crow_indices",
                            "col_indices"})
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
+        if name in ("crow_indices", "col_indices"):
+            self.__dict__.pop("_made_24", None)
         if name in SparseLinear._CAPTURED:
             derived = self.__dict__.get("_derived")
             if derived is not None:
@@ -281,8 +294,11 @@ class SparseLinear(nn.Module):
         index_dtype = _index_dtype_for(out_f, in_f, int(rows.numel()))
         crow = torch.zeros(out_f + 1, dtype=torch.int64, device=weight.device)
         torch.cumsum(counts, 0, out=crow[1:])
-        return cls(in_f, out_f, crow.to(index_dtype), cols.to(index_dtype), weight[rows, cols].clone(),
-                   None if bias is None else bias.clone(), **kwargs)
+        layer = cls(in_f, out_f, crow.to(index_dtype), cols.to(index_dtype), weight[rows, cols].clone(),
+                    None if bias is None else bias.clone(), **kwargs)
+        if scheme == "2:4":  # at most 2 of every 4 kept, by construction: the pattern need not be counted
+            layer.__dict__["_made_24"] = _tensor_stamps((layer.crow_indices, layer.col_indices))
+        return layer
 
     # --- what it holds -------------------------------------------------------------------------------
 
@@ -377,6 +393,7 @@ class SparseLinear(nn.Module):
     def _become_compact(self, name: str, tensors: Dict[str, torch.Tensor], summary: torch.Tensor, dtype: torch.dtype,
                         form=None):
         self._stored_dtype = dtype
+        self.__dict__.pop("_made_24", None)
         for attr in ("crow_indices", "col_indices"):
             self._buffers.pop(attr, None)
         self._parameters.pop("values", None)
@@ -468,8 +485,11 @@ class SparseLinear(nn.Module):
         if derived.pattern is None:
             if self.stored_format is not None:
                 raise RuntimeError("a compact layer has no pattern to analyse")
-            derived.pattern = _forms.Pattern(self.crow_indices, self.col_indices, (self.out_features, self.in_features),
-                                             self.values.dtype, self.values.device)
+            crow, col = self.crow_indices, self.col_indices
+            known = self.__dict__.get("_made_24")  # from_dense(scheme="2:4"): these index tensors, unchanged
+            residual = 0 if known is not None and _same_tensors(known, (crow, col)) else None
+            derived.pattern = _forms.Pattern(crow, col, (self.out_features, self.in_features), self.values.dtype,
+                                             self.values.device, residual)
         return derived.pattern
 
     def _tuning_key(self, bucket: int) -> tuple:
@@ -819,6 +839,7 @@ class SparseLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        self.__dict__.pop("_made_24", None)  # another pattern may come in (copied into the same tensors)
         summary = state_dict.get(prefix + "stored_summary")
         if summary is not None:  # a compact layer's state: its stored form
             self._load_compact(state_dict, prefix, summary)
@@ -906,6 +927,16 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
     if need_values:
         grad_values = call_op(ops.sddmm, (), crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
     return grad_x, grad_values
+
+
+def _tensor_stamps(tensors) -> tuple:
+    return tuple((t, t._version, t.data_ptr()) for t in tensors)
+
+
+def _same_tensors(stamps, tensors) -> bool:
+    """Whether ``tensors`` are the ones ``_tensor_stamps`` recorded, unmodified (same objects, versions, data)."""
+    return len(stamps) == len(tensors) and all(held is t and t._version == version and t.data_ptr() == ptr
+                                               for (held, version, ptr), t in zip(stamps, tensors))
 
 
 def _plans_per_token_count(x: torch.Tensor) -> bool:

@@ -68,14 +68,18 @@ class Pattern:
     when a 2:4 form is first built."""
 
     def __init__(self, crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, residual24: Optional[int] = None):
+        # residual24: given where the pattern is known (a 2:4 pruning made it: 0), else counted
         self.shape = (int(shape[0]), int(shape[1]))
         self.dtype, self.device = dtype, torch.device(device)
         self.nnz = int(col.numel())
         self.density = self.nnz / max(1, self.shape[0] * self.shape[1])
         self._crow, self._col = crow, col
         self._split: Optional[Sparse24Split] = None
-        self.residual24: Optional[int] = residual_24(crow, col, self.shape) if dtype in _HALF else None
+        if dtype not in _HALF:
+            self.residual24: Optional[int] = None
+        else:
+            self.residual24 = residual_24(crow, col, self.shape) if residual24 is None else int(residual24)
 
     @property
     def split(self) -> Sparse24Split:
