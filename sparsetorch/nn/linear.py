@@ -242,7 +242,7 @@ class SparseLinear(nn.Module):
 
     def _make_stamp(self):
         try:
-            return tuple((t, t._version, t.data_ptr()) for t in self._state_tensors())
+            return _tensor_stamps(self._state_tensors())
         except RuntimeError:  # inference tensors have no version counter: no fast path
             return None
 
@@ -486,8 +486,11 @@ class SparseLinear(nn.Module):
             if self.stored_format is not None:
                 raise RuntimeError("a compact layer has no pattern to analyse")
             crow, col = self.crow_indices, self.col_indices
-            known = self.__dict__.get("_made_24")  # from_dense(scheme="2:4"): these index tensors, unchanged
-            residual = 0 if known is not None and _same_tensors(known, (crow, col)) else None
+            known = self.__dict__.pop("_made_24", None)  # from_dense(scheme="2:4"): these index tensors, unchanged
+            residual = None
+            if known is not None and _same_tensors(known, (crow, col)):
+                residual = 0
+                self.__dict__["_made_24"] = known  # kept only while it holds (it holds the tensors it names)
             derived.pattern = _forms.Pattern(crow, col, (self.out_features, self.in_features), self.values.dtype,
                                              self.values.device, residual)
         return derived.pattern
@@ -519,12 +522,8 @@ class SparseLinear(nn.Module):
         """What an undecided call of n tokens may sample without building anything: the rule's form and the
         forms the neighbouring buckets (n/2, 2n) take, where the layer holds them and they apply at n
         (crossovers fall between neighbours, and a form never sampled far from where it wins costs no more
-        than a few steady calls). A compact layer: its rule's route alone (a sample of the dense expansion
-        where the stored form serves costs tens of the stored form's calls: three passes over the dense
-        weight's bytes and the GEMM, against one pass over the stored form's)."""
+        than a few steady calls). A compact layer samples nothing (_choose)."""
         derived = self._derived
-        if self.stored_format is not None:
-            return [rule]
         available = _forms.applicable(self._pattern(), n)
         bucket = _bucket(n)
         out = [rule]
@@ -552,8 +551,6 @@ class SparseLinear(nn.Module):
                 return "2:4 decode"
             # forced: cuSPARSELt with whatever residual the pattern has (the residual limit is "auto"'s)
             reason = _sparse24.sparse24_applies(p.shape, p.dtype, p.device)
-            if reason is None and p.device.type == "cuda" and not _forms.cuda_features(p.device).get("cusparselt", True):
-                reason = "cuSPARSELt cannot run on this GPU with this build (it needs sm_80 or newer)"
             if reason is not None and self.values.device.type == "cuda":
                 raise ValueError(f"format '2:4': {reason}")
         return fmt
@@ -584,8 +581,9 @@ class SparseLinear(nn.Module):
             route, sample = self._forced(n), None
             derived.decided[bucket] = True
         elif self.stored_format is not None:
-            # a compact layer's route is its rule's alone (module docstring): no table, so no decision of
-            # another build or version (a cache file) overrides it
+            # a compact layer's route is its rule's alone: a sample of the dense expansion where the stored
+            # form serves costs tens of its calls, and no table means no decision of another build or
+            # version (a cache file) overrides the rule
             route, sample = self._rule(n), None
             derived.rules[bucket] = route
             derived.decided[bucket] = True
@@ -609,8 +607,6 @@ class SparseLinear(nn.Module):
 
     def _held_fallback(self, n: int) -> str:
         derived = self._derived
-        if self.stored_format is not None:
-            return self._rule(n)
         available = _forms.applicable(self._pattern(), n)
         held = [name for name in derived.forms if available.get(name) is None]
         for name in ("dense", "2:4 decode", "slots", "csr16", "bitmap", "2:4"):

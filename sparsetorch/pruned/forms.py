@@ -104,8 +104,6 @@ def applicable(p: Pattern, tokens: Optional[int] = None) -> Dict[str, str]:
     mma = features.get("mma", not cuda)
     out = {"csr": None, "dense": None}
     reason24 = sparse24_applies(p.shape, p.dtype, p.device)
-    if reason24 is None and cuda and not features.get("cusparselt", True):
-        reason24 = "cuSPARSELt cannot run on this GPU with this build (it needs sm_80 or newer)"
     if reason24 is None and p.residual24 is not None and p.residual24 > MAX_RESIDUAL_DENSITY * p.shape[0] * p.shape[1]:
         reason24 = f"{p.residual24} entries beyond 2 per group of 4 (more than {MAX_RESIDUAL_DENSITY:.1%} of positions)"
     out["2:4"] = reason24
@@ -238,12 +236,7 @@ class Sparse24Form(_WeightForm):
 
     def search(self, x, bias) -> int:
         """cuSPARSELt's fastest algorithm for this x (it times them all: tens of calls)."""
-        w = self.weight
-        if w.compressed is None:
-            return -1
-        code = int(ops.sparse24_search(x, w.compressed, w.shape[0], w.res_values is not None, bias, "none"))
-        w.count_plan(x, bias, code)
-        return code
+        return -1 if self.weight.compressed is None else self.weight.search(x, bias)
 
 
 class Sparse24DecodeForm(_WeightForm):

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from sparsetorch import _build_info
 from sparsetorch._cache import register_clear
 from sparsetorch._ops import ops
 from sparsetorch._transpose import row_indices
@@ -128,6 +129,8 @@ def sparse24_applies(shape, dtype: torch.dtype, device: torch.device) -> Optiona
     if ops.cusparselt_version() == 0:
         return ("this build of sparsetorch has no cuSPARSELt (install the nvidia-cusparselt package matching "
                 "your CUDA and rebuild)")
+    if torch.cuda.is_available() and not _build_info.cuda_features(device)["cusparselt"]:
+        return "cuSPARSELt cannot run on this GPU with this build (it needs sm_80 or newer)"
     return None
 
 
@@ -262,10 +265,11 @@ class Sparse24Weight:
             return None, None, None
         return self.split.res_crow, self.split.res_col, self.res_values
 
-    def search(self, x: torch.Tensor, bias: Optional[torch.Tensor], bucket: int) -> int:
-        """Let cuSPARSELt time its algorithms for this x (N rows) and keep the best for the bucket."""
-        code = ops.sparse24_search(x, self.compressed, self.shape[0], self.res_values is not None, bias, "none")
-        self.algs[bucket] = code
+    def search(self, x: torch.Tensor, bias: Optional[torch.Tensor], bucket: Optional[int] = None) -> int:
+        """Let cuSPARSELt time its algorithms for this x (N rows); the best one's code, kept for ``bucket``."""
+        code = int(ops.sparse24_search(x, self.compressed, self.shape[0], self.res_values is not None, bias, "none"))
+        if bucket is not None:
+            self.algs[bucket] = code
         self.count_plan(x, bias, code)
         return code
 
