@@ -35,17 +35,18 @@ _patterns = TensorCache("transpose.patterns", max_entries=64)
 _values = TensorCache("transpose.values", max_entries=64)
 
 
-def row_indices(crow: torch.Tensor, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def row_indices(crow: torch.Tensor, length: int, dtype: torch.dtype = torch.int64) -> Tuple[torch.Tensor, torch.Tensor]:
     """For every slot 0..length-1 of a (possibly batched, 2-D) crow: its row and whether the slot
-    holds an entry (``crow[0] <= slot < crow[-1]``). Both (B, length), int64 / bool."""
+    holds an entry (``crow[0] <= slot < crow[-1]``). Both (B, length), ``dtype`` (int64, or int32 where
+    the caller knows length fits: half the bytes of each pass) / bool."""
     c2 = crow.long().reshape(-1, crow.shape[-1])
     m = c2.shape[-1] - 1
     # row(slot) = how many of crow[1:] are <= slot: a cumulative count of the row ends (written
     # without searchsorted, whose Inductor lowering fails on a reshaped crow in torch 2.11 CUDA).
-    ends = torch.zeros(c2.shape[0], length + 1, dtype=torch.int64, device=crow.device)
-    ends.scatter_add_(1, c2[:, 1:].clamp(0, length), torch.ones_like(c2[:, 1:]))
-    rows = torch.cumsum(ends, dim=1)[:, :length]
-    slots = torch.arange(length, device=crow.device).unsqueeze(0)
+    ends = torch.zeros(c2.shape[0], length + 1, dtype=dtype, device=crow.device)
+    ends.scatter_add_(1, c2[:, 1:].clamp(0, length), torch.ones(c2[:, 1:].shape, dtype=dtype, device=crow.device))
+    rows = torch.cumsum(ends, dim=1, dtype=dtype)[:, :length]
+    slots = torch.arange(length, device=crow.device, dtype=dtype).unsqueeze(0)
     valid = (slots >= c2[:, :1]) & (slots < c2[:, -1:])
     return rows.clamp(0, max(m - 1, 0)), valid
 

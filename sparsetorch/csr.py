@@ -352,12 +352,17 @@ def to_dense(a: Any) -> torch.Tensor:
     length = col.shape[-1]
     values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)  # (b, L)
     b = values.shape[0]
-    rows, valid = row_indices(crow, length)  # (patterns, L)
-    cols = col.long().reshape(rows.shape[0], length)
-    valid &= (cols >= 0) & (cols < k)
     size = b * m * k
-    flat = torch.where(valid, rows * k + cols, size - torch.arange(b, device=crow.device).unsqueeze(1) * m * k)
-    flat = (flat + torch.arange(b, device=crow.device).unsqueeze(1) * (m * k)).reshape(-1)  # spare: size
+    # int32 positions where they fit (a 14336 x 4096 weight): every pass over the nnz slots moves half the bytes
+    index_dtype = torch.int32 if max(size, length) < 2**31 - 1 else torch.int64
+    rows, valid = row_indices(crow, length, index_dtype)  # (patterns, L)
+    cols = col.reshape(rows.shape[0], length)
+    valid &= (cols >= 0) & (cols < k)  # before the cast: a wild int64 column must not wrap into range
+    flat = torch.where(valid, rows * k + cols.to(index_dtype), size)
+    if b > 1:
+        flat = torch.where(valid, flat + torch.arange(b, device=crow.device, dtype=index_dtype).unsqueeze(1) * (m * k),
+                           size)
+    flat = flat.reshape(-1)  # padding slots and columns outside [0, k): the spare element, size
     out = torch.zeros(size + 1, dtype=a.dtype, device=a.device)
     if torch.are_deterministic_algorithms_enabled():
         out = out.index_put((flat,), values.reshape(-1), accumulate=True)

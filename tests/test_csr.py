@@ -95,6 +95,23 @@ def test_to_dense_sums_duplicates_and_is_differentiable(device, deterministic):
         assert torch.equal(values.grad, weights[torch.tensor([0, 0, 0, 2, 2, 2]), col])
 
 
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_to_dense_drops_columns_outside_the_matrix_in_either_index_width(device, index_dtype):
+    """A column outside [0, k) is dropped, also an int64 one that an int32 position would wrap into range
+    (2**32 + 1 -> 1); padding slots past crow[-1] are dropped; batched patterns stay apart."""
+    wild = 2**32 + 1 if index_dtype == torch.int64 else -3
+    crow = torch.tensor([0, 2, 4], dtype=index_dtype, device=device)
+    col = torch.tensor([1, wild, 0, 5, 2], dtype=index_dtype, device=device)  # 5 == k; slot 4 is padding
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 9.0], device=device)
+    dense = st.CSR(crow, col, values, (2, 5)).to_dense()
+    expected = torch.tensor([[0, 1.0, 0, 0, 0], [3.0, 0, 0, 0, 0]], device=device)
+    assert torch.equal(dense, expected), dense
+    batched = st.CSR(torch.stack([crow, crow]), torch.stack([col, col.flip(0)]), torch.stack([values, values]),
+                     (2, 2, 5)).to_dense()
+    assert torch.equal(batched[0], expected)
+    assert torch.equal(batched[1], torch.tensor([[0, 0, 1.0, 0, 0], [3.0, 0, 0, 0, 0]], device=device)), batched[1]
+
+
 def test_to_changes_dtype_device_index(device, rng):
     A = st.from_scipy(random_csr(rng, 4, 4, 0.5))
     B = A.to(device=device, dtype=torch.float16, index_dtype=torch.int32)

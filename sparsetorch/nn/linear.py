@@ -567,8 +567,10 @@ class SparseLinear(nn.Module):
         else:
             pattern = self._pattern()
             keep = self._derived.trained or self.format != "auto"
+            held = derived.forms.get("dense")
             form = _outside_graph_pool(lambda: _forms.build(name, pattern, self.crow_indices, self.col_indices,
-                                                            self.values.detach(), self.backend, keep), device)
+                                                            self.values.detach(), self.backend, keep,
+                                                            held.weight if held is not None else None), device)
         derived.forms[name] = form
         return form
 

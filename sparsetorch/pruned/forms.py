@@ -354,13 +354,17 @@ class Csr16Form(_WeightForm):
         return without_autograd(ops.csr16_linear.default, x, w.crow, w.entries, bias, activation, float(negative_slope))
 
 
-def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto", keep_maps: bool = True):
+def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto", keep_maps: bool = True,
+          dense_weight: Optional[torch.Tensor] = None):
     """The form ``name`` of the CSR weight (crow, col, values); ValueError/RuntimeError when it cannot apply.
     ``keep_maps=False``: without the maps from the CSR's order (module docstring): less memory and, for a 2:4
-    weight's decode layout, no split (a sort) to build."""
+    weight's decode layout, no split (a sort) to build. ``dense_weight``: the weight expanded already (a held
+    dense form), used instead of expanding the CSR again (a scatter of every entry)."""
     shape = pattern.shape
 
     def dense():
+        if dense_weight is not None:
+            return dense_weight
         return CSR(crow, col, values.detach(), shape).to_dense()
 
     with torch.no_grad():
