@@ -5,7 +5,8 @@ combination against a float64 product, and the argument errors."""
 import pytest
 import torch
 
-from sparsetorch.pruned.sparse24_decode import (TILE_K, expand_sparse24_decode, pack_sparse24_decode, packed_ktiles,
+from sparsetorch.pruned.sparse24_decode import (TILE_K, dense_from_pairs, expand_sparse24_decode, pack_sparse24_decode,
+                                               pack_sparse24_decode_pairs, packed_ktiles, pair_nibbles,
                                                unpack_sparse24_decode)
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
@@ -38,6 +39,55 @@ def test_round_trip(dtype, shape):
     assert meta.shape == (m // 16, ktp // 8, 32, 4) and meta.dtype == torch.int32
     assert torch.equal(unpack_sparse24_decode(values, meta, shape), w)
     assert torch.equal(expand_sparse24_decode(values, meta, shape), w)
+
+
+def _pair_csr(w, index_dtype=torch.int32):
+    """The CSR a 2:4 pruning keeps: exactly 2 positions per group of 4 (zero values where the group had fewer
+    nonzeros), rows in order, columns increasing."""
+    m, k = w.shape
+    keys = (w != 0).float().reshape(m, k // 4, 4) * 2 + torch.arange(4, 0, -1) / 8  # nonzeros first, then low zeros
+    keep = torch.zeros(m, k // 4, 4, dtype=torch.bool)
+    keep.scatter_(-1, keys.topk(2, dim=-1).indices, True)
+    rows, cols = keep.reshape(m, k).nonzero(as_tuple=True)
+    crow = torch.arange(m + 1) * (k // 2)
+    return crow.to(index_dtype), cols.to(index_dtype), w[rows, cols]
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(16, 32), (48, 96), (32, 800)])
+def test_pairs_of_a_24_csr_pack_and_expand_without_the_dense_weight(shape, index_dtype):
+    """A 2:4 pruning's own CSR (two stored entries per group, in order; some stored values zero) packs from its
+    values as stored into the same product as the dense weight's pack, and expands to the dense weight."""
+    w = random_24(*shape, torch.bfloat16, seed=7, fill=None)
+    crow, col, values = _pair_csr(w, index_dtype)
+    nibbles = pair_nibbles(crow, col, shape)
+    assert nibbles is not None and nibbles.shape == (shape[0], shape[1] // 4)
+    assert torch.equal(dense_from_pairs(values, nibbles, shape), w)
+    packed_values, meta = pack_sparse24_decode_pairs(values, nibbles, shape)
+    assert torch.equal(unpack_sparse24_decode(packed_values, meta, shape), w)
+    assert torch.equal(expand_sparse24_decode(packed_values, meta, shape), w)
+
+
+def test_pairs_refuse_every_other_csr():
+    """Unsorted or repeated columns in a group, a group of 3, a missing entry or padding slots: no pair layout."""
+    w = random_24(16, 64, torch.bfloat16, seed=8)
+    crow, col, values = _pair_csr(w)
+    assert pair_nibbles(crow, col, w.shape) is not None
+    swapped = col.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    repeated = col.clone()
+    repeated[1] = repeated[0]
+    moved = col.clone()
+    moved[1] = (moved[1] // 4 + 1) * 4  # the pair's second entry in the next group: that group holds 3
+    assert pair_nibbles(crow, swapped, w.shape) is None
+    assert pair_nibbles(crow, repeated, w.shape) is None
+    assert pair_nibbles(crow, moved, w.shape) is None
+    shifted = crow.clone()
+    shifted[1:-1] += 1  # row 0 one entry longer, the last one shorter
+    assert pair_nibbles(shifted, col, w.shape) is None
+    padded = torch.cat([col, torch.zeros(4, dtype=col.dtype)])
+    assert pair_nibbles(crow, padded, w.shape) is None
+    assert pair_nibbles(crow[:-1], col, w.shape) is None
 
 
 @pytest.mark.parametrize("fill", [0, 1, None])

@@ -227,6 +227,22 @@ def test_a_held_dense_form_is_the_expansion_later_builds_start_from(monkeypatch)
     assert _rel(form(x, layer.bias).float(), _ref(layer, x.float())) < 2e-2
 
 
+def test_a_24_pruned_layer_builds_its_24_forms_from_its_values_as_stored(monkeypatch):
+    """from_dense(scheme="2:4") stores two entries per group of 4: both 2:4 forms are made from the values as
+    stored (no CSR expansion by a scatter, no dense weight), and each computes the product."""
+    torch.manual_seed(5)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).to(torch.bfloat16), scheme="2:4")
+    expansions = []
+    original = st.CSR.to_dense
+    monkeypatch.setattr(st.CSR, "to_dense", lambda self: expansions.append(1) or original(self))
+    layer._refresh()
+    x = torch.randn(5, 64).bfloat16()
+    built = {name: layer._form(name, torch.device("cpu")) for name in ("2:4 decode", "2:4")}
+    assert expansions == []
+    for name, form in built.items():
+        assert _rel(form(x, layer.bias).float(), _ref(layer, x.float())) < 2e-2, name
+
+
 def test_layers_of_one_signature_share_decisions():
     torch.manual_seed(2)
     a = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.5)

@@ -27,7 +27,8 @@ from sparsetorch.pruned import csr16 as _csr16
 from sparsetorch.pruned import slots as _slots
 from sparsetorch.pruned.bitmap import BitmapWeight
 from sparsetorch.pruned.sparse24 import MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, sparse24_applies
-from sparsetorch.pruned.sparse24_decode import Sparse24DecodeWeight, decode_applies, expand_sparse24_decode
+from sparsetorch.pruned.sparse24_decode import (Sparse24DecodeWeight, decode_applies, dense_from_pairs,
+                                               expand_sparse24_decode, pair_nibbles)
 
 __all__ = ["FORM_NAMES", "COMPACT_FORMS", "CsrForm", "DenseForm", "Sparse24Form", "Sparse24DecodeForm", "BitmapForm",
            "SlotsForm", "Csr16Form", "Pattern", "applicable", "build", "from_tensors", "cuda_features",
@@ -361,10 +362,16 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     weight's decode layout, no split (a sort) to build. ``dense_weight``: the weight expanded already (a held
     dense form), used instead of expanding the CSR again (a scatter of every entry)."""
     shape = pattern.shape
+    # A 2:4 pruning's own CSR (two entries per group of 4, in order): its values are the 2:4 layouts' kept
+    # values as stored, so neither 2:4 form needs the CSR expanded by a scatter.
+    nibbles = pair_nibbles(crow, col, shape) if not keep_maps and pattern.is_24 and name in ("2:4", "2:4 decode") \
+        else None
 
     def dense():
         if dense_weight is not None:
             return dense_weight
+        if nibbles is not None:
+            return dense_from_pairs(values, nibbles, shape)
         return CSR(crow, col, values.detach(), shape).to_dense()
 
     with torch.no_grad():
@@ -379,6 +386,8 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
                 return Sparse24Form(None, None, w24=dense())
             return Sparse24Form(pattern.split, values)
         if name == "2:4 decode":
+            if nibbles is not None and decode_applies(shape, values.dtype) is None:
+                return Sparse24DecodeForm(Sparse24DecodeWeight.from_pairs(values, nibbles, shape))
             if not keep_maps and pattern.is_24:
                 return Sparse24DecodeForm(Sparse24DecodeWeight(dense()))
             return Sparse24DecodeForm.from_csr(pattern.split, values)

@@ -99,7 +99,6 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     _check_weight(weight)
     w = weight.detach()
     m, k = w.shape
-    kt, ktp = k // TILE_K, packed_ktiles(k)
     dev = w.device
     groups = w.reshape(m, k // 4, 4)
     nz = (groups != 0).to(torch.uint8)  # NaN counts as nonzero
@@ -112,12 +111,60 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     g0, g1, g2, g3 = groups.unbind(-1)
     kept = torch.stack([torch.where(idx0 == 0, g0, torch.where(idx0 == 1, g1, g2)),
                         torch.where(idx1 == 3, g3, torch.where(idx1 == 2, g2, g1))], dim=-1)  # (m, k/4, 2)
+    return _layout(kept, nib, m, k)
 
-    # Pad to ktp tiles: zero values, valid metadata.
-    comp = torch.zeros(m, ktp * 8, 2, dtype=w.dtype, device=dev)
-    comp[:, : kt * 8] = kept
-    nibs = torch.full((m, ktp * 8), _PAD_NIBBLE, dtype=torch.int64, device=dev)
-    nibs[:, : kt * 8] = nib
+
+def pair_nibbles(crow: torch.Tensor, col: torch.Tensor, shape) -> Optional[torch.Tensor]:
+    """The metadata nibbles (out, in / 4; uint8) of a CSR that stores exactly two entries in every group of 4
+    consecutive columns, in increasing column order (a 2:4 pruning's own CSR: its values, in storage order,
+    are then the kept values chunk by chunk); None for any other CSR. One pass over the columns, one
+    device-to-host read, no dense weight."""
+    m, k = int(shape[0]), int(shape[1])
+    if k % 4 or col.dim() != 1 or crow.dim() != 1 or col.numel() != m * k // 2 or crow.numel() != m + 1:
+        return None
+    first, second = col.view(m, k // 4, 2).unbind(-1)
+    group = torch.arange(k // 4, device=col.device, dtype=col.dtype)
+    rows = crow.long() == torch.arange(m + 1, device=crow.device) * (k // 2)
+    pairs = ((first >> 2) == group) & ((second >> 2) == group) & (first < second)
+    if not bool(rows.all() & pairs.all()):
+        return None
+    return ((first & 3) | ((second & 3) << 2)).to(torch.uint8)
+
+
+def pack_sparse24_decode_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values, meta) in the decode kernel's layout from a pair-structured CSR's values (storage order) and
+    its :func:`pair_nibbles`: the layout of pack_sparse24_decode with no dense weight to read."""
+    m, k = int(shape[0]), int(shape[1])
+    reason = decode_applies((m, k), values.dtype)
+    if reason is not None:
+        raise ValueError(f"weight: {reason}")
+    return _layout(values.detach().reshape(m, k // 4, 2), nibbles, m, k)
+
+
+def dense_from_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> torch.Tensor:
+    """The dense weight (shape) of a pair-structured CSR (:func:`pair_nibbles`): two selects per position,
+    no scatter and no index per entry."""
+    m, k = int(shape[0]), int(shape[1])
+    kept = values.detach().reshape(m, k // 4, 1, 2)
+    nib = nibbles.view(m, k // 4, 1)
+    positions = torch.arange(4, device=values.device, dtype=torch.uint8)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    second = torch.where((nib >> 2) == positions, kept[..., 1], zero)
+    return torch.where((nib & 3) == positions, kept[..., 0], second).view(m, k)
+
+
+def _layout(kept: torch.Tensor, nib: torch.Tensor, m: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's (values, meta) from each chunk's two kept values (m, k/4, 2) and nibble (m, k/4)."""
+    kt, ktp = k // TILE_K, packed_ktiles(k)
+    dev = kept.device
+    nib = nib.to(torch.int32)
+    if ktp > kt:  # pad to ktp tiles: zero values, valid metadata
+        comp = torch.zeros(m, ktp * 8, 2, dtype=kept.dtype, device=dev)
+        comp[:, : kt * 8] = kept
+        nibs = torch.full((m, ktp * 8), _PAD_NIBBLE, dtype=torch.int32, device=dev)
+        nibs[:, : kt * 8] = nib
+    else:
+        comp, nibs = kept, nib
 
     r16 = m // 16
     # values: comp as (R, h, g, KTP, q, t, v) with row = 16 R + 8 h + g, chunk = 4 q + t -> (R, KTP, g, t, q, h, v).
@@ -125,12 +172,13 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
 
     # meta: nibbles as (R, h, g, KTP/2 pairs, s tile-in-pair, r role, j) with chunk = 4 r + j.
     n7 = nibs.reshape(r16, 2, 8, ktp // 2, 2, 2, 4)
-    j_shift = 4 * torch.arange(4, device=dev)
+    j_shift = 4 * torch.arange(4, device=dev, dtype=torch.int32)
     # word(lane = 4 g + 2 s + r) = sum_j nib(h=0, r, j) << 4j + nib(h=1, r, j) << (16 + 4j): the role-r thread holds
     # chunks 4r .. 4r+3 of rows g (bits 15:0) and g+8 (bits 31:16) (checked on an H100, 2026-11-27: the other
     # reading of the PTX figure, role r = row g + 8r with all 8 chunks, gave 0.85 relative error).
-    h_shift = torch.tensor([0, 16], device=dev).view(1, 2, 1, 1, 1, 1, 1)
-    words = (n7 << (h_shift + j_shift)).sum(dim=(1, 6))  # (R, g, P, s, r)
+    # The 16-bit halves are summed in int32 over the weight; only the words (1/8 of the nibbles) go to int64.
+    halves = (n7 << j_shift).sum(dim=6, dtype=torch.int32).to(torch.int64)  # (R, h, g, P, s, r)
+    words = halves[:, 0] | (halves[:, 1] << 16)  # (R, g, P, s, r)
     words = words.permute(0, 2, 1, 3, 4).reshape(r16, ktp // 2, 32)  # (R, P, lane = 4 g + 2 s + r)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     meta = words.reshape(r16, ktp // 8, 4, 32).permute(0, 1, 3, 2).contiguous()  # (R, B, lane, w)
@@ -240,6 +288,15 @@ class Sparse24DecodeWeight:
     @classmethod
     def from_dense(cls, weight: torch.Tensor) -> "Sparse24DecodeWeight":
         return cls(weight)
+
+    @classmethod
+    def from_pairs(cls, values: torch.Tensor, nibbles: torch.Tensor, shape) -> "Sparse24DecodeWeight":
+        """From a pair-structured CSR's values and :func:`pair_nibbles` (no dense weight, no split)."""
+        w = cls.__new__(cls)
+        w.shape, w.dtype, w.device, w.split = (int(shape[0]), int(shape[1])), values.dtype, values.device, None
+        with torch.no_grad():
+            w.values, w.meta = pack_sparse24_decode_pairs(values, nibbles, shape)
+        return w
 
     @classmethod
     def from_split(cls, split, values: torch.Tensor) -> "Sparse24DecodeWeight":
