@@ -216,8 +216,9 @@ def test_a_held_dense_form_is_the_expansion_later_builds_start_from(monkeypatch)
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).to(torch.bfloat16), scheme="2:4")
     assert layer._pattern().is_24
     expansions = []
-    original = st.CSR.to_dense
+    original, from_pairs = st.CSR.to_dense, forms.dense_from_pairs
     monkeypatch.setattr(st.CSR, "to_dense", lambda self: expansions.append(1) or original(self))
+    monkeypatch.setattr(forms, "dense_from_pairs", lambda *a: expansions.append(1) or from_pairs(*a))
     layer._refresh()
     layer._form("dense", torch.device("cpu"))
     assert len(expansions) == 1
@@ -228,8 +229,8 @@ def test_a_held_dense_form_is_the_expansion_later_builds_start_from(monkeypatch)
 
 
 def test_a_24_pruned_layer_builds_its_24_forms_from_its_values_as_stored(monkeypatch):
-    """from_dense(scheme="2:4") stores two entries per group of 4: both 2:4 forms are made from the values as
-    stored (no CSR expansion by a scatter, no dense weight), and each computes the product."""
+    """from_dense(scheme="2:4") stores two entries per group of 4: both 2:4 forms and the dense one are made from
+    the values as stored (no CSR expansion by a scatter), and each computes the product."""
     torch.manual_seed(5)
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).to(torch.bfloat16), scheme="2:4")
     expansions = []
@@ -237,7 +238,7 @@ def test_a_24_pruned_layer_builds_its_24_forms_from_its_values_as_stored(monkeyp
     monkeypatch.setattr(st.CSR, "to_dense", lambda self: expansions.append(1) or original(self))
     layer._refresh()
     x = torch.randn(5, 64).bfloat16()
-    built = {name: layer._form(name, torch.device("cpu")) for name in ("2:4 decode", "2:4")}
+    built = {name: layer._form(name, torch.device("cpu")) for name in ("2:4 decode", "2:4", "dense")}
     assert expansions == []
     for name, form in built.items():
         assert _rel(form(x, layer.bias).float(), _ref(layer, x.float())) < 2e-2, name

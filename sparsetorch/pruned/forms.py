@@ -363,9 +363,10 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     dense form), used instead of expanding the CSR again (a scatter of every entry)."""
     shape = pattern.shape
     # A 2:4 pruning's own CSR (two entries per group of 4, in order): its values are the 2:4 layouts' kept
-    # values as stored, so neither 2:4 form needs the CSR expanded by a scatter.
-    nibbles = pair_nibbles(crow, col, shape) if not keep_maps and pattern.is_24 and name in ("2:4", "2:4 decode") \
-        else None
+    # values as stored, so no form of it needs the CSR expanded by a scatter.
+    pairs_serve = name == "dense" or (not keep_maps and name in ("2:4", "2:4 decode"))
+    nibbles = (pair_nibbles(crow, col, shape) if pattern.is_24 and pairs_serve
+               and (dense_weight is None or name == "2:4 decode") else None)
 
     def dense():
         if dense_weight is not None:
