@@ -326,3 +326,45 @@ def test_from_csr_set_values_and_public_names(device, rng, banded):
     assert w.nbytes == 4 * (2 * 3 + 1 + 3 * a.nnz)
     with pytest.raises(ValueError, match="2-D"):
         st.SlotWeight.from_csr(st.from_list([a, a], device=device, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("banded", [False, True])
+def test_a_sorted_csr_packs_as_the_general_path_does(monkeypatch, device, rng, banded):
+    """A CSR with increasing columns per row (empty rows included) is packed by one sort of distinct keys:
+    the same offsets, entries and refresh map as the general path (unique with repeated positions)."""
+    import sparsetorch.pruned.slots as slots_module
+
+    a = sp_random_rows(rng, 70, 200, 0.2)
+    crow, col, vals = (torch.from_numpy(t).to(device) for t in (a.indptr.astype(np.int64), a.indices.astype(np.int64),
+                                                                a.data.astype(np.float32)))
+    vals = vals.to(torch.bfloat16)
+    assert slots_module._increasing_in_rows(crow, col)
+    fast = SlotWeight(crow, col, vals, a.shape, banded=banded)
+    monkeypatch.setattr(slots_module, "_increasing_in_rows", lambda crow, col: False)
+    general = SlotWeight(crow, col, vals, a.shape, banded=banded)
+    for name in ("offsets", "entries", "_into", "_slots"):
+        assert torch.equal(getattr(fast, name), getattr(general, name)), name
+
+
+def test_increasing_in_rows_sees_unsorted_and_repeated_columns():
+    import sparsetorch.pruned.slots as slots_module
+
+    crow = torch.tensor([0, 2, 2, 5])
+    assert slots_module._increasing_in_rows(crow, torch.tensor([1, 3, 0, 2, 9]))
+    assert slots_module._increasing_in_rows(crow, torch.tensor([1, 3, 4, 5, 6]))  # row 2 starts lower: fine
+    assert not slots_module._increasing_in_rows(crow, torch.tensor([3, 1, 0, 2, 9]))
+    assert not slots_module._increasing_in_rows(crow, torch.tensor([1, 3, 0, 2, 2]))
+
+
+def sp_random_rows(rng, m, k, density):
+    """A SciPy CSR with sorted columns and a few empty rows."""
+    import scipy.sparse as sp
+
+    a = sp.random(m, k, density=density, format="csr", random_state=np.random.default_rng(rng.integers(1 << 31)))
+    a = a.tolil()
+    a[5] = 0
+    a[m - 1] = 0
+    a = a.tocsr()
+    a.eliminate_zeros()
+    a.sort_indices()
+    return a

@@ -101,6 +101,16 @@ def num_groups(shape: Tuple[int, int], banded: bool = False) -> int:
     return (2 * -(-strips // 2) if banded else strips) * chunks
 
 
+def _increasing_in_rows(crow: torch.Tensor, col: torch.Tensor) -> bool:
+    """Whether every row's columns strictly increase (sorted, no repeated position): one pass, one read."""
+    n = col.numel()
+    if n < 2:
+        return True
+    starts = torch.zeros(n + 1, dtype=torch.bool, device=col.device)
+    starts[crow[1:-1].clamp(0, n)] = True  # the first slot of every row but the first
+    return bool(((col[1:] > col[:-1]) | starts[1:n]).all())
+
+
 def _pack(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     bits = values.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     return (bits << 16) | slots.to(torch.int32)
@@ -126,12 +136,20 @@ class SlotWeight(PackedWeight):
         self.dtype, self.device = values.dtype, values.device
         self.banded = prefers_banded(self.shape, values.device) if banded is None else bool(banded)
         chunks, groups = -(-k // GROUP_COLS), num_groups(self.shape, self.banded)
+        # int32 keys where group * 1024 + slot fits (every pass over the entries moves half the bytes)
+        index = torch.int32 if groups * SLOTS < 2**31 else torch.int64
         crow = crow.to(device=values.device, dtype=torch.int64)
-        col = col.to(device=values.device, dtype=torch.int64)
-        rows = torch.repeat_interleave(torch.arange(m, device=values.device), crow.diff())
+        col = col.to(device=values.device, dtype=index)
+        rows = torch.repeat_interleave(torch.arange(m, device=values.device, dtype=index), crow.diff())
         group = group_of(rows // GROUP_ROWS, col // GROUP_COLS, chunks, self.banded)
         key = group * SLOTS + slot_of(rows, col, self.banded)
-        unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
+        if _increasing_in_rows(crow, col):
+            # no repeated position: the keys are distinct, a sort orders them and its permutation inverts
+            unique, order = torch.sort(key)
+            inverse = torch.empty_like(order, dtype=torch.int32)
+            inverse[order] = torch.arange(order.numel(), device=order.device, dtype=torch.int32)
+        else:
+            unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
         # CSR entry i goes to packed entry _into[i] (a permutation unless the CSR repeats positions).
         self._into = inverse.to(torch.int32)
         self._slots = (unique % SLOTS).to(torch.int32)
