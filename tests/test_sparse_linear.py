@@ -97,6 +97,32 @@ def test_compact_form_and_routes():
     assert rule.compact_choice("2:4 decode", _P((64, 64), 0.5, True), limit + 1) == "expand"
 
 
+@pytest.mark.parametrize("order", ["sorted", "unsorted", "repeated"])
+def test_residual_24_counts_as_a_per_group_count_does(order):
+    """The adjacent-entry count (columns not decreasing in a row) and the histogram (any order) agree with
+    counting each group's entries one by one, on random patterns with empty rows, shuffled rows and
+    repeated columns."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng({"sorted": 0, "unsorted": 1, "repeated": 2}[order])
+    for _ in range(60):
+        m, k = int(rng.integers(1, 20)), int(rng.integers(1, 40))
+        a = sp.random(m, k, density=rng.random(), format="csr", random_state=rng)
+        crow, col = torch.tensor(a.indptr), torch.tensor(a.indices)
+        if order == "unsorted":
+            for r in range(m):  # shuffle within each row
+                s, e = a.indptr[r], a.indptr[r + 1]
+                col[s:e] = col[s:e][torch.randperm(e - s)]
+        if order == "repeated" and col.numel() > 1:
+            col[1] = col[0]
+        counts = {}
+        for r in range(m):
+            for j in col[a.indptr[r]:a.indptr[r + 1]].tolist():
+                counts[(r, j // 4)] = counts.get((r, j // 4), 0) + 1
+        assert forms.residual_24(crow, col, (m, k)) == sum(max(0, c - 2) for c in counts.values())
+
+
 def test_pattern_counts_entries_beyond_two_per_group_of_four():
     # row 0: columns 0, 1 (one group, 2 entries); row 1: 0, 1, 2 (3 in a group: 1 beyond), 5; row 2: 4..7 (2 beyond)
     crow = torch.tensor([0, 2, 6, 10])
