@@ -366,6 +366,26 @@ def test_compact_holds_one_form_and_runs_every_token_count(dtype, scheme, sparsi
     torch.testing.assert_close(layer.to_dense(), w)
 
 
+def test_compact_builds_no_refresh_maps_and_reuses_a_held_form(monkeypatch):
+    """compact() makes the stored form without the maps only training needs (no 2:4 split: a sort of every
+    entry), or takes the one the layer holds; the compact layer computes the product."""
+    torch.manual_seed(6)
+    splits = []
+    original = forms.Sparse24Split.__init__
+    monkeypatch.setattr(forms.Sparse24Split, "__init__", lambda self, *a: splits.append(1) or original(self, *a))
+    x = torch.randn(3, 64).bfloat16()
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).to(torch.bfloat16), scheme="2:4")
+    ref = _ref(layer, x.float())
+    layer.compact()
+    assert layer.stored_format == "2:4 decode" and splits == []
+    assert _rel(layer(x).float(), ref) < 2e-2
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).to(torch.bfloat16), scheme="2:4")
+    layer._refresh()
+    held = layer._form("2:4 decode", torch.device("cpu"))
+    layer.compact()
+    assert layer._stored_form().weight.values.data_ptr() == held.weight.values.data_ptr()  # not built again
+
+
 def test_compact_layer_decides_by_rule_and_never_samples_the_expansion(monkeypatch):
     """A compact layer's buckets are decided at their first call (one route each): the stored form up to
     its token limit, the dense expansion above; the expansion never runs where the stored form serves."""

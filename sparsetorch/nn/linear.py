@@ -379,8 +379,14 @@ class SparseLinear(nn.Module):
         if available.get(name) is not None:
             raise ValueError(f"format {name!r}: {available[name]}")
         with torch.no_grad():
-            form = _forms.build(name, pattern, self.crow_indices, self.col_indices, self.values.detach(),
-                                self.backend)
+            # the form held already (built from these values), else built without the maps from the CSR's
+            # order that only training refreshes need (a 2:4 split is a sort of every entry)
+            form = self._derived.forms.get(name) if name != "csr" else None
+            if form is None:
+                held = self._derived.forms.get("dense")
+                form = _forms.build(name, pattern, self.crow_indices, self.col_indices, self.values.detach(),
+                                    self.backend, keep_maps=False,
+                                    dense_weight=held.weight if held is not None else None)
             if hasattr(form, "compact"):
                 form.compact()
         tensors = {k: v.detach() for k, v in form.tensors().items()}
