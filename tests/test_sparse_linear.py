@@ -380,8 +380,8 @@ def test_compact_builds_no_refresh_maps_and_reuses_a_held_form(monkeypatch):
     assert layer.stored_format == "2:4 decode" and splits == []
     assert _rel(layer(x).float(), ref) < 2e-2
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 32).to(torch.bfloat16), scheme="2:4")
-    layer._refresh()
-    held = layer._form("2:4 decode", torch.device("cpu"))
+    held = layer._form("2:4 decode", torch.device("cpu"))  # the layer's first use: the form is kept
+    assert layer._derived.forms["2:4 decode"] is held
     layer.compact()
     assert layer._stored_form().weight.values.data_ptr() == held.weight.values.data_ptr()  # not built again
 

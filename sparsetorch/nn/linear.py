@@ -563,7 +563,7 @@ class SparseLinear(nn.Module):
 
     def _form(self, name: str, device: torch.device):
         """The form ``name``, built now if the layer does not hold it (never during a graph capture)."""
-        derived = self._derived
+        derived = self._refresh()  # current (a first use replaces it), so the form is stored where it is read
         form = derived.forms.get(name)
         if form is not None:
             return form
