@@ -86,6 +86,16 @@ def test_rule_never_takes_a_form_that_does_not_apply():
     assert rule.first_choice(_P((512, 512), 0.01, device="cpu"), 8, ALL) == "csr"
 
 
+def test_prepare_times_every_form_but_the_csr_spmm_of_a_half_cuda_weight():
+    names = ["csr", "dense", "slots", "csr16"]
+    assert rule.timed_forms(_P((4096, 4096), 0.1), 1, names) == ["dense", "slots", "csr16"]
+    assert rule.timed_forms(_P((4096, 4096), 0.1), 1024, ["csr", "dense"]) == ["dense"]
+    assert rule.timed_forms(_P((4096, 4096), 0.1), 16, ["csr", "dense"]) == ["csr", "dense"]  # no packed form
+    assert rule.timed_forms(_P((4096, 4096), 0.1, dtype=torch.float32), 1, names) == names
+    assert rule.timed_forms(_P((4096, 4096), 0.1, device="cpu"), 1024, names) == names
+    assert rule.timed_forms(_P((4096, 4096), 0.1), 1024, ["csr"]) == ["csr"]  # the only form: still decided
+
+
 def test_compact_form_and_routes():
     assert rule.compact_form(_P((64, 64), 0.5, True), ALL) == "2:4 decode"
     assert rule.compact_form(_P((64, 64), 0.3), ALL) == "slots"
