@@ -65,10 +65,8 @@ def residual_24(crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int]) -
                                    output_size=nnz)
     group = rows * groups_per_row + (col // 4).to(index)
     if nnz < 3:
-        ordered, beyond = torch.ones((), dtype=torch.bool, device=col.device), torch.zeros((), dtype=torch.int64)
-    else:
-        ordered, beyond = (group[1:] >= group[:-1]).all(), (group[2:] == group[:-2]).sum()
-    ordered, beyond = torch.stack([ordered.long().cpu(), beyond.cpu()]).tolist()
+        return 0  # no group can hold more than 2
+    ordered, beyond = torch.stack([(group[1:] >= group[:-1]).all().long(), (group[2:] == group[:-2]).sum()]).tolist()
     if ordered:
         return int(beyond)
     counts = torch.bincount(group, minlength=m * groups_per_row)
