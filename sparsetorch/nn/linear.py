@@ -734,9 +734,10 @@ class SparseLinear(nn.Module):
 
     def prepare(self, token_counts: Optional[Iterable[int]] = None, *, budget_ms: float = 0.5) -> Dict[int, str]:
         """Decide the form of every bucket of ``token_counts`` (default 1, 2, 4, ..., 2048) now: build every
-        form that applies (``rule.timed_forms``: not the CSR SpMM of a half-precision CUDA weight), time each on random input (clean L2, about ``budget_ms`` of device time per
-        form), search cuSPARSELt's algorithm for the 2:4 form, record the decisions in the tuner (and so in
-        the tuning cache file), and free the forms no bucket takes. Returns bucket -> form."""
+        form that applies (but the CSR SpMM of a half-precision CUDA weight: ``rule.timed_forms``), time each
+        on random input (clean L2, about ``budget_ms`` of device time per form), search cuSPARSELt's
+        algorithm for the 2:4 form, record the decisions in the tuner (and so in the tuning cache file), and
+        free the forms no bucket takes. Returns bucket -> form."""
         counts = sorted({_bucket(int(n)) for n in (token_counts or DEFAULT_TOKEN_COUNTS) if int(n) > 0})
         device = self.stored_buffer_device() if self.stored_format else self.values.device
         derived = self._refresh()

@@ -57,15 +57,13 @@ def residual_24(crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int]) -
     first call on an H100); otherwise a bincount."""
     m, k = int(shape[0]), int(shape[1])
     nnz = col.numel()
-    if nnz == 0:
-        return 0
+    if nnz < 3:
+        return 0  # no group can hold more than 2
     groups_per_row = -(-k // 4)
     index = torch.int32 if m * groups_per_row < 2**31 else torch.int64
     rows = torch.repeat_interleave(torch.arange(m, device=col.device, dtype=index), crow.long().diff(),
                                    output_size=nnz)
     group = rows * groups_per_row + (col // 4).to(index)
-    if nnz < 3:
-        return 0  # no group can hold more than 2
     ordered, beyond = torch.stack([(group[1:] >= group[:-1]).all().long(), (group[2:] == group[:-2]).sum()]).tolist()
     if ordered:
         return int(beyond)
