@@ -73,8 +73,8 @@ def timed_forms(pattern, tokens: int, names):
     """The forms ``prepare()`` times for ``tokens`` rows, of the applicable ``names``: all but the CSR SpMM of a
     half-precision weight on CUDA where a packed form applies or from 128 tokens. There it lost in every case
     of the pruned suite on the H100 (bf16, 4096 x 4096 and 11008 x 4096 at 50-95% and 2:4): its best route
-    took 1.9-40x the best packed form's time at N = 1 and 16 and 20-100x dense's at N = 128 and 2048, and
-    timing its routes was most of prepare()'s time (10-20 ms per call of an 11008 x 4096 layer at N = 2048)."""
+    took 1.9-40x the best packed form's time at N = 1 and 16 and 20-100x dense's at N = 128 and 2048 (10-20 ms
+    a call of an 11008 x 4096 layer at N = 2048: timing it cost about 0.1 s of prepare(), an estimate)."""
     packed = {"csr16", "slots", "bitmap", "2:4 decode", "2:4"}
     if (pattern.device.type == "cuda" and pattern.dtype in _HALF and len(names) > 1
             and (int(tokens) >= 128 or packed.intersection(names))):
