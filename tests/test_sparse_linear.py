@@ -273,9 +273,12 @@ def test_a_24_pruned_layer_builds_its_24_forms_from_its_values_as_stored(monkeyp
     original = st.CSR.to_dense
     monkeypatch.setattr(st.CSR, "to_dense", lambda self: expansions.append(1) or original(self))
     layer._refresh()
+    checks = []
+    is_pairs = forms.is_pair_layout
+    monkeypatch.setattr(forms, "is_pair_layout", lambda *a: checks.append(1) or is_pairs(*a))
     x = torch.randn(5, 64).bfloat16()
     built = {name: layer._form(name, torch.device("cpu")) for name in ("2:4 decode", "2:4", "dense")}
-    assert expansions == []
+    assert expansions == [] and len(checks) == 1  # the layout is checked once per pattern
     for name, form in built.items():
         assert _rel(form(x, layer.bias).float(), _ref(layer, x.float())) < 2e-2, name
 

@@ -28,7 +28,7 @@ from sparsetorch.pruned import slots as _slots
 from sparsetorch.pruned.bitmap import BitmapWeight
 from sparsetorch.pruned.sparse24 import MAX_RESIDUAL_DENSITY, Sparse24Split, Sparse24Weight, sparse24_applies
 from sparsetorch.pruned.sparse24_decode import (Sparse24DecodeWeight, decode_applies, dense_from_pairs,
-                                               expand_sparse24_decode, pair_nibbles)
+                                               expand_sparse24_decode, is_pair_layout, nibbles_of_pairs)
 
 __all__ = ["FORM_NAMES", "COMPACT_FORMS", "CsrForm", "DenseForm", "Sparse24Form", "Sparse24DecodeForm", "BitmapForm",
            "SlotsForm", "Csr16Form", "Pattern", "applicable", "build", "from_tensors", "cuda_features",
@@ -86,6 +86,7 @@ class Pattern:
         self.density = self.nnz / max(1, self.shape[0] * self.shape[1])
         self._crow, self._col = crow, col
         self._split: Optional[Sparse24Split] = None
+        self._pairs: Optional[bool] = None
         if dtype not in _HALF:
             self.residual24: Optional[int] = None
         else:
@@ -96,6 +97,14 @@ class Pattern:
         if self._split is None:
             self._split = Sparse24Split(self._crow, self._col, self.shape)
         return self._split
+
+    @property
+    def pairs(self) -> bool:
+        """A 2:4 pattern stored as a 2:4 pruning stores it: two entries per group of 4, in column order
+        (sparse24_decode.is_pair_layout; checked once per pattern)."""
+        if self._pairs is None:
+            self._pairs = self.is_24 and is_pair_layout(self._crow, self._col, self.shape)
+        return self._pairs
 
     @property
     def is_24(self) -> bool:
@@ -374,8 +383,8 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     # A 2:4 pruning's own CSR (two entries per group of 4, in order): its values are the 2:4 layouts' kept
     # values as stored, so no form of it needs the CSR expanded by a scatter.
     pairs_serve = name == "dense" or (not keep_maps and name in ("2:4", "2:4 decode"))
-    nibbles = (pair_nibbles(crow, col, shape) if pattern.is_24 and pairs_serve
-               and (dense_weight is None or name == "2:4 decode") else None)
+    nibbles = (nibbles_of_pairs(col, shape) if pairs_serve and (dense_weight is None or name == "2:4 decode")
+               and pattern.pairs else None)
 
     def dense():
         if dense_weight is not None:

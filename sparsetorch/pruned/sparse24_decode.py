@@ -114,21 +114,31 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     return _layout(kept, nib, m, k)
 
 
-def pair_nibbles(crow: torch.Tensor, col: torch.Tensor, shape) -> Optional[torch.Tensor]:
-    """The metadata nibbles (out, in / 4; uint8) of a CSR that stores exactly two entries in every group of 4
-    consecutive columns, in increasing column order (a 2:4 pruning's own CSR: its values, in storage order,
-    are then the kept values chunk by chunk); None for any other CSR. One pass over the columns, one
-    device-to-host read, no dense weight."""
+def is_pair_layout(crow: torch.Tensor, col: torch.Tensor, shape) -> bool:
+    """Whether a CSR stores exactly two entries in every group of 4 consecutive columns, in increasing column
+    order (a 2:4 pruning's own CSR: its values, in storage order, are then the kept values chunk by chunk).
+    One pass over the columns, one device-to-host read."""
     m, k = int(shape[0]), int(shape[1])
     if k % 4 or col.dim() != 1 or crow.dim() != 1 or col.numel() != m * k // 2 or crow.numel() != m + 1:
-        return None
+        return False
     first, second = col.view(m, k // 4, 2).unbind(-1)
     group = torch.arange(k // 4, device=col.device, dtype=col.dtype)
     rows = crow.long() == torch.arange(m + 1, device=crow.device) * (k // 2)
     pairs = ((first >> 2) == group) & ((second >> 2) == group) & (first < second)
-    if not bool(rows.all() & pairs.all()):
-        return None
+    return bool(rows.all() & pairs.all())
+
+
+def nibbles_of_pairs(col: torch.Tensor, shape) -> torch.Tensor:
+    """The metadata nibbles (out, in / 4; uint8) of a CSR in the pair layout (:func:`is_pair_layout`, which
+    the caller has checked): no pass but this one, no device-to-host read."""
+    m, k = int(shape[0]), int(shape[1])
+    first, second = col.view(m, k // 4, 2).unbind(-1)
     return ((first & 3) | ((second & 3) << 2)).to(torch.uint8)
+
+
+def pair_nibbles(crow: torch.Tensor, col: torch.Tensor, shape) -> Optional[torch.Tensor]:
+    """:func:`nibbles_of_pairs` of a CSR in the pair layout, None for any other CSR."""
+    return nibbles_of_pairs(col, shape) if is_pair_layout(crow, col, shape) else None
 
 
 def pack_sparse24_decode_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> Tuple[torch.Tensor, torch.Tensor]:
