@@ -379,14 +379,12 @@ class SparseLinear(nn.Module):
         if available.get(name) is not None:
             raise ValueError(f"format {name!r}: {available[name]}")
         with torch.no_grad():
-            # the form held already (built from these values), else built without the maps from the CSR's
-            # order that only training refreshes need (a 2:4 split is a sort of every entry)
+            # the form held already (built from these values; not the CSR form, which holds the trainable
+            # values), else built without the maps from the CSR's order that only training refreshes need
+            # (a 2:4 split is a sort of every entry)
             form = self._derived.forms.get(name) if name != "csr" else None
             if form is None:
-                held = self._derived.forms.get("dense")
-                form = _forms.build(name, pattern, self.crow_indices, self.col_indices, self.values.detach(),
-                                    self.backend, keep_maps=False,
-                                    dense_weight=held.weight if held is not None else None)
+                form = self._build(name, keep_maps=False)
             if hasattr(form, "compact"):
                 form.compact()
         tensors = {k: v.detach() for k, v in form.tensors().items()}
@@ -571,14 +569,17 @@ class SparseLinear(nn.Module):
             form = _forms.CsrForm(self.crow_indices, self.col_indices, self.values, (self.out_features, self.in_features),
                                   self.backend)
         else:
-            pattern = self._pattern()
-            keep = self._derived.trained or self.format != "auto"
-            held = derived.forms.get("dense")
-            form = _outside_graph_pool(lambda: _forms.build(name, pattern, self.crow_indices, self.col_indices,
-                                                            self.values.detach(), self.backend, keep,
-                                                            held.weight if held is not None else None), device)
+            keep = derived.trained or self.format != "auto"
+            form = _outside_graph_pool(lambda: self._build(name, keep), device)
         derived.forms[name] = form
         return form
+
+    def _build(self, name: str, keep_maps: bool):
+        """The form ``name`` built from the layer's CSR, or from its dense form where it holds one (no second
+        expansion of the CSR). ``keep_maps``: with the maps from the CSR's order that training refreshes use."""
+        held = self._derived.forms.get("dense")
+        return _forms.build(name, self._pattern(), self.crow_indices, self.col_indices, self.values.detach(),
+                            self.backend, keep_maps, held.weight if held is not None else None)
 
     def _choose(self, x: torch.Tensor, bucket: int):
         """(route, sample or None) for this call; sets the bucket's current choice."""

@@ -155,12 +155,18 @@ def dense_from_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> torc
     """The dense weight (shape) of a pair-structured CSR (:func:`pair_nibbles`): two selects per position,
     no scatter and no index per entry."""
     m, k = int(shape[0]), int(shape[1])
-    kept = values.detach().reshape(m, k // 4, 1, 2)
-    nib = nibbles.view(m, k // 4, 1)
-    positions = torch.arange(4, device=values.device, dtype=torch.uint8)
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    second = torch.where((nib >> 2) == positions, kept[..., 1], zero)
-    return torch.where((nib & 3) == positions, kept[..., 0], second).view(m, k)
+    return _place_pairs(values.detach().reshape(m, k // 4, 2), nibbles.view(m, k // 4, 1)).view(m, k)
+
+
+def _place_pairs(kept: torch.Tensor, nib: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Chunks of 4 positions (rows, chunks, 4) from each chunk's two kept values (rows, chunks, 2) and its
+    nibble idx0 | idx1 << 2 (rows, chunks, 1; uint8): two selects, zeros elsewhere, into ``out`` if given."""
+    positions = torch.arange(4, device=kept.device, dtype=torch.uint8)
+    zero = torch.zeros((), dtype=kept.dtype, device=kept.device)
+    second = torch.where((nib >> 2) == positions, kept[..., 1:], zero)
+    if out is None:
+        return torch.where((nib & 3) == positions, kept[..., :1], second)
+    return torch.where((nib & 3) == positions, kept[..., :1], second, out=out)
 
 
 def _layout(kept: torch.Tensor, nib: torch.Tensor, m: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -259,8 +265,6 @@ def expand_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> t
     dense = torch.empty(m, ktp * TILE_K, dtype=values.dtype, device=values.device)
     step = max(1, _EXPAND_ROWS // 16)
     shifts = 4 * torch.arange(4, device=values.device, dtype=torch.int32)
-    positions = torch.arange(4, device=values.device, dtype=torch.uint8)
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
     for r0 in range(0, r16, step):
         r1 = min(r16, r0 + step)
         rr = r1 - r0
@@ -271,9 +275,7 @@ def expand_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> t
         halves = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], dim=1)  # (R, h, g, P, s, r), int32
         nibs = ((halves.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8)  # chunk 4 r + j of tile 2 P + s
         nibs = nibs.reshape(rr * 16, ktp * 8, 1)
-        block = dense[r0 * 16:r1 * 16].view(rr * 16, ktp * 8, 4)
-        second = torch.where((nibs >> 2) == positions, comp[..., 1:], zero)
-        torch.where((nibs & 3) == positions, comp[..., :1], second, out=block)
+        _place_pairs(comp, nibs, out=dense[r0 * 16:r1 * 16].view(rr * 16, ktp * 8, 4))
     return dense[:, :k]
 
 
