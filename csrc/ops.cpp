@@ -131,6 +131,11 @@ TORCH_LIBRARY(sparsetorch, m) {
   m.def(
       "csr_scale(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor? row_scale, "
       "Tensor? col_scale) -> Tensor");
+  // The dense (m, k), or (batch, m, k) for 2-D values, of a CSR: crow (m + 1) or (patterns, m + 1), col (L) or
+  // (patterns, L), values (L) or (batch, L), patterns 1 or batch. Repeated entries are summed (in float32; float64
+  // for doubles), columns outside [0, k) and slots outside the row spans skipped. CUDA only (the densify kernel,
+  // cuda/spmm_densify.cu; no device sync); sparsetorch.csr.to_dense calls it there and uses torch ops elsewhere.
+  m.def("csr_to_dense(Tensor crow_indices, Tensor col_indices, Tensor values, int m, int k) -> Tensor");
   // The per-matrix analysis (common/csr_analysis.h). csr_stats: one uncached O(nnz) pass on the
   // indices' device, the int64 vector laid out in csr_analysis.h (first defect, row-length statistics);
   // ncols < 0 leaves the columns unchecked.

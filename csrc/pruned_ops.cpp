@@ -50,6 +50,10 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   m.def(
       "sparse24_decode_linear(Tensor x, Tensor values, Tensor meta, int out_features, int in_features, "
       "Tensor? bias=None, str activation=\"none\", float negative_slope=0.01) -> Tensor");
+  // W (out_features, in_features) as a dense tensor of values' dtype from values / meta: the values as stored
+  // (bits), zeros elsewhere. The metadata is not checked (a layer's own layout, or one checked by
+  // unpack_sparse24_decode): the kernels write only inside W's chunks whatever it holds. No device sync.
+  m.def("sparse24_decode_to_dense(Tensor values, Tensor meta, int out_features, int in_features) -> Tensor");
 
   // --- bitmap tiles (common/bitmap_layout.h, sparsetorch/pruned/bitmap.py; its autograd is there).
   // out (..., out_features) = act(x (..., in_features) @ W^T + bias), W (out_features, in_features) given
@@ -69,6 +73,12 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   m.def(
       "slot_linear(Tensor x, Tensor offsets, Tensor entries, int out_features, Tensor? bias=None, "
       "str activation=\"none\", float negative_slope=0.01, bool banded=False) -> Tensor");
+  // W (out_features, in_features) of `dtype` (bfloat16 / float16: the entries' value bits) as a dense tensor. The
+  // CPU kernel checks the layout as it reads (IndexError, as slot_linear's); the CUDA kernel clamps the offsets
+  // and skips entries outside W (no device sync).
+  m.def(
+      "slot_to_dense(Tensor offsets, Tensor entries, int out_features, int in_features, ScalarType dtype, "
+      "bool banded=False) -> Tensor");
 
   // --- CSR16: a bf16/fp16 weight in the CSR16 layout (common/csr16_checks.h, sparsetorch/pruned/csr16.py). No
   // autograd of its own: SparseLinear differentiates through its CSR.

@@ -136,6 +136,11 @@ def _linear_fake(x, weight, bias=None, activation="none", negative_slope=0.01):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@torch.library.register_fake("sparsetorch::csr_to_dense")
+def _csr_to_dense_fake(crow, col, values, m, k):
+    return values.new_empty((values.shape[0], m, k) if values.dim() == 2 else (m, k))
+
+
 @torch.library.register_fake("sparsetorch::dense_bmm")
 def _dense_bmm_fake(a, b):
     batch = a.shape[0] if a.dim() == 3 else b.shape[0]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from sparsetorch._cache import MISS, TensorCache
+from sparsetorch._ops import ops
 from sparsetorch._transpose import row_indices
 
 __all__ = [
@@ -343,14 +344,20 @@ def as_csr(obj: Any, device=None, dtype: Optional[torch.dtype] = None) -> CSR:
 # --- conversions out of CSR ------------------------------------------------------------------
 
 def to_dense(a: Any) -> torch.Tensor:
-    """Dense tensor of shape ``a.shape``; repeated entries are summed. O(nnz + m*k), no host sync: every
-    slot is scattered to its flat position, padding slots and columns outside [0, k) to one spare element
-    past the end (index_add_, or index_put_'s sorting accumulate where deterministic algorithms are on)."""
+    """Dense tensor of shape ``a.shape``; repeated entries are summed. O(nnz + m*k), no host sync. On CUDA one
+    kernel (the densify route's: each row summed in float32 in shared memory, then stored once); elsewhere, where
+    deterministic algorithms are on (the kernel's shared-memory sums of 3+ repeats of a position have no fixed
+    order) and where the values record a gradient, every slot is scattered to its flat position, padding slots
+    and columns outside [0, k) to one spare element past the end (index_add_, or index_put_'s sorting
+    accumulate)."""
     a = as_csr(a)
     m, k = a.shape[-2], a.shape[-1]
     crow, col = a.crow_indices, a.col_indices
     length = col.shape[-1]
     values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)  # (b, L)
+    if (a.device.type == "cuda" and not torch.are_deterministic_algorithms_enabled()
+            and not (values.requires_grad and torch.is_grad_enabled())):  # the kernel records no gradient
+        return ops.csr_to_dense(crow, col, values, m, k).view(a.shape if a.batched else (m, k))
     b = values.shape[0]
     size = b * m * k
     # int32 positions where they fit (a 14336 x 4096 weight): every pass over the nnz slots moves half the bytes

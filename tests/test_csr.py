@@ -155,3 +155,31 @@ def test_from_list_errors(rng):
         st.from_list([random_csr(rng, 3, 3, 0.5), random_csr(rng, 3, 4, 0.5)])
     with pytest.raises(ValueError, match="needs shape"):
         st.from_list([])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_to_dense_kernel_matches_the_scatter(index_dtype, dtype):
+    """csr.to_dense on CUDA (one kernel) against its torch-op scatter (deterministic algorithms on): unsorted
+    and repeated columns, empty rows, rows wider than one shared-memory chunk (k = 5003, odd), one pattern
+    shared by a batch and one pattern per batch."""
+    g = torch.Generator().manual_seed(11)
+    m, k, nnz = 37, 5003, 4000
+    rows = torch.randint(0, m - 3, (nnz,), generator=g).sort().values  # the last 3 rows empty
+    cols = torch.randint(0, k, (nnz,), generator=g)
+    cols[1::7] = cols[0::7][: cols[1::7].numel()]  # repeats
+    crow = torch.zeros(m + 1, dtype=torch.int64)
+    crow[1:] = torch.bincount(rows, minlength=m).cumsum(0)
+    crow, cols = crow.to(index_dtype).cuda(), cols.to(index_dtype).cuda()
+    values = torch.randn(3, nnz, generator=g).to(dtype).cuda()
+    for A in (st.CSR(crow, cols, values[0], (m, k)), st.CSR(crow, cols, values, (3, m, k)),
+              st.CSR(torch.stack([crow] * 3), torch.stack([cols, cols.flip(0), cols]), values, (3, m, k))):
+        fast = A.to_dense()
+        torch.use_deterministic_algorithms(True)
+        try:
+            scatter = A.to_dense()
+        finally:
+            torch.use_deterministic_algorithms(False)
+        tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-2)  # repeats summed in float32 by the kernel
+        torch.testing.assert_close(fast, scatter, rtol=tol, atol=tol)

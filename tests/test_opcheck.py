@@ -112,6 +112,7 @@ def samples(rng, device):
         S = SlotWeight(crow, col, values.to(torch.bfloat16), (9, 7), banded=banded)
         yield ops.slot_linear, (torch.randn(3, 7, device=device, dtype=torch.bfloat16), S.offsets, S.entries, 9), dict(
             bias=torch.randn(9, device=device, dtype=torch.bfloat16), activation="gelu", banded=banded)
+        yield ops.slot_to_dense, (S.offsets, S.entries, 9, 7, torch.bfloat16, banded), {}
 
     # sparse24_decode_linear (tests/test_sparse24_decode.py has the rest): a 2:4 bfloat16 weight, leading batch dims
     from sparsetorch.pruned.sparse24 import prune_2to4_mask
@@ -122,6 +123,10 @@ def samples(rng, device):
     yield ops.sparse24_decode_linear, (torch.randn(2, 3, 64, device=device, dtype=torch.bfloat16), D.values, D.meta, 32,
                                        64), dict(bias=torch.randn(32, device=device, dtype=torch.bfloat16),
                                                  activation="gelu")
+    yield ops.sparse24_decode_to_dense, (D.values, D.meta, 32, 64), {}
+    if device == "cuda":  # a CUDA-only kernel (csr.to_dense uses torch ops elsewhere); batched values too
+        yield ops.csr_to_dense, (crow, col, values.detach(), 9, 7), {}
+        yield ops.csr_to_dense, (crow, col, torch.stack([values, -values]).detach(), 9, 7), {}
 
     # sparse_linear (SparseLinear's op: the layer's forms behind an integer handle; tests/test_sparse_linear.py)
     layer = st.nn.SparseLinear.from_dense(torch.randn(8, 6, device=device), sparsity=0.5)
@@ -157,6 +162,8 @@ def test_opcheck_all_ops(device, rng):
                    "sparsetorch::spmm_tuning_capacity"}
     defined = {s.name for s in torch._C._jit_get_all_schemas() if s.name.startswith("sparsetorch::")}
     defined -= OPCHECKED_ELSEWHERE
+    if device != "cuda":
+        defined.discard("sparsetorch::csr_to_dense")  # CUDA only
     assert len(defined) >= 8
     assert defined - not_traced <= seen, f"ops without an opcheck sample: {sorted(defined - not_traced - seen)}"
 

@@ -368,3 +368,69 @@ def sp_random_rows(rng, m, k, density):
     a.eliminate_zeros()
     a.sort_indices()
     return a
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape", [(20, 130), (48, 64), (3, 70), (33, 257)])
+@BANDED
+def test_to_dense_is_the_weight(device, rng, dtype, shape, banded):
+    """slot_to_dense (one kernel on CUDA) gives back the CSR's dense weight exactly, edge groups and a banded
+    layout's padding strip included; an empty weight gives zeros."""
+    a = random_csr(rng, *shape, 0.3)
+    A = st.from_scipy(a, device=device, dtype=dtype)
+    w = SlotWeight(A.crow_indices, A.col_indices, A.values, shape, banded=banded)
+    expected = torch.from_numpy(a.toarray()).to(device=device, dtype=dtype)
+    assert torch.equal(w.to_dense(), expected)
+    assert torch.equal(ops.slot_to_dense(w.offsets, w.entries, *shape, dtype, banded), expected)
+    empty = SlotWeight(torch.zeros(shape[0] + 1, dtype=torch.int64, device=device),
+                       torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, dtype=dtype, device=device),
+                       shape, banded=banded)
+    assert torch.equal(empty.to_dense(), torch.zeros(shape, dtype=dtype, device=device))
+
+
+def test_to_dense_argument_errors(device):
+    offsets = torch.tensor([0, 1, 1], dtype=torch.int32, device=device)  # 3 x 70: one strip, two chunks
+    entries = torch.tensor([0x3F800000], dtype=torch.int32, device=device)
+    dense = ops.slot_to_dense(offsets, entries, 3, 70, torch.bfloat16)
+    assert dense[0, 0] == 1 and int((dense != 0).sum()) == 1
+    with pytest.raises(TypeError, match="dtype: expected bfloat16 or float16"):
+        ops.slot_to_dense(offsets, entries, 3, 70, torch.float32)
+    with pytest.raises(TypeError, match="offsets: expected int32"):
+        ops.slot_to_dense(offsets.long(), entries, 3, 70, torch.bfloat16)
+    with pytest.raises(ValueError, match="offsets: expected shape \\(3,\\)"):
+        ops.slot_to_dense(offsets[:2], entries, 3, 70, torch.bfloat16)
+    with pytest.raises(ValueError, match="in_features"):
+        ops.slot_to_dense(offsets, entries, 3, -1, torch.bfloat16)
+
+
+def test_to_dense_corrupt_layout_cpu_raises():
+    good = torch.tensor([0, 1, 2], dtype=torch.int32)
+    one = 0x3F80 << 16
+    with pytest.raises(IndexError, match="offsets: expected to run from 0 to 2"):
+        ops.slot_to_dense(torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([one, one], dtype=torch.int32), 3,
+                          70, torch.bfloat16)
+    with pytest.raises(IndexError, match="slot 1024"):
+        ops.slot_to_dense(good, torch.tensor([one, one | 1024], dtype=torch.int32), 3, 70, torch.bfloat16)
+    with pytest.raises(IndexError, match="column 112"):
+        ops.slot_to_dense(good, torch.tensor([one, one | 24], dtype=torch.int32), 3, 70, torch.bfloat16)
+    with pytest.raises(IndexError, match="repeats slot 0"):
+        ops.slot_to_dense(torch.tensor([0, 2, 2], dtype=torch.int32), torch.tensor([one, one], dtype=torch.int32), 3,
+                          70, torch.bfloat16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernel")
+def test_to_dense_corrupt_layout_cuda_stays_in_bounds():
+    """Wild offsets and slots: clamped and skipped on the device, never a fault; a good layout after is exact."""
+    bad_offsets = torch.tensor([-5, 1 << 30, 2, -1, 7, 3, 2**31 - 1, 0, 5, 6, 1, -7, 9], dtype=torch.int32,
+                               device="cuda")
+    bad_entries = torch.tensor([0x3F80FFFF, -1, 0x7FFFFFFF, 0x3F800400, 5, 6, 7, 8, 9], dtype=torch.int32,
+                               device="cuda")
+    for banded, offsets in ((False, bad_offsets), (True, torch.cat([bad_offsets, bad_offsets.flip(0)[:4]]))):
+        dense = ops.slot_to_dense(offsets, bad_entries, 40, 200, torch.bfloat16, banded)
+        torch.cuda.synchronize()
+        assert dense.shape == (40, 200)
+    ok = ops.slot_to_dense(torch.tensor([0, 1] + [1] * 11, dtype=torch.int32, device="cuda"),
+                           torch.tensor([0x3F800000], dtype=torch.int32, device="cuda"), 40, 200, torch.bfloat16)
+    expected = torch.zeros(40, 200, dtype=torch.bfloat16, device="cuda")
+    expected[0, 0] = 1
+    assert torch.equal(ok, expected)

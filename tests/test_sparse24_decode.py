@@ -1,10 +1,11 @@
 """The packed 2:4 decode format (sparsetorch/pruned/sparse24_decode.py, kernel csrc/cuda/sparse24_decode_kernel.cuh)
 on the CPU: pack/unpack round trips (unpack emulates the kernel's per-lane mma.sp register mapping), the
 metadata's validity, a Python replay of the kernel's address arithmetic and k-step loop for every (U, split)
-combination against a float64 product, and the argument errors."""
+combination against a float64 product, and the argument errors; the expansion op back to dense on every device."""
 import pytest
 import torch
 
+from sparsetorch._ops import ops
 from sparsetorch.pruned.sparse24_decode import (TILE_K, dense_from_pairs, expand_sparse24_decode, pack_sparse24_decode,
                                                pack_sparse24_decode_pairs, packed_ktiles, pair_nibbles,
                                                unpack_sparse24_decode)
@@ -481,3 +482,54 @@ def test_op_cuda_broadcast_x():
         y = Sparse24DecodeWeight(w)(x)
         assert y.shape == (*x.shape[:-1], 64)
         assert rel_err(y, reference(x, w, None, "none")) < 1e-2
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("shape", [(16, 32), (48, 96), (32, 800), (64, 2048)])
+def test_to_dense_op_is_the_weight(device, dtype, shape):
+    """sparse24_decode_to_dense (the expansion of a compact layer: one kernel on CUDA) gives back the packed weight
+    exactly (bit for bit as the reference walk, unpack_sparse24_decode, places the stored values), on shapes with
+    and without padding tiles, NaN and -0.0 included; non-contiguous arrays are read as their values."""
+    w = random_24(*shape, dtype, seed=shape[1], fill=None)
+    w[0, :4] = torch.tensor([float("nan"), 0.0, -0.0, 0.0], dtype=dtype)  # -0.0 is a zero: not kept
+    values, meta = (t.to(device) for t in pack_sparse24_decode(w))
+    back = expand_sparse24_decode(values, meta, shape)
+    assert back.is_contiguous() and back.dtype == dtype
+    ref, back = unpack_sparse24_decode(values.cpu(), meta.cpu(), shape), back.cpu()
+    nan = ref.isnan()
+    assert torch.equal(back.isnan(), nan) and torch.equal(back.view(torch.int16)[~nan], ref.view(torch.int16)[~nan])
+    assert bool(((back == w) | (back.isnan() & w.isnan())).all())
+    strided = torch.empty(values.shape + (2,), dtype=dtype, device=device)[..., 0]
+    strided.copy_(values)
+    assert torch.equal(expand_sparse24_decode(strided, meta, shape).cpu().view(torch.int16), back.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_dense_op_stays_inside_chunks_and_checks_its_arguments(device):
+    """Metadata the hardware does not define (idx0 >= idx1) still writes only inside its chunk; wrong shapes and
+    dtypes raise naming the argument."""
+    w = random_24(32, 64, torch.bfloat16, seed=5)
+    values, meta = (t.to(device) for t in pack_sparse24_decode(w))
+    for word in (0, -1, 0x0F0F0F0F):  # positions (0, 0), (3, 3), (3, 3) / (0, 0)
+        dense = ops.sparse24_decode_to_dense(values, torch.full_like(meta, word), 32, 64)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        assert dense.shape == (32, 64)
+        groups = (dense != 0).reshape(32, 16, 4).sum(-1)
+        assert int(groups.max()) <= 1  # both values of a chunk on one position: the second one kept
+    with pytest.raises(ValueError, match="values: expected shape"):
+        ops.sparse24_decode_to_dense(values[:1], meta, 32, 64)
+    with pytest.raises(ValueError, match="meta: expected shape"):
+        ops.sparse24_decode_to_dense(values, meta[:, :, :16], 32, 64)
+    with pytest.raises(TypeError, match="meta: expected int32"):
+        ops.sparse24_decode_to_dense(values, meta.long(), 32, 64)
+    with pytest.raises(TypeError, match="values: expected bfloat16 or float16"):
+        ops.sparse24_decode_to_dense(values.float(), meta, 32, 64)
+    with pytest.raises(ValueError, match="in_features: expected a positive multiple of 32"):
+        ops.sparse24_decode_to_dense(values, meta, 32, 48)
+    with pytest.raises(ValueError, match="out_features: expected a positive multiple of 16"):
+        ops.sparse24_decode_to_dense(values, meta, 24, 64)

@@ -26,6 +26,11 @@ struct SlotProblem {
 // on x's device, bias (out_features,) of x's dtype. The contents are not read here: the CPU kernel checks
 // them as it reads (IndexError), the CUDA kernel clamps what it reads (a bad layout gives a wrong product
 // there, never a fault); sparsetorch.SlotWeight builds layouts from validated CSR matrices only.
+// The layout alone (slot_to_dense; the last checks of the one below): offsets and entries int32 on one device,
+// offsets of slot_groups(...) + 1 entries for an out_features x in_features weight, entries 1-D. n = 0.
+SlotProblem check_slot_layout(const at::Tensor& offsets, const at::Tensor& entries, int64_t out_features,
+                              int64_t in_features, bool banded);
+
 SlotProblem check_slot_linear_args(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& entries,
                                    int64_t out_features, const std::optional<at::Tensor>& bias, bool banded);
 

@@ -5,24 +5,27 @@
 #include "common/checks.h"
 
 namespace sparsetorch {
+namespace {
 
-Sparse24DecodeProblem check_sparse24_decode_linear_args(const at::Tensor& x, const at::Tensor& values,
-                                                        const at::Tensor& meta, int64_t out_features,
-                                                        int64_t in_features, const std::optional<at::Tensor>& bias) {
-  check_16bit_x(x, "2:4 decode layout");
-  TORCH_CHECK_TYPE(values.scalar_type() == x.scalar_type(), "values: expected ", x.scalar_type(),
-                   " (x's dtype), got ", values.scalar_type());
-  TORCH_CHECK_VALUE(values.device() == x.device(), "values: expected a tensor on ", x.device(),
-                    " (x's device), got ", values.device());
-  check_layout_tensor(meta, "meta", at::kInt, x);
+void check_sizes(int64_t out_features, int64_t in_features) {
   TORCH_CHECK_VALUE(out_features > 0 && out_features % kSparse24DecodeRowTile == 0 && out_features < (int64_t{1} << 31),
                     "out_features: expected a positive multiple of ", kSparse24DecodeRowTile, " below 2^31, got ",
                     out_features);
   TORCH_CHECK_VALUE(in_features > 0 && in_features % kSparse24DecodeTileK == 0 && in_features < (int64_t{1} << 31),
                     "in_features: expected a positive multiple of ", kSparse24DecodeTileK, " below 2^31, got ",
                     in_features);
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == in_features, "x: expected shape (..., ", in_features,
-                    ") (in_features), got ", x.sizes());
+}
+
+}  // namespace
+
+Sparse24DecodeProblem check_sparse24_decode_layout(const at::Tensor& values, const at::Tensor& meta,
+                                                    int64_t out_features, int64_t in_features) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf,
+                   "values: expected bfloat16 or float16 (the 2:4 decode layout packs 16-bit values), got ",
+                   values.scalar_type());
+  TORCH_CHECK_TYPE(meta.scalar_type() == at::kInt, "meta: expected int32, got ", meta.scalar_type());
+  check_same_device(values, "values", meta, "meta");
+  check_sizes(out_features, in_features);
   Sparse24DecodeProblem p;
   p.m = out_features;
   p.k = in_features;
@@ -37,6 +40,22 @@ Sparse24DecodeProblem check_sparse24_decode_linear_args(const at::Tensor& x, con
                     "meta: expected shape (", r16, ", ", p.ktp / kSparse24DecodeTilePad, ", 32, 4) for a ", out_features,
                     " x ", in_features, " weight (pack_sparse24_decode), got ", meta.sizes());
   TORCH_CHECK_VALUE(values.numel() < (int64_t{1} << 40), "values: too large");
+  return p;
+}
+
+Sparse24DecodeProblem check_sparse24_decode_linear_args(const at::Tensor& x, const at::Tensor& values,
+                                                        const at::Tensor& meta, int64_t out_features,
+                                                        int64_t in_features, const std::optional<at::Tensor>& bias) {
+  check_16bit_x(x, "2:4 decode layout");
+  TORCH_CHECK_TYPE(values.scalar_type() == x.scalar_type(), "values: expected ", x.scalar_type(),
+                   " (x's dtype), got ", values.scalar_type());
+  TORCH_CHECK_VALUE(values.device() == x.device(), "values: expected a tensor on ", x.device(),
+                    " (x's device), got ", values.device());
+  check_layout_tensor(meta, "meta", at::kInt, x);
+  check_sizes(out_features, in_features);
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == in_features, "x: expected shape (..., ", in_features,
+                    ") (in_features), got ", x.sizes());
+  Sparse24DecodeProblem p = check_sparse24_decode_layout(values, meta, out_features, in_features);
   p.n = check_packed_linear_tokens(x, out_features, bias, &p.out_shape);
   return p;
 }

@@ -36,6 +36,12 @@ struct Sparse24DecodeProblem {
 // equal to x.size(-1); bias (out_features,) of x's dtype. Non-contiguous values / meta are accepted (the
 // kernels copy them). The metadata's contents are not read here: the CPU kernel checks them as it decodes
 // (ValueError), the CUDA kernel does not (invalid metadata gives a wrong product there, never a fault).
+// The layout alone (sparse24_decode_to_dense; the first checks of the one below): values bfloat16 or float16 and
+// meta int32 on one device, with exactly the packer's shapes for (out_features, in_features), both sizes in range.
+// Returns the problem with n = 0 and no out_shape.
+Sparse24DecodeProblem check_sparse24_decode_layout(const at::Tensor& values, const at::Tensor& meta,
+                                                    int64_t out_features, int64_t in_features);
+
 Sparse24DecodeProblem check_sparse24_decode_linear_args(const at::Tensor& x, const at::Tensor& values,
                                                         const at::Tensor& meta, int64_t out_features,
                                                         int64_t in_features, const std::optional<at::Tensor>& bias);

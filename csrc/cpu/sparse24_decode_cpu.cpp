@@ -12,45 +12,34 @@
 
 #include "common/activation.h"
 #include "common/sparse24_decode_checks.h"
+#include "common/sparse24_decode_layout.h"
 
 namespace sparsetorch {
 namespace {
 
-// dense (m, k) float32 from values (m/16, ktp, 32, 8) as float32 and meta (m/16, ktp/8, 32, 4).
+// dense (m, k) float32 from values (m/16, ktp, 32, 8) as float32 and meta (m/16, ktp/8, 32, 4), chunk by chunk
+// (sparse24_decode_chunk).
 at::Tensor decode_dense(const at::Tensor& values_f, const at::Tensor& meta_c, int64_t m, int64_t k, int64_t ktp) {
   at::Tensor dense = at::zeros({m, k}, values_f.options());
   float* dp = dense.data_ptr<float>();
   const float* vp = values_f.data_ptr<float>();
   const int32_t* mp = meta_c.data_ptr<int32_t>();
-  const int64_t r16 = m / 16, mblocks = ktp / 8;
-  at::parallel_for(0, r16, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t rt = begin; rt < end; ++rt) {
-      for (int64_t kt = 0; kt < ktp; ++kt) {
-        const int32_t* words = mp + (rt * mblocks + kt / 8) * 32 * 4;
-        const float* tile = vp + (rt * ktp + kt) * 32 * 8;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane >> 2, t = lane & 3;
-          for (int reg = 0; reg < 4; ++reg) {
-            const int h = reg & 1, chunk = t + 4 * (reg >> 1);
-            const int64_t row = rt * 16 + g + 8 * h;
-            // The tile's sparsity selector is kt & 1; its metadata threads are 2 (kt & 1) + role of quad g, the
-            // role holding chunks 4 role .. 4 role + 3; word (kt >> 1) & 3 of the lane's four.
-            const int lane_m = 4 * g + 2 * static_cast<int>(kt & 1) + chunk / 4;
-            const uint32_t word = static_cast<uint32_t>(words[lane_m * 4 + ((kt >> 1) & 3)]);
-            const uint32_t nib = (word >> (4 * (chunk % 4) + 16 * h)) & 0xfu;
-            const int64_t idx[2] = {static_cast<int64_t>(nib & 3u), static_cast<int64_t>(nib >> 2)};
-            TORCH_CHECK_VALUE(idx[0] < idx[1], "meta: row ", row, ", k-tile ", kt, ", chunk ", chunk,
-                              ": metadata nibble ", nib, " is not two increasing positions (undefined for mma.sp)");
-            for (int v = 0; v < 2; ++v) {
-              const float val = tile[lane * 8 + 2 * reg + v];
-              const int64_t col = kt * 32 + 4 * chunk + idx[v];
-              if (col < k) {
-                dp[row * k + col] = val;
-              } else {
-                TORCH_CHECK_VALUE(val == 0.f, "values: row ", row, " holds a nonzero at column ", col,
-                                  ", in the padding past in_features = ", k);
-              }
-            }
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t chunk = 0; chunk < ktp * 8; ++chunk) {
+        const Sparse24DecodeChunk c = sparse24_decode_chunk(row, chunk, ktp);
+        const uint32_t nib = (static_cast<uint32_t>(mp[c.word]) >> c.shift) & 0xfu;
+        const int64_t idx[2] = {static_cast<int64_t>(nib & 3u), static_cast<int64_t>(nib >> 2)};
+        TORCH_CHECK_VALUE(idx[0] < idx[1], "meta: row ", row, ", k-tile ", chunk / 8, ", chunk ", chunk % 8,
+                          ": metadata nibble ", nib, " is not two increasing positions (undefined for mma.sp)");
+        for (int v = 0; v < 2; ++v) {
+          const float val = vp[c.value + v];
+          const int64_t col = 4 * chunk + idx[v];
+          if (col < k) {
+            dp[row * k + col] = val;
+          } else {
+            TORCH_CHECK_VALUE(val == 0.f, "values: row ", row, " holds a nonzero at column ", col,
+                              ", in the padding past in_features = ", k);
           }
         }
       }

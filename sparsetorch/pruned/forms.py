@@ -380,16 +380,17 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     weight's decode layout, no split (a sort) to build. ``dense_weight``: the weight expanded already (a held
     dense form), used instead of expanding the CSR again (a scatter of every entry)."""
     shape = pattern.shape
-    # A 2:4 pruning's own CSR (two entries per group of 4, in order): its values are the 2:4 layouts' kept
-    # values as stored, so no form of it needs the CSR expanded by a scatter.
-    pairs_serve = name == "dense" or (not keep_maps and name in ("2:4", "2:4 decode"))
-    nibbles = (nibbles_of_pairs(col, shape) if pairs_serve and (dense_weight is None or name == "2:4 decode")
-               and pattern.pairs else None)
+    # A 2:4 pruning's own CSR (two entries per group of 4, in order): its values are the decode layout's kept
+    # values as stored (no expansion of the CSR to build it) and, off CUDA, where no kernel expands a CSR in
+    # one pass (csr.to_dense), its dense weight is two selects instead of a scatter of every entry.
+    selects = dense_weight is None and not values.is_cuda and (name == "dense" or (not keep_maps and name == "2:4"))
+    nibbles = (nibbles_of_pairs(col, shape) if (selects or (not keep_maps and name == "2:4 decode")) and pattern.pairs
+               else None)
 
     def dense():
         if dense_weight is not None:
             return dense_weight
-        if nibbles is not None:
+        if nibbles is not None and selects:
             return dense_from_pairs(values, nibbles, shape)
         return CSR(crow, col, values.detach(), shape).to_dense()
 

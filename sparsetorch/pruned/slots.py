@@ -197,20 +197,8 @@ class SlotWeight(PackedWeight):
         self._into = self._slots = None
 
     def to_dense(self) -> torch.Tensor:
-        """W as a dense (out_features, in_features) tensor (no device sync)."""
-        m, k = self.shape
-        o = self.offsets.long()
-        n = self.entries.numel()
-        # int32 positions (a group index, a row and a column fit: the checks bound the shape), int64 only for
-        # the flat index: half the bytes of every elementwise pass over the entries
-        group_ids = torch.arange(o.numel() - 1, device=o.device,
-                                 dtype=torch.int32 if o.numel() < 2**31 else torch.int64)
-        groups = torch.repeat_interleave(group_ids, o.diff(), output_size=n)
-        rows, cols = position_of(groups, self.entries & 0xFFFF, -(-k // GROUP_COLS), self.banded)
-        values = (self.entries >> 16).to(torch.int16).view(self.dtype)
-        dense = torch.zeros(m, k, dtype=self.dtype, device=self.device)
-        dense.view(-1)[rows.long() * k + cols] = values
-        return dense
+        """W as a dense (out_features, in_features) tensor: one kernel, no device sync (``slot_to_dense``)."""
+        return ops.slot_to_dense(self.offsets, self.entries, self.shape[0], self.shape[1], self.dtype, self.banded)
 
     def _packed(self, values: torch.Tensor) -> torch.Tensor:
         """The CSR's values in packed order, repeated positions summed (in float32, rounded once)."""
@@ -241,6 +229,11 @@ def slot_linear(x: torch.Tensor, weight: SlotWeight, bias: Optional[torch.Tensor
     weight.check_input(x)
     return ops.slot_linear(x, weight.offsets, weight.entries, weight.shape[0], bias, activation,
                            float(negative_slope), weight.banded)
+
+
+@torch.library.register_fake("sparsetorch::slot_to_dense")
+def _slot_to_dense_fake(offsets, entries, out_features, in_features, dtype, banded=False):
+    return entries.new_empty((out_features, in_features), dtype=dtype)
 
 
 @torch.library.register_fake("sparsetorch::slot_linear")

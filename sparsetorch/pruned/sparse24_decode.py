@@ -152,21 +152,13 @@ def pack_sparse24_decode_pairs(values: torch.Tensor, nibbles: torch.Tensor, shap
 
 
 def dense_from_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> torch.Tensor:
-    """The dense weight (shape) of a pair-structured CSR (:func:`pair_nibbles`): two selects per position,
-    no scatter and no index per entry."""
+    """The dense weight (shape) of a pair-structured CSR (:func:`pair_nibbles`): each chunk of 4 positions made
+    from its two kept values by two selects on its nibble idx0 | idx1 << 2, no scatter and no index per entry."""
     m, k = int(shape[0]), int(shape[1])
-    return _place_pairs(values.detach().reshape(m, k // 4, 2), nibbles.view(m, k // 4, 1)).view(m, k)
-
-
-def _place_pairs(kept: torch.Tensor, nib: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Chunks of 4 positions (rows, chunks, 4) from each chunk's two kept values (rows, chunks, 2) and its
-    nibble idx0 | idx1 << 2 (rows, chunks, 1; uint8): two selects, zeros elsewhere, into ``out`` if given."""
+    kept, nib = values.detach().reshape(m, k // 4, 2), nibbles.view(m, k // 4, 1)
     positions = torch.arange(4, device=kept.device, dtype=torch.uint8)
-    zero = torch.zeros((), dtype=kept.dtype, device=kept.device)
-    second = torch.where((nib >> 2) == positions, kept[..., 1:], zero)
-    if out is None:
-        return torch.where((nib & 3) == positions, kept[..., :1], second)
-    return torch.where((nib & 3) == positions, kept[..., :1], second, out=out)
+    second = torch.where((nib >> 2) == positions, kept[..., 1:], torch.zeros((), dtype=kept.dtype, device=kept.device))
+    return torch.where((nib & 3) == positions, kept[..., :1], second).view(m, k)
 
 
 def _layout(kept: torch.Tensor, nib: torch.Tensor, m: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -248,35 +240,12 @@ def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> t
     return dense[:, :k].contiguous()
 
 
-# Rows expanded per step by expand_sparse24_decode: bounds its temporaries (two bool masks and one
-# intermediate, 4 bytes per weight position) to ~32 MB at 4096 columns.
-_EXPAND_ROWS = 2048
-
-
 def expand_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> torch.Tensor:
-    """The dense weight (shape) of packed (values, meta), as pack_sparse24_decode's inverse: a few torch ops
-    per block of rows, no device sync (usable inside CUDA graph capture). Unlike unpack_sparse24_decode it
-    checks nothing: for a layout already checked (a layer's own, or one loaded through from_packed).
-
-    Each 4-column chunk is written by two selects on its two positions (a nibble of uint8s), not a scatter:
-    no int64 index per value (the scatter's index alone moved 4x the dense weight's bytes)."""
-    m, k = int(shape[0]), int(shape[1])
-    r16, ktp = m // 16, packed_ktiles(k)
-    dense = torch.empty(m, ktp * TILE_K, dtype=values.dtype, device=values.device)
-    step = max(1, _EXPAND_ROWS // 16)
-    shifts = 4 * torch.arange(4, device=values.device, dtype=torch.int32)
-    for r0 in range(0, r16, step):
-        r1 = min(r16, r0 + step)
-        rr = r1 - r0
-        # values (R, KTP, lane = 4 g + t, 8 = (q, h, v)) -> comp (R, h, g, KTP, q, t, v) = (rows, chunks, 2)
-        comp = values[r0:r1].reshape(rr, ktp, 8, 4, 2, 2, 2).permute(0, 5, 2, 1, 4, 3, 6).reshape(rr * 16, ktp * 8, 2)
-        # meta (R, B, lane = 4 g + 2 s + r, w) -> words (R, g, P = 4 B + w, s, r) -> nibbles (R, h, g, P, s, r, j)
-        words = meta[r0:r1].permute(0, 1, 3, 2).reshape(rr, ktp // 2, 8, 2, 2).permute(0, 2, 1, 3, 4)
-        halves = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], dim=1)  # (R, h, g, P, s, r), int32
-        nibs = ((halves.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8)  # chunk 4 r + j of tile 2 P + s
-        nibs = nibs.reshape(rr * 16, ktp * 8, 1)
-        _place_pairs(comp, nibs, out=dense[r0 * 16:r1 * 16].view(rr * 16, ktp * 8, 4))
-    return dense[:, :k]
+    """The dense weight (shape) of packed (values, meta), as pack_sparse24_decode's inverse: one kernel
+    (``sparse24_decode_to_dense``: a thread per chunk of 4 columns, its two values placed by its nibble), no
+    device sync (usable inside CUDA graph capture). Unlike unpack_sparse24_decode it checks nothing but the
+    arrays' shapes and dtypes: for a layout already checked (a layer's own, or one loaded through from_packed)."""
+    return ops.sparse24_decode_to_dense(values, meta, int(shape[0]), int(shape[1]))
 
 
 class Sparse24DecodeWeight:
@@ -408,6 +377,12 @@ def sparse24_decode_linear(x: torch.Tensor, weight: Sparse24DecodeWeight, bias: 
     weight.check_input(x)
     return ops.sparse24_decode_linear(x, weight.values, weight.meta, weight.shape[0], weight.shape[1], bias, activation,
                                       float(negative_slope))
+
+
+@torch.library.register_fake("sparsetorch::sparse24_decode_to_dense")
+def _sparse24_decode_to_dense_fake(values, meta, out_features, in_features):
+    torch._check(values.dtype in DTYPES, lambda: f"values: expected bfloat16 or float16, got {values.dtype}")
+    return values.new_empty((out_features, in_features))
 
 
 @torch.library.register_fake("sparsetorch::sparse24_decode_linear")

@@ -1,0 +1,97 @@
+// The packed layouts back to a dense weight on the CPU (schemas in pruned_ops.cpp; the CUDA kernels in
+// cuda/pruned_to_dense.cu walk the layouts the same way, through the same headers). The 16-bit values are
+// copied as bits: the result holds exactly the packed values.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <bitset>
+#include <cstdint>
+
+#include "common/slot_checks.h"
+#include "common/slot_layout.h"
+#include "common/sparse24_decode_checks.h"
+#include "common/sparse24_decode_layout.h"
+
+namespace sparsetorch {
+namespace {
+
+// Chunk by chunk (sparse24_decode_chunk): its two values at their two positions, zeros at the other two. The
+// metadata is not checked (a nibble names positions inside its own chunk whatever it holds; idx0 == idx1 keeps
+// the second value); the padding tiles past in_features are not read.
+at::Tensor sparse24_decode_to_dense_cpu(const at::Tensor& values, const at::Tensor& meta, int64_t out_features,
+                                        int64_t in_features) {
+  const Sparse24DecodeProblem p = check_sparse24_decode_layout(values, meta, out_features, in_features);
+  const at::Tensor values_c = values.contiguous(), meta_c = meta.contiguous();
+  at::Tensor dense = at::empty({p.m, p.k}, values.options());
+  const uint16_t* vp = reinterpret_cast<const uint16_t*>(values_c.data_ptr());
+  const int32_t* mp = meta_c.data_ptr<int32_t>();
+  uint16_t* dp = reinterpret_cast<uint16_t*>(dense.data_ptr());
+  const int64_t chunks = p.k / 4, ktp = p.ktp;
+  at::parallel_for(0, p.m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        const Sparse24DecodeChunk c = sparse24_decode_chunk(row, chunk, ktp);
+        const uint32_t nib = (static_cast<uint32_t>(mp[c.word]) >> c.shift) & 0xfu;
+        uint16_t out[4] = {0, 0, 0, 0};
+        out[nib & 3u] = vp[c.value];
+        out[nib >> 2] = vp[c.value + 1];
+        for (int q = 0; q < 4; ++q) dp[row * p.k + 4 * chunk + q] = out[q];
+      }
+    }
+  });
+  return dense;
+}
+
+// Group by group: every entry's value at its slot's position. The layout is checked as it is read, as
+// slot_linear's CPU kernel does (IndexError): offsets from 0 to nnz and non-decreasing, every position inside
+// the weight, slots distinct within a group.
+at::Tensor slot_to_dense_cpu(const at::Tensor& offsets, const at::Tensor& entries, int64_t out_features,
+                             int64_t in_features, at::ScalarType dtype, bool banded) {
+  TORCH_CHECK_TYPE(dtype == at::kBFloat16 || dtype == at::kHalf,
+                   "dtype: expected bfloat16 or float16 (the slot layout packs 16-bit values), got ", dtype);
+  const SlotProblem p = check_slot_layout(offsets, entries, out_features, in_features, banded);
+  const at::Tensor off_c = offsets.contiguous(), entries_c = entries.contiguous();
+  const int32_t* op = off_c.data_ptr<int32_t>();
+  const uint32_t* ep = reinterpret_cast<const uint32_t*>(entries_c.data_ptr<int32_t>());
+  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k;
+  TORCH_CHECK_INDEX(op[0] == 0 && op[p.groups] == nnz, "offsets: expected to run from 0 to ", nnz,
+                    " (the number of entries), got ", op[0], " .. ", op[p.groups]);
+  for (int64_t g = 0; g < p.groups; ++g) {
+    TORCH_CHECK_INDEX(op[g] <= op[g + 1], "offsets: expected non-decreasing offsets, got offsets[", g, "] = ", op[g],
+                      " > offsets[", g + 1, "] = ", op[g + 1]);
+  }
+  at::Tensor dense = at::zeros({m, k}, entries.options().dtype(dtype));
+  uint16_t* dp = reinterpret_cast<uint16_t*>(dense.data_ptr());
+  at::parallel_for(0, p.groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      int64_t strip = 0, chunk = 0;
+      slot_group_position(g, p.chunks, banded, strip, chunk);
+      const int64_t row0 = strip * kBitmapGroupRows, col0 = chunk * kBitmapGroupCols;
+      std::bitset<kBitmapGroupElems> seen;
+      for (int64_t j = op[g]; j < op[g + 1]; ++j) {
+        TORCH_CHECK_INDEX((ep[j] & 0xffffu) <= static_cast<uint32_t>(kSlotMask), "entries: entry ", j, " has slot ",
+                          ep[j] & 0xffffu, ", expected 0 .. ", kSlotMask);
+        const int slot = static_cast<int>(ep[j] & kSlotMask);
+        int rr = 0, cc = 0;
+        slot_position(fragment_slot(slot, banded), rr, cc);
+        TORCH_CHECK_INDEX(row0 + rr < m && col0 + cc < k, "entries: entry ", j, " (slot ", slot, " of group ", g,
+                          ") is at row ", row0 + rr, ", column ", col0 + cc, ", outside the ", m, " x ", k, " weight");
+        TORCH_CHECK_INDEX(!seen[slot], "entries: entry ", j, " repeats slot ", slot, " of group ", g,
+                          " (expected distinct slots within a group)");
+        seen[slot] = true;
+        dp[(row0 + rr) * k + col0 + cc] = static_cast<uint16_t>(ep[j] >> 16);
+      }
+    }
+  });
+  return dense;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsetorch, CPU, m) {
+  m.impl("sparse24_decode_to_dense", &sparse24_decode_to_dense_cpu);
+  m.impl("slot_to_dense", &slot_to_dense_cpu);
+}
+
+}  // namespace sparsetorch
