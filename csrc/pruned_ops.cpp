@@ -54,6 +54,12 @@ TORCH_LIBRARY_FRAGMENT(sparsetorch, m) {
   // (bits), zeros elsewhere. The metadata is not checked (a layer's own layout, or one checked by
   // unpack_sparse24_decode): the kernels write only inside W's chunks whatever it holds. No device sync.
   m.def("sparse24_decode_to_dense(Tensor values, Tensor meta, int out_features, int in_features) -> Tensor");
+  // (values, meta) of the layout from a CSR in the pair layout of a 2:4 pruning: two entries per group of 4 columns,
+  // in column order, values and col_indices of out_features * in_features / 2 entries (sparse24_decode.py checks
+  // that once per pattern, is_pair_layout; the kernels read the columns' low 2 bits only). No device sync.
+  m.def(
+      "sparse24_decode_pack_pairs(Tensor values, Tensor col_indices, int out_features, int in_features) -> "
+      "(Tensor, Tensor)");
 
   // --- bitmap tiles (common/bitmap_layout.h, sparsetorch/pruned/bitmap.py; its autograd is there).
   // out (..., out_features) = act(x (..., in_features) @ W^T + bias), W (out_features, in_features) given

@@ -124,6 +124,8 @@ def samples(rng, device):
                                        64), dict(bias=torch.randn(32, device=device, dtype=torch.bfloat16),
                                                  activation="gelu")
     yield ops.sparse24_decode_to_dense, (D.values, D.meta, 32, 64), {}
+    pairs = (w * prune_2to4_mask(w)).to(torch.bfloat16).to_sparse_csr()  # two nonzeros per group of 4 (randn)
+    yield ops.sparse24_decode_pack_pairs, (pairs.values().clone(), pairs.col_indices().clone(), 32, 64), {}
     if device == "cuda":  # a CUDA-only kernel (csr.to_dense uses torch ops elsewhere); batched values too
         yield ops.csr_to_dense, (crow, col, values.detach(), 9, 7), {}
         yield ops.csr_to_dense, (crow, col, torch.stack([values, -values]).detach(), 9, 7), {}

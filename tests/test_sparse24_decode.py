@@ -64,7 +64,9 @@ def test_pairs_of_a_24_csr_pack_and_expand_without_the_dense_weight(shape, index
     nibbles = pair_nibbles(crow, col, shape)
     assert nibbles is not None and nibbles.shape == (shape[0], shape[1] // 4)
     assert torch.equal(dense_from_pairs(values, nibbles, shape), w)
-    packed_values, meta = pack_sparse24_decode_pairs(values, nibbles, shape)
+    packed_values, meta = pack_sparse24_decode_pairs(values, col, shape)
+    reference = pack_sparse24_decode(w)
+    assert torch.equal(meta, reference[1]) and torch.equal(packed_values, reference[0])
     assert torch.equal(unpack_sparse24_decode(packed_values, meta, shape), w)
     assert torch.equal(expand_sparse24_decode(packed_values, meta, shape), w)
 
@@ -533,3 +535,43 @@ def test_to_dense_op_stays_inside_chunks_and_checks_its_arguments(device):
         ops.sparse24_decode_to_dense(values, meta, 32, 48)
     with pytest.raises(ValueError, match="out_features: expected a positive multiple of 16"):
         ops.sparse24_decode_to_dense(values, meta, 24, 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(16, 32), (48, 96), (32, 800), (64, 2048)])
+def test_pack_pairs_op_is_the_dense_pack(device, index_dtype, shape):
+    """sparse24_decode_pack_pairs (one kernel on CUDA) packs a 2:4 pruning's own CSR into exactly the layout that
+    pack_sparse24_decode makes from its dense weight (padding tiles included); a pair whose stored value is a
+    zero packs as that zero; non-contiguous values are read as their values."""
+    w = random_24(*shape, torch.float16, seed=shape[0], fill=None)
+    crow, col, values = _pair_csr(w, index_dtype)
+    expected = pack_sparse24_decode(w)
+    packed, meta = ops.sparse24_decode_pack_pairs(values.to(device), col.to(device), *shape)
+    assert torch.equal(meta.cpu(), expected[1]) and torch.equal(packed.cpu(), expected[0])
+    strided = torch.empty(values.numel(), 2, dtype=values.dtype, device=device)[:, 1]
+    strided.copy_(values)
+    again = ops.sparse24_decode_pack_pairs(strided, col.to(device), *shape)
+    assert torch.equal(again[0].cpu(), expected[0]) and torch.equal(again[1].cpu(), expected[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pack_pairs_op_checks_its_arguments_and_never_leaves_the_layout(device):
+    w = random_24(32, 64, torch.bfloat16, seed=9)
+    crow, col, values = _pair_csr(w)
+    values, col = values.to(device), col.to(device)
+    wild = torch.full_like(col, -(2**31) + 5)  # columns the caller never checked: low 2 bits only are read
+    packed, meta = ops.sparse24_decode_pack_pairs(values, wild, 32, 64)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert packed.shape == (2, 8, 32, 8) and meta.shape == (2, 1, 32, 4)
+    with pytest.raises(ValueError, match="values: expected shape \\(1024,\\)"):
+        ops.sparse24_decode_pack_pairs(values[:-2], col, 32, 64)
+    with pytest.raises(ValueError, match="col_indices: expected shape \\(1024,\\)"):
+        ops.sparse24_decode_pack_pairs(values, col[:-2], 32, 64)
+    with pytest.raises(TypeError, match="col_indices: expected int32 or int64"):
+        ops.sparse24_decode_pack_pairs(values, col.short(), 32, 64)
+    with pytest.raises(TypeError, match="values: expected bfloat16 or float16"):
+        ops.sparse24_decode_pack_pairs(values.float(), col, 32, 64)
+    with pytest.raises(ValueError, match="in_features: expected a positive multiple of 32"):
+        ops.sparse24_decode_pack_pairs(values, col, 32, 48)

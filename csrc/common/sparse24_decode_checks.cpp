@@ -43,6 +43,29 @@ Sparse24DecodeProblem check_sparse24_decode_layout(const at::Tensor& values, con
   return p;
 }
 
+Sparse24DecodeProblem check_sparse24_decode_pairs(const at::Tensor& values, const at::Tensor& col, int64_t out_features,
+                                                   int64_t in_features) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kBFloat16 || values.scalar_type() == at::kHalf,
+                   "values: expected bfloat16 or float16 (the 2:4 decode layout packs 16-bit values), got ",
+                   values.scalar_type());
+  TORCH_CHECK_TYPE(col.scalar_type() == at::kInt || col.scalar_type() == at::kLong,
+                   "col_indices: expected int32 or int64, got ", col.scalar_type());
+  check_same_device(values, "values", col, "col_indices");
+  check_sizes(out_features, in_features);
+  const int64_t entries = out_features * (in_features / 2);
+  TORCH_CHECK_VALUE(values.dim() == 1 && values.size(0) == entries, "values: expected shape (", entries,
+                    ",) (two entries per group of 4 columns of a ", out_features, " x ", in_features,
+                    " weight), got ", values.sizes());
+  TORCH_CHECK_VALUE(col.dim() == 1 && col.size(0) == entries, "col_indices: expected shape (", entries,
+                    ",) (two entries per group of 4 columns of a ", out_features, " x ", in_features,
+                    " weight), got ", col.sizes());
+  Sparse24DecodeProblem p;
+  p.m = out_features;
+  p.k = in_features;
+  p.ktp = sparse24_decode_ktiles(in_features);
+  return p;
+}
+
 Sparse24DecodeProblem check_sparse24_decode_linear_args(const at::Tensor& x, const at::Tensor& values,
                                                         const at::Tensor& meta, int64_t out_features,
                                                         int64_t in_features, const std::optional<at::Tensor>& bias) {

@@ -42,6 +42,11 @@ struct Sparse24DecodeProblem {
 Sparse24DecodeProblem check_sparse24_decode_layout(const at::Tensor& values, const at::Tensor& meta,
                                                     int64_t out_features, int64_t in_features);
 
+// A CSR in the pair layout for sparse24_decode_pack_pairs: values bfloat16 or float16 and col int32 or int64, both
+// 1-D with out_features * in_features / 2 entries, on one device; the sizes as above. The columns are not read.
+Sparse24DecodeProblem check_sparse24_decode_pairs(const at::Tensor& values, const at::Tensor& col, int64_t out_features,
+                                                   int64_t in_features);
+
 Sparse24DecodeProblem check_sparse24_decode_linear_args(const at::Tensor& x, const at::Tensor& values,
                                                         const at::Tensor& meta, int64_t out_features,
                                                         int64_t in_features, const std::optional<at::Tensor>& bias);

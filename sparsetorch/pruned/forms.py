@@ -383,15 +383,14 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
     # A 2:4 pruning's own CSR (two entries per group of 4, in order): its values are the decode layout's kept
     # values as stored (no expansion of the CSR to build it) and, off CUDA, where no kernel expands a CSR in
     # one pass (csr.to_dense), its dense weight is two selects instead of a scatter of every entry.
-    selects = dense_weight is None and not values.is_cuda and (name == "dense" or (not keep_maps and name == "2:4"))
-    nibbles = (nibbles_of_pairs(col, shape) if (selects or (not keep_maps and name == "2:4 decode")) and pattern.pairs
-               else None)
+    selects = (dense_weight is None and not values.is_cuda and (name == "dense" or (not keep_maps and name == "2:4"))
+               and pattern.pairs)
 
     def dense():
         if dense_weight is not None:
             return dense_weight
-        if nibbles is not None and selects:
-            return dense_from_pairs(values, nibbles, shape)
+        if selects:
+            return dense_from_pairs(values, nibbles_of_pairs(col, shape), shape)
         return CSR(crow, col, values.detach(), shape).to_dense()
 
     with torch.no_grad():
@@ -406,8 +405,8 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
                 return Sparse24Form(None, None, w24=dense())
             return Sparse24Form(pattern.split, values)
         if name == "2:4 decode":
-            if nibbles is not None and decode_applies(shape, values.dtype) is None:
-                return Sparse24DecodeForm(Sparse24DecodeWeight.from_pairs(values, nibbles, shape))
+            if not keep_maps and pattern.pairs and decode_applies(shape, values.dtype) is None:
+                return Sparse24DecodeForm(Sparse24DecodeWeight.from_pairs(values, col, shape))
             if not keep_maps and pattern.is_24:
                 return Sparse24DecodeForm(Sparse24DecodeWeight(dense()))
             return Sparse24DecodeForm.from_csr(pattern.split, values)

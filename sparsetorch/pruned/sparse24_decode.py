@@ -141,14 +141,15 @@ def pair_nibbles(crow: torch.Tensor, col: torch.Tensor, shape) -> Optional[torch
     return nibbles_of_pairs(col, shape) if is_pair_layout(crow, col, shape) else None
 
 
-def pack_sparse24_decode_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(values, meta) in the decode kernel's layout from a pair-structured CSR's values (storage order) and
-    its :func:`pair_nibbles`: the layout of pack_sparse24_decode with no dense weight to read."""
+def pack_sparse24_decode_pairs(values: torch.Tensor, col: torch.Tensor, shape) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(values, meta) in the decode kernel's layout from a CSR in the pair layout (:func:`is_pair_layout`, which
+    the caller has checked): its values and columns in storage order, one kernel (``sparse24_decode_pack_pairs``),
+    no dense weight to read and no device sync."""
     m, k = int(shape[0]), int(shape[1])
     reason = decode_applies((m, k), values.dtype)
     if reason is not None:
         raise ValueError(f"weight: {reason}")
-    return _layout(values.detach().reshape(m, k // 4, 2), nibbles, m, k)
+    return tuple(ops.sparse24_decode_pack_pairs(values.detach(), col, m, k))
 
 
 def dense_from_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> torch.Tensor:
@@ -271,12 +272,13 @@ class Sparse24DecodeWeight:
         return cls(weight)
 
     @classmethod
-    def from_pairs(cls, values: torch.Tensor, nibbles: torch.Tensor, shape) -> "Sparse24DecodeWeight":
-        """From a pair-structured CSR's values and :func:`pair_nibbles` (no dense weight, no split)."""
+    def from_pairs(cls, values: torch.Tensor, col: torch.Tensor, shape) -> "Sparse24DecodeWeight":
+        """From a CSR in the pair layout (:func:`is_pair_layout`): its values and columns (no dense weight, no
+        split)."""
         w = cls.__new__(cls)
         w.shape, w.dtype, w.device, w.split = (int(shape[0]), int(shape[1])), values.dtype, values.device, None
         with torch.no_grad():
-            w.values, w.meta = pack_sparse24_decode_pairs(values, nibbles, shape)
+            w.values, w.meta = pack_sparse24_decode_pairs(values, col, shape)
         return w
 
     @classmethod
@@ -383,6 +385,12 @@ def sparse24_decode_linear(x: torch.Tensor, weight: Sparse24DecodeWeight, bias: 
 def _sparse24_decode_to_dense_fake(values, meta, out_features, in_features):
     torch._check(values.dtype in DTYPES, lambda: f"values: expected bfloat16 or float16, got {values.dtype}")
     return values.new_empty((out_features, in_features))
+
+
+@torch.library.register_fake("sparsetorch::sparse24_decode_pack_pairs")
+def _sparse24_decode_pack_pairs_fake(values, col, out_features, in_features):
+    r16, ktp = out_features // 16, packed_ktiles(in_features)
+    return values.new_empty((r16, ktp, 32, 8)), values.new_empty((r16, ktp // 8, 32, 4), dtype=torch.int32)
 
 
 @torch.library.register_fake("sparsetorch::sparse24_decode_linear")

@@ -1,10 +1,14 @@
-// The packed layouts back to a dense weight on CUDA (schemas in pruned_ops.cpp; the CPU versions in
-// cpu/pruned_to_dense_cpu.cpp take the same walks through the same headers). A compact SparseLinear runs its
-// prefill token counts on the dense weight expanded from its one stored form and frees it after the call, so
-// this is on the path of every such call: one kernel, 16-bit values copied as bits, no device sync (usable
-// inside CUDA graph capture). Bytes: the dense weight written once, the layout read once; the torch-op chains
-// these replace took 2.8 ms per 14336 x 4096 layer on an H100 (the serving profile, docs/performance.md).
+// Conversions of the packed layouts on CUDA (schemas in pruned_ops.cpp; the CPU versions in
+// cpu/pruned_layouts_cpu.cpp take the same walks through the same headers), one kernel each, 16-bit values
+// copied as bits, no device sync (usable inside CUDA graph capture):
+//  - back to a dense weight: a compact SparseLinear runs its prefill token counts on the dense weight expanded
+//    from its one stored form and frees it after the call, so this is on the path of every such call;
+//  - the 2:4 decode layout packed from a 2:4 pruning's own CSR: a layer's first decode call builds it.
+// Bytes: the output written once, the input read once; the torch-op chains these replace took 2.8 ms (expansion)
+// and 5.2-5.9 ms (packing, then from the CSR's scatter) per 14336 x 4096 layer on an H100 (the serving profile,
+// docs/performance.md).
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "common/slot_checks.h"
 #include "common/slot_layout.h"
@@ -43,11 +48,20 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = i / chunks, chunk = i - row * chunks;
     const Sparse24DecodeChunk c = sparse24_decode_chunk(row, chunk, ktp);
     const uint32_t nib = (__ldg(meta + c.word) >> c.shift) & 0xfu;
-    const uint32_t pair = __ldg(value_pairs + (c.value >> 1));  // c.value is even: elements value, value + 1
-    const int first = 16 * static_cast<int>(nib & 3u), second = 16 * static_cast<int>(nib >> 2);
-    uint64_t bits = static_cast<uint64_t>(pair & 0xffffu) << first;
-    bits = (bits & ~(uint64_t{0xffffu} << second)) | (static_cast<uint64_t>(pair >> 16) << second);
+    const uint64_t bits = sparse24_decode_chunk_bits(__ldg(value_pairs + (c.value >> 1)), nib);  // c.value is even
     dense[i] = make_uint2(static_cast<uint32_t>(bits), static_cast<uint32_t>(bits >> 32));
+  }
+}
+
+// One thread per metadata word (sparse24_decode_pack_word): the word and its 8 chunks' value pairs.
+template <typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    sparse24_decode_pack_pairs_kernel(const uint32_t* __restrict__ pairs_in, const index_t* __restrict__ col,
+                                      uint32_t* __restrict__ pairs_out, uint32_t* __restrict__ words, int64_t count,
+                                      int64_t ktp, int64_t k) {
+  for (int64_t w = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; w < count;
+       w += static_cast<int64_t>(gridDim.x) * kThreads) {
+    words[w] = sparse24_decode_pack_word(w, ktp, k, col, pairs_in, pairs_out);
   }
 }
 
@@ -107,6 +121,28 @@ at::Tensor sparse24_decode_to_dense_cuda(const at::Tensor& values, const at::Ten
   return dense;
 }
 
+std::tuple<at::Tensor, at::Tensor> sparse24_decode_pack_pairs_cuda(const at::Tensor& values, const at::Tensor& col,
+                                                                    int64_t out_features, int64_t in_features) {
+  const Sparse24DecodeProblem p = check_sparse24_decode_pairs(values, col, out_features, in_features);
+  const c10::cuda::CUDAGuard guard(values.device());
+  at::Tensor values_c = values.contiguous();
+  if (!is_aligned(values_c.data_ptr(), 4)) values_c = values_c.clone();  // read as 32-bit pairs
+  const at::Tensor col_c = col.contiguous();
+  const int64_t r16 = p.m / kSparse24DecodeRowTile;
+  at::Tensor packed = at::empty({r16, p.ktp, 32, 8}, values.options());
+  at::Tensor meta = at::empty({r16, p.ktp / kSparse24DecodeTilePad, 32, 4}, values.options().dtype(at::kInt));
+  const int64_t count = meta.numel();
+  AT_DISPATCH_INDEX_TYPES(col_c.scalar_type(), "sparse24_decode_pack_pairs", [&] {
+    sparse24_decode_pack_pairs_kernel<index_t><<<grid_for(ceil_div(count, int64_t{kThreads}), 16), kThreads, 0,
+                                                 at::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<const uint32_t*>(values_c.data_ptr()), col_c.data_ptr<index_t>(),
+        reinterpret_cast<uint32_t*>(packed.data_ptr()), reinterpret_cast<uint32_t*>(meta.data_ptr<int32_t>()), count,
+        p.ktp, p.k);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {packed, meta};
+}
+
 at::Tensor slot_to_dense_cuda(const at::Tensor& offsets, const at::Tensor& entries, int64_t out_features,
                               int64_t in_features, at::ScalarType dtype, bool banded) {
   TORCH_CHECK_TYPE(dtype == at::kBFloat16 || dtype == at::kHalf,
@@ -128,6 +164,7 @@ at::Tensor slot_to_dense_cuda(const at::Tensor& offsets, const at::Tensor& entri
 TORCH_LIBRARY_IMPL(sparsetorch, CUDA, m) {
   m.impl("sparse24_decode_to_dense", SPARSETORCH_CUDA_OP(sparse24_decode_to_dense_cuda));
   m.impl("slot_to_dense", SPARSETORCH_CUDA_OP(slot_to_dense_cuda));
+  m.impl("sparse24_decode_pack_pairs", SPARSETORCH_CUDA_OP(sparse24_decode_pack_pairs_cuda));
 }
 
 }  // namespace cuda
