@@ -86,7 +86,7 @@ def test_rule_never_takes_a_form_that_does_not_apply():
     assert rule.first_choice(_P((512, 512), 0.01, device="cpu"), 8, ALL) == "csr"
 
 
-def test_prepare_times_every_form_but_the_csr_spmm_of_a_half_cuda_weight():
+def test_prepare_times_every_form_but_the_csr_spmm_and_a_24_patterns_wider_layouts():
     names = ["csr", "dense", "slots", "csr16"]
     assert rule.timed_forms(_P((4096, 4096), 0.1), 1, names) == ["dense", "slots", "csr16"]
     assert rule.timed_forms(_P((4096, 4096), 0.1), 1024, ["csr", "dense"]) == ["dense"]
@@ -94,6 +94,12 @@ def test_prepare_times_every_form_but_the_csr_spmm_of_a_half_cuda_weight():
     assert rule.timed_forms(_P((4096, 4096), 0.1, dtype=torch.float32), 1, names) == names
     assert rule.timed_forms(_P((4096, 4096), 0.1, device="cpu"), 1024, names) == names
     assert rule.timed_forms(_P((4096, 4096), 0.1), 1024, ["csr"]) == ["csr"]  # the only form: still decided
+    # a 2:4 pattern with the decode layout: the rule's three forms only (by bytes; rule.timed_forms says why)
+    every = ["csr", "dense", "2:4", "2:4 decode", "bitmap", "slots", "csr16"]
+    for n in (1, 64, 2048):
+        assert rule.timed_forms(_P((4096, 4096), 0.5, True), n, every) == ["dense", "2:4", "2:4 decode"]
+    without_decode = [name for name in every if name != "2:4 decode"]
+    assert rule.timed_forms(_P((4096, 4096), 0.5, True), 1, without_decode) == [n for n in without_decode if n != "csr"]
 
 
 def test_compact_form_and_routes():

@@ -70,14 +70,22 @@ def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> s
 
 
 def timed_forms(pattern, tokens: int, names):
-    """The forms ``prepare()`` times for ``tokens`` rows, of the applicable ``names``: all but the CSR SpMM of a
-    half-precision weight on CUDA where a packed form applies or from 128 tokens. There it lost in every case
-    of the pruned suite on the H100 (bf16, 4096 x 4096 and 11008 x 4096 at 50-95% and 2:4): its best route
-    took 1.9-40x the best packed form's time at N = 1 and 16 and 20-100x dense's at N = 128 and 2048 (10-20 ms
-    a call of an 11008 x 4096 layer at N = 2048: timing it cost about 0.1 s of prepare(), an estimate)."""
+    """The forms ``prepare()`` times for ``tokens`` rows, of the applicable ``names``; on CUDA in half precision:
+    - not the CSR SpMM where a packed form applies or from 128 tokens. There it lost in every case of the pruned
+      suite on the H100 (bf16, 4096 x 4096 and 11008 x 4096 at 50-95% and 2:4): its best route took 1.9-40x the
+      best packed form's time at N = 1 and 16 and 20-100x dense's at N = 128 and 2048 (10-20 ms a call of an
+      11008 x 4096 layer at N = 2048: timing it cost about 0.1 s of prepare(), an estimate);
+    - for a 2:4 pattern where the decode layout applies, only the forms first_choice picks among (2:4 decode,
+      2:4, dense): by bytes, slots and CSR16 move 2 bytes per position of the weight (4 per kept value) against
+      the decode layout's 1.125, and the bitmap layout moves the decode layout's bytes with a kernel that spends
+      ~400 instructions per group of 16 x 64 finding where its values go (pruned/slots.py); building and timing
+      them cost prepare() a build each (8-9 ms for slots at 70%, more at 50%) and a timing per bucket."""
     packed = {"csr16", "slots", "bitmap", "2:4 decode", "2:4"}
-    if (pattern.device.type == "cuda" and pattern.dtype in _HALF and len(names) > 1
-            and (int(tokens) >= 128 or packed.intersection(names))):
+    if pattern.device.type != "cuda" or pattern.dtype not in _HALF or len(names) <= 1:
+        return list(names)
+    if pattern.is_24 and "2:4 decode" in names:
+        return [name for name in names if name in ("2:4 decode", "2:4", "dense")]
+    if int(tokens) >= 128 or packed.intersection(names):
         return [name for name in names if name != "csr"]
     return list(names)
 
