@@ -79,12 +79,15 @@ def timed_forms(pattern, tokens: int, names):
       2:4, dense): by bytes, slots and CSR16 move 2 bytes per position of the weight (4 per kept value) against
       the decode layout's 1.125, and the bitmap layout moves the decode layout's bytes with a kernel that spends
       ~400 instructions per group of 16 x 64 finding where its values go (pruned/slots.py); building and timing
-      them cost prepare() a build each (8-9 ms for slots at 70%, more at 50%) and a timing per bucket."""
+      them cost prepare() a build each (8-9 ms for slots at 70%, more at 50%) and a timing per bucket. And the
+      2:4 form (cuSPARSELt, whose algorithm search is most of its timing) from 64 tokens only: at 16 it took
+      2.6-12x the decode kernel's time (pruned suite, H100: 4096 x 4096, 11008 x 4096, 4096 x 11008)."""
     packed = {"csr16", "slots", "bitmap", "2:4 decode", "2:4"}
     if pattern.device.type != "cuda" or pattern.dtype not in _HALF or len(names) <= 1:
         return list(names)
     if pattern.is_24 and "2:4 decode" in names:
-        return [name for name in names if name in ("2:4 decode", "2:4", "dense")]
+        timed = ("2:4 decode", "2:4", "dense") if int(tokens) >= 64 else ("2:4 decode", "dense")
+        return [name for name in names if name in timed]
     if int(tokens) >= 128 or packed.intersection(names):
         return [name for name in names if name != "csr"]
     return list(names)
