@@ -419,13 +419,14 @@ def test_compact_layer_decides_by_rule_and_never_samples_the_expansion(monkeypat
     monkeypatch.setattr(type(form), "to_dense", lambda self: expansions.append(1) or original(self))
     st.clear_tuning()
     with torch.no_grad():
+        limit = rule.COMPACT_STORED_MAX_TOKENS["slots"]
+        below = (1, 16, limit // 2)
         for _ in range(6):
-            for n in (1, 16, 128):
+            for n in below:
                 layer(torch.randn(n, 128).bfloat16())
         assert not expansions
-        assert all(layer._derived.decided.get(b) for b in (1, 16, 128))
-        assert {layer.routes[b] for b in (1, 16, 128)} == {"slots"}
-        limit = rule.COMPACT_STORED_MAX_TOKENS["slots"]
+        assert all(layer._derived.decided.get(b) for b in below)
+        assert {layer.routes[b] for b in below} == {"slots"}
         layer(torch.randn(limit, 128).bfloat16())
         assert not expansions and layer.routes[limit] == "slots"
         layer(torch.randn(limit + 1, 128).bfloat16())
@@ -437,10 +438,11 @@ def test_compact_layer_route_is_its_rule_whatever_the_table_holds():
     other limits, another version) does not override it."""
     torch.manual_seed(7)
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.8).compact()
-    tuning.tuner("linear").decide(layer._tuning_key(256), "expand")
+    limit = rule.COMPACT_STORED_MAX_TOKENS["slots"]  # a power of 2: its own bucket
+    tuning.tuner("linear").decide(layer._tuning_key(limit), "expand")
     with torch.no_grad():
-        layer(torch.randn(200, 128).bfloat16())
-    assert layer.routes[256] == layer._rule(200) == "slots" and layer.memory()["peak_transient"] == 0
+        layer(torch.randn(limit, 128).bfloat16())
+    assert layer.routes[limit] == layer._rule(limit) == "slots" and layer.memory()["peak_transient"] == 0
 
 
 def test_capture_runs_a_held_searched_24_route(monkeypatch):

@@ -25,16 +25,16 @@ import torch
 __all__ = ["first_choice", "timed_forms", "compact_form", "compact_choice", "COMPACT_STORED_MAX_TOKENS"]
 
 _HALF = (torch.float16, torch.bfloat16)
-# A compact layer runs its stored form up to these token counts and a transient dense expansion above
-# (torch ops, then the GEMM at dense speed). The expansion of a 14336 x 4096 2:4 decode layout took 2.7 ms
-# on an H100 (docs/performance.md, the serving sequence), while the decode kernel runs any token count 64 at a
-# time, each chunk at most 4x its 16-token call (25.6 us at 11008 x 4096, the pruned suite): 1024 tokens cost
-# at most 2.1 ms that way. The slot kernel reads the weight once per tile of tokens (64; 32 in the banded
-# layout, which a 14336 x 4096 weight takes on an H100), 0.03 ms per 64-token tile of 8.4M entries (4096 x
-# 4096 at 2:4, N = 128, the pruned suite): 512 tokens of a 70% 14336 x 4096 layer (16 banded passes) cost
-# about 1 ms against its 2.7 ms expansion (0.3 ms at 90% against 1.3). Neither limit is measured end to end;
-# a faster expansion moves them down.
-COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 1024, "slots": 512, "csr": 1 << 62}
+# A compact layer runs its stored form up to these token counts and a transient dense expansion above (one
+# kernel, then the GEMM at dense speed). Estimates for a 14336 x 4096 bf16 layer on an H100, not measured end to
+# end: the expansion writes the dense weight once and reads the layout once, 183 MB at 2:4 (~0.06 ms at 3 TB/s,
+# ~0.1 ms allowing for the kernel; the torch ops it replaced took 2.7 ms), and the GEMM then reads 117 MB (~0.05
+# ms) up to a few hundred tokens. The decode kernel runs 64 tokens per launch, each at most 4x its 16-token call
+# (25.6 us at 11008 x 4096, the pruned suite): ~0.1-0.2 ms per 64 tokens here, so from 128 tokens it costs
+# more than expanding. The slot kernel reads the weight once per 32 tokens (banded), 0.03 ms per 8.4M entries
+# (4096 x 4096 at 2:4, N = 128, the pruned suite): ~0.06 ms per 32 tokens at 70% (17.6M entries), ~0.02 at 90%,
+# against ~0.1 ms for expanding and multiplying: past 64 tokens expanding wins at 70% and is even at 90%.
+COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 128, "slots": 64, "csr": 1 << 62}
 
 
 def _ok(available: Dict[str, Optional[str]], form: str) -> bool:
