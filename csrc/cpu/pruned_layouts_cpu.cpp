@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <bitset>
 #include <cstdint>
 #include <tuple>
 
@@ -14,6 +13,7 @@
 #include "common/slot_layout.h"
 #include "common/sparse24_decode_checks.h"
 #include "common/sparse24_decode_layout.h"
+#include "cpu/slot_walk.h"
 
 namespace sparsetorch {
 namespace {
@@ -67,9 +67,8 @@ std::tuple<at::Tensor, at::Tensor> sparse24_decode_pack_pairs_cpu(const at::Tens
   return {packed, meta};
 }
 
-// Group by group: every entry's value at its slot's position. The layout is checked as it is read, as
-// slot_linear's CPU kernel does (IndexError): offsets from 0 to nnz and non-decreasing, every position inside
-// the weight, slots distinct within a group.
+// Every entry's value at its slot's position, the layout checked as it is read (cpu/slot_walk.h, as slot_linear's
+// CPU kernel does: IndexError).
 at::Tensor slot_to_dense_cpu(const at::Tensor& offsets, const at::Tensor& entries, int64_t out_features,
                              int64_t in_features, at::ScalarType dtype, bool banded) {
   TORCH_CHECK_TYPE(dtype == at::kBFloat16 || dtype == at::kHalf,
@@ -78,35 +77,11 @@ at::Tensor slot_to_dense_cpu(const at::Tensor& offsets, const at::Tensor& entrie
   const at::Tensor off_c = offsets.contiguous(), entries_c = entries.contiguous();
   const int32_t* op = off_c.data_ptr<int32_t>();
   const uint32_t* ep = reinterpret_cast<const uint32_t*>(entries_c.data_ptr<int32_t>());
-  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k;
-  TORCH_CHECK_INDEX(op[0] == 0 && op[p.groups] == nnz, "offsets: expected to run from 0 to ", nnz,
-                    " (the number of entries), got ", op[0], " .. ", op[p.groups]);
-  for (int64_t g = 0; g < p.groups; ++g) {
-    TORCH_CHECK_INDEX(op[g] <= op[g + 1], "offsets: expected non-decreasing offsets, got offsets[", g, "] = ", op[g],
-                      " > offsets[", g + 1, "] = ", op[g + 1]);
-  }
-  at::Tensor dense = at::zeros({m, k}, entries.options().dtype(dtype));
+  at::Tensor dense = at::zeros({p.m, p.k}, entries.options().dtype(dtype));
   uint16_t* dp = reinterpret_cast<uint16_t*>(dense.data_ptr());
-  at::parallel_for(0, p.groups, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      int64_t strip = 0, chunk = 0;
-      slot_group_position(g, p.chunks, banded, strip, chunk);
-      const int64_t row0 = strip * kBitmapGroupRows, col0 = chunk * kBitmapGroupCols;
-      std::bitset<kBitmapGroupElems> seen;
-      for (int64_t j = op[g]; j < op[g + 1]; ++j) {
-        TORCH_CHECK_INDEX((ep[j] & 0xffffu) <= static_cast<uint32_t>(kSlotMask), "entries: entry ", j, " has slot ",
-                          ep[j] & 0xffffu, ", expected 0 .. ", kSlotMask);
-        const int slot = static_cast<int>(ep[j] & kSlotMask);
-        int rr = 0, cc = 0;
-        slot_position(fragment_slot(slot, banded), rr, cc);
-        TORCH_CHECK_INDEX(row0 + rr < m && col0 + cc < k, "entries: entry ", j, " (slot ", slot, " of group ", g,
-                          ") is at row ", row0 + rr, ", column ", col0 + cc, ", outside the ", m, " x ", k, " weight");
-        TORCH_CHECK_INDEX(!seen[slot], "entries: entry ", j, " repeats slot ", slot, " of group ", g,
-                          " (expected distinct slots within a group)");
-        seen[slot] = true;
-        dp[(row0 + rr) * k + col0 + cc] = static_cast<uint16_t>(ep[j] >> 16);
-      }
-    }
+  const int64_t k = p.k;
+  cpu::for_each_slot_entry(p, op, ep, entries_c.size(0), [&](int64_t row, int64_t col, uint32_t entry) {
+    dp[row * k + col] = static_cast<uint16_t>(entry >> 16);
   });
   return dense;
 }

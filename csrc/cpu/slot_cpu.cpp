@@ -1,19 +1,17 @@
 // slot_linear on the CPU: the reference for the CUDA kernel. Each group's entries are decoded to (row,
 // column) and accumulated in float, one task per strip of 16 rows (at::parallel_for), entries in stored
 // order; plain and banded layouts alike (slot_layout.h: only the group and slot numbering differ). The
-// layout is checked as it is read: IndexError (offsets from 0 to nnz and non-decreasing, every position
-// inside the weight, a banded layout's padding strip included, slots distinct within a group: the CUDA
-// kernel's scatter keeps one value per slot).
+// layout is checked first (cpu/slot_walk.h: IndexError; the CUDA kernel's scatter keeps one value per slot).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <bitset>
 #include <vector>
 
 #include "common/activation.h"
 #include "common/slot_checks.h"
 #include "common/slot_layout.h"
+#include "cpu/slot_walk.h"
 #include "cpu/packed_value.h"
 
 namespace sparsetorch {
@@ -27,33 +25,8 @@ at::Tensor slot_linear_cpu(const at::Tensor& x, const at::Tensor& offsets, const
   const at::Tensor off_c = offsets.contiguous(), entries_c = entries.contiguous();
   const int32_t* op = off_c.data_ptr<int32_t>();
   const uint32_t* ep = reinterpret_cast<const uint32_t*>(entries_c.data_ptr<int32_t>());
-  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k, n = p.n, groups = p.groups;
-  TORCH_CHECK_INDEX(op[0] == 0 && op[groups] == nnz, "offsets: expected to run from 0 to ", nnz,
-                    " (the number of entries), got ", op[0], " .. ", op[groups]);
-  for (int64_t g = 0; g < groups; ++g) {
-    TORCH_CHECK_INDEX(op[g] <= op[g + 1], "offsets: expected non-decreasing offsets, got offsets[", g, "] = ", op[g],
-                      " > offsets[", g + 1, "] = ", op[g + 1]);
-  }
-  at::parallel_for(0, groups, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      int64_t strip = 0, chunk = 0;
-      slot_group_position(g, p.chunks, banded, strip, chunk);
-      const int64_t row0 = strip * kBitmapGroupRows, col0 = chunk * kBitmapGroupCols;
-      std::bitset<kBitmapGroupElems> seen;
-      for (int64_t j = op[g]; j < op[g + 1]; ++j) {
-        const int slot = static_cast<int>(ep[j] & kSlotMask);
-        TORCH_CHECK_INDEX((ep[j] & 0xffffu) <= static_cast<uint32_t>(kSlotMask), "entries: entry ", j, " has slot ",
-                          ep[j] & 0xffffu, ", expected 0 .. ", kSlotMask);
-        int rr = 0, cc = 0;
-        slot_position(fragment_slot(slot, banded), rr, cc);
-        TORCH_CHECK_INDEX(row0 + rr < m && col0 + cc < k, "entries: entry ", j, " (slot ", slot, " of group ", g,
-                          ") is at row ", row0 + rr, ", column ", col0 + cc, ", outside the ", m, " x ", k, " weight");
-        TORCH_CHECK_INDEX(!seen[slot], "entries: entry ", j, " repeats slot ", slot, " of group ", g,
-                          " (expected distinct slots within a group)");
-        seen[slot] = true;
-      }
-    }
-  });
+  const int64_t nnz = entries_c.size(0), m = p.m, k = p.k, n = p.n;
+  cpu::for_each_slot_entry(p, op, ep, nnz, [](int64_t, int64_t, uint32_t) {});  // checks the layout first
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xt = x.reshape({n, k}).to(at::kFloat).t().contiguous();  // (k, n)
   const float* xp = xt.data_ptr<float>();
