@@ -36,7 +36,7 @@ unsigned grid_for(int64_t work_items, int64_t blocks_per_sm) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(work_items, sms * blocks_per_sm)));
 }
 
-// One thread per chunk of 4 columns of W (m x 4 chunks, row-major): the chunk's 8 bytes written in one store
+// One thread per chunk of 4 columns of W (m x k/4 chunks, row-major): the chunk's 8 bytes written in one store
 // (adjacent threads, adjacent chunks), its value pair read as one 32-bit word. A nibble names two positions
 // inside its own chunk whatever it holds; where both are one position the second value is kept (as on the CPU).
 __global__ void __launch_bounds__(kThreads)
