@@ -30,7 +30,7 @@ has the pre-activation without recomputing the product (the fused epilogue is fo
 * sddmm ``v = alpha * (a @ b^T)`` at A's entries: ``grad_a = alpha * A(v') @ b`` and
   ``grad_b = alpha * A(v')^T @ a``, both spmm.
 * linear, dense_bmm, binary, binary_scalar, csr_scale; bias_act and activation through the fused
-  bias_act_backward kernel.
+  bias_act_backward kernel; csr_to_dense (each slot's gradient gathered from the output's).
 
 Operands that were broadcast over a batch get their gradient summed over it.
 """
@@ -428,3 +428,33 @@ def _csr_scale_backward(ctx, grad):
 
 
 torch.library.register_autograd("sparsetorch::csr_scale", _csr_scale_backward, setup_context=_csr_scale_setup)
+
+
+# --- csr_to_dense ------------------------------------------------------------------------------
+
+def _csr_to_dense_setup(ctx, inputs, output):
+    crow, col, values, m, k = inputs
+    ctx.save_for_backward(crow, col)
+    ctx.shape = (values.shape, m, k)
+
+
+def _csr_to_dense_backward(ctx, grad):
+    """dense[b, row, col] += values[b, slot]: each slot's gradient is the output's gradient at its position
+    (repeats each get it whole); padding slots and columns outside [0, k) get 0."""
+    crow, col = ctx.saved_tensors
+    values_shape, m, k = ctx.shape
+    if not _needs(ctx, 2):
+        return None, None, None, None, None
+    length = col.shape[-1]
+    batch = values_shape[0] if len(values_shape) == 2 else 1
+    rows, valid = row_indices(crow, length)  # (P, L)
+    cols = col.long().reshape(rows.shape[0], length)
+    valid &= (cols >= 0) & (cols < k)
+    flat = torch.where(valid, rows * k + cols, torch.zeros_like(cols)).expand(batch, length)
+    g = grad.reshape(batch, m * k)
+    g = g.gather(1, flat) if g.shape[1] > 0 else g.new_zeros(batch, length)
+    g = torch.where(valid.expand(batch, length), g, torch.zeros_like(g))
+    return None, None, g.reshape(values_shape), None, None
+
+
+torch.library.register_autograd("sparsetorch::csr_to_dense", _csr_to_dense_backward, setup_context=_csr_to_dense_setup)

@@ -344,20 +344,27 @@ def as_csr(obj: Any, device=None, dtype: Optional[torch.dtype] = None) -> CSR:
 # --- conversions out of CSR ------------------------------------------------------------------
 
 def to_dense(a: Any) -> torch.Tensor:
-    """Dense tensor of shape ``a.shape``; repeated entries are summed. O(nnz + m*k), no host sync. On CUDA one
-    kernel (the densify route's: each row summed in float32 in shared memory, then stored once); elsewhere, where
-    deterministic algorithms are on (the kernel's shared-memory sums of 3+ repeats of a position have no fixed
-    order) and where the values record a gradient, every slot is scattered to its flat position, padding slots
-    and columns outside [0, k) to one spare element past the end (index_add_, or index_put_'s sorting
-    accumulate)."""
+    """Dense tensor of shape ``a.shape``; repeated entries are summed; differentiable in the values. O(nnz + m*k),
+    no host sync. The op csr_to_dense: on CUDA one kernel (the densify route's: each row summed in float32 in
+    shared memory, then stored once), elsewhere and where deterministic algorithms are on (the kernel's
+    shared-memory sums of 3+ repeats of a position have no fixed order) :func:`scatter_to_dense`. Its gradient
+    is a gather (_autograd.py)."""
     a = as_csr(a)
     m, k = a.shape[-2], a.shape[-1]
-    crow, col = a.crow_indices, a.col_indices
-    length = col.shape[-1]
     values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)  # (b, L)
-    if (a.device.type == "cuda" and not torch.are_deterministic_algorithms_enabled()
-            and not (values.requires_grad and torch.is_grad_enabled())):  # the kernel records no gradient
-        return ops.csr_to_dense(crow, col, values, m, k).view(a.shape if a.batched else (m, k))
+    if a.device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
+        dense = scatter_to_dense(a.crow_indices, a.col_indices, values, m, k)
+    else:
+        from sparsetorch._autograd import call_op  # _autograd imports this module
+        dense = call_op(ops.csr_to_dense, (values,), a.crow_indices, a.col_indices, values, m, k)
+    return dense.view(a.shape if a.batched else (m, k))
+
+
+def scatter_to_dense(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, m: int, k: int) -> torch.Tensor:
+    """csr_to_dense in torch ops, (b, m, k) from (b, L) values: every slot is scattered to its flat position,
+    padding slots and columns outside [0, k) to one spare element past the end (index_add_, or index_put_'s
+    sorting accumulate where deterministic algorithms are on)."""
+    length = col.shape[-1]
     b = values.shape[0]
     size = b * m * k
     # int32 positions where they fit (a 14336 x 4096 weight): every pass over the nnz slots moves half the bytes
@@ -370,12 +377,38 @@ def to_dense(a: Any) -> torch.Tensor:
         flat = torch.where(valid, flat + torch.arange(b, device=crow.device, dtype=index_dtype).unsqueeze(1) * (m * k),
                            size)
     flat = flat.reshape(-1)  # padding slots and columns outside [0, k): the spare element, size
-    out = torch.zeros(size + 1, dtype=a.dtype, device=a.device)
+    out = torch.zeros(size + 1, dtype=values.dtype, device=values.device)
     if torch.are_deterministic_algorithms_enabled():
         out = out.index_put((flat,), values.reshape(-1), accumulate=True)
     else:
         out = out.index_add(0, flat, values.reshape(-1))
-    return out[:size].view(a.shape if a.batched else (m, k))
+    return out[:size].view(b, m, k)
+
+
+@torch.library.impl("sparsetorch::csr_to_dense", "CPU")
+def _csr_to_dense_cpu(crow, col, values, m, k):
+    """The op's CPU version (the CUDA one is a kernel, csrc/cuda/spmm_densify.cu; both check the same)."""
+    if crow.dtype not in (torch.int32, torch.int64) or col.dtype != crow.dtype:
+        raise TypeError(f"crow_indices, col_indices: expected int32 or int64, both the same, got {crow.dtype} and "
+                        f"{col.dtype}")
+    if values.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"values: expected float16, bfloat16, float32 or float64, got {values.dtype}")
+    if m < 0 or k < 0:
+        raise ValueError(f"m, k: expected non-negative sizes, got {m} and {k}")
+    if crow.dim() not in (1, 2) or crow.shape[-1] != m + 1:
+        raise ValueError(f"crow_indices: expected shape (m + 1,) or (patterns, m + 1) with m + 1 = {m + 1}, got "
+                         f"{tuple(crow.shape)}")
+    if col.dim() != crow.dim() or (col.dim() == 2 and col.shape[0] != crow.shape[0]):
+        raise ValueError(f"col_indices: expected one row per pattern of crow_indices {tuple(crow.shape)}, got "
+                         f"{tuple(col.shape)}")
+    if values.dim() not in (1, 2) or values.shape[-1] != col.shape[-1]:
+        raise ValueError(f"values: expected shape (L,) or (batch, L) with L = {col.shape[-1]} (col_indices'), got "
+                         f"{tuple(values.shape)}")
+    batches = values.shape[0] if values.dim() == 2 else 1
+    if crow.dim() == 2 and crow.shape[0] not in (1, batches):
+        raise ValueError(f"crow_indices: expected 1 pattern or one per batch ({batches}), got {crow.shape[0]}")
+    dense = scatter_to_dense(crow, col, values.reshape(batches, -1), m, k)
+    return dense if values.dim() == 2 else dense.view(m, k)
 
 
 class _torch_csr_notices_off(warnings.catch_warnings):

@@ -183,3 +183,30 @@ def test_cuda_to_dense_kernel_matches_the_scatter(index_dtype, dtype):
             torch.use_deterministic_algorithms(False)
         tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 1e-2)  # repeats summed in float32 by the kernel
         torch.testing.assert_close(fast, scatter, rtol=tol, atol=tol)
+
+
+def test_to_dense_gradient(device):
+    """csr_to_dense's registered gradient (a gather) against gradcheck and, on CUDA, the kernel's against the
+    scatter route's: repeats each get the output's gradient whole; shared and per-batch patterns."""
+    from sparsetorch._ops import ops
+
+    g = torch.Generator().manual_seed(5)
+    m, k, nnz = 6, 9, 20
+    rows = torch.randint(0, m - 1, (nnz,), generator=g).sort().values  # the last row empty
+    cols = torch.randint(0, k, (nnz,), generator=g)
+    cols[1] = cols[0] if rows[1] == rows[0] else cols[1]
+    crow = torch.zeros(m + 1, dtype=torch.int64)
+    crow[1:] = torch.bincount(rows, minlength=m).cumsum(0)
+    crow, cols = crow.to(device), cols.to(device)
+    values = torch.randn(2, nnz, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    torch.autograd.gradcheck(lambda v: ops.csr_to_dense(crow, cols, v, m, k), (values,))
+    torch.autograd.gradcheck(lambda v: ops.csr_to_dense(torch.stack([crow, crow]), torch.stack([cols, cols.flip(0)]),
+                                                        v, m, k), (values,))
+    weight = torch.randn(2, m, k, dtype=torch.float64, device=device)
+    (grad_fast,) = torch.autograd.grad((st.CSR(crow, cols, values, (2, m, k)).to_dense() * weight).sum(), values)
+    torch.use_deterministic_algorithms(True)
+    try:
+        (grad_scatter,) = torch.autograd.grad((st.CSR(crow, cols, values, (2, m, k)).to_dense() * weight).sum(), values)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(grad_fast, grad_scatter, rtol=0, atol=0)

@@ -126,9 +126,11 @@ def samples(rng, device):
     yield ops.sparse24_decode_to_dense, (D.values, D.meta, 32, 64), {}
     pairs = (w * prune_2to4_mask(w)).to(torch.bfloat16).to_sparse_csr()  # two nonzeros per group of 4 (randn)
     yield ops.sparse24_decode_pack_pairs, (pairs.values().clone(), pairs.col_indices().clone(), 32, 64), {}
-    if device == "cuda":  # a CUDA-only kernel (csr.to_dense uses torch ops elsewhere); batched values too
-        yield ops.csr_to_dense, (crow, col, values.detach(), 9, 7), {}
-        yield ops.csr_to_dense, (crow, col, torch.stack([values, -values]).detach(), 9, 7), {}
+    # csr_to_dense: batched values, a gradient
+    yield ops.csr_to_dense, (crow, col, values, 9, 7), {}
+    yield ops.csr_to_dense, (dcrow, dcol, dvalues, 9, 7), {}
+    yield ops.csr_to_dense, (dcrow, dcol, torch.stack([dvalues, -dvalues]).detach().requires_grad_(), 9, 7), {}
+    yield ops.csr_to_dense, (bdcrow, bdcol, bdvalues, 9, 7), {}
 
     # sparse_linear (SparseLinear's op: the layer's forms behind an integer handle; tests/test_sparse_linear.py)
     layer = st.nn.SparseLinear.from_dense(torch.randn(8, 6, device=device), sparsity=0.5)
@@ -164,8 +166,6 @@ def test_opcheck_all_ops(device, rng):
                    "sparsetorch::spmm_tuning_capacity"}
     defined = {s.name for s in torch._C._jit_get_all_schemas() if s.name.startswith("sparsetorch::")}
     defined -= OPCHECKED_ELSEWHERE
-    if device != "cuda":
-        defined.discard("sparsetorch::csr_to_dense")  # CUDA only
     assert len(defined) >= 8
     assert defined - not_traced <= seen, f"ops without an opcheck sample: {sorted(defined - not_traced - seen)}"
 
