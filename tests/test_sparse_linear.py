@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounter
 
 import sparsetorch as st
 from sparsetorch import tuning
@@ -566,7 +567,7 @@ def test_compiled_training_matches_eager_gradients():
 def test_dynamic_token_counts_compile_once():
     torch.manual_seed(10)
     layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.7)
-    counter = torch._dynamo.testing.CompileCounter()
+    counter = CompileCounter()
     compiled = torch.compile(layer, backend=counter, dynamic=True, fullgraph=True)
     with torch.no_grad():
         for n in (3, 7, 1, 40, 129, 2, 600):

@@ -41,7 +41,6 @@ DECODE_MAX_TOKENS = 32
 TILE_K = 32  # original columns per mma.sp k-step
 TILE_PAD = 8  # k-tiles per metadata block: packed k-tiles are padded to a multiple
 DTYPES = (torch.bfloat16, torch.float16)
-_PAD_NIBBLE = 0b0100  # idx0 = 0, idx1 = 1: valid metadata for an all-zero chunk
 
 
 def _nibble_of_mask() -> torch.Tensor:
@@ -95,7 +94,8 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     """(values, meta) of a 2:4 weight (out_features x in_features, bfloat16/float16) in the decode kernel's
     layout. Raises ValueError naming ``weight`` if it is not 2:4 (a group of 4 consecutive columns of a row
     with more than 2 nonzeros; NaN counts as nonzero) or its shape/dtype does not fit (out_features a
-    multiple of 16, in_features a multiple of 32). Torch ops only: runs on the weight's device."""
+    multiple of 16, in_features a multiple of 32). Runs on the weight's device: each chunk's two kept values
+    and columns by selects, then the pair CSR's pack (``sparse24_decode_pack_pairs``, one kernel on CUDA)."""
     _check_weight(weight)
     w = weight.detach()
     m, k = w.shape
@@ -111,7 +111,9 @@ def pack_sparse24_decode(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     g0, g1, g2, g3 = groups.unbind(-1)
     kept = torch.stack([torch.where(idx0 == 0, g0, torch.where(idx0 == 1, g1, g2)),
                         torch.where(idx1 == 3, g3, torch.where(idx1 == 2, g2, g1))], dim=-1)  # (m, k/4, 2)
-    return _layout(kept, nib, m, k)
+    # the pair CSR's columns: the kernel reads only their low 2 bits (the position inside the chunk)
+    col = torch.stack([idx0, idx1], dim=-1).to(torch.int32)
+    return tuple(ops.sparse24_decode_pack_pairs(kept.reshape(-1), col.reshape(-1), m, k))
 
 
 def is_pair_layout(crow: torch.Tensor, col: torch.Tensor, shape) -> bool:
@@ -160,38 +162,6 @@ def dense_from_pairs(values: torch.Tensor, nibbles: torch.Tensor, shape) -> torc
     positions = torch.arange(4, device=kept.device, dtype=torch.uint8)
     second = torch.where((nib >> 2) == positions, kept[..., 1:], torch.zeros((), dtype=kept.dtype, device=kept.device))
     return torch.where((nib & 3) == positions, kept[..., :1], second).view(m, k)
-
-
-def _layout(kept: torch.Tensor, nib: torch.Tensor, m: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's (values, meta) from each chunk's two kept values (m, k/4, 2) and nibble (m, k/4)."""
-    kt, ktp = k // TILE_K, packed_ktiles(k)
-    dev = kept.device
-    nib = nib.to(torch.int32)
-    if ktp > kt:  # pad to ktp tiles: zero values, valid metadata
-        comp = torch.zeros(m, ktp * 8, 2, dtype=kept.dtype, device=dev)
-        comp[:, : kt * 8] = kept
-        nibs = torch.full((m, ktp * 8), _PAD_NIBBLE, dtype=torch.int32, device=dev)
-        nibs[:, : kt * 8] = nib
-    else:
-        comp, nibs = kept, nib
-
-    r16 = m // 16
-    # values: comp as (R, h, g, KTP, q, t, v) with row = 16 R + 8 h + g, chunk = 4 q + t -> (R, KTP, g, t, q, h, v).
-    vals = comp.reshape(r16, 2, 8, ktp, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6).reshape(r16, ktp, 32, 8).contiguous()
-
-    # meta: nibbles as (R, h, g, KTP/2 pairs, s tile-in-pair, r role, j) with chunk = 4 r + j.
-    n7 = nibs.reshape(r16, 2, 8, ktp // 2, 2, 2, 4)
-    j_shift = 4 * torch.arange(4, device=dev, dtype=torch.int32)
-    # word(lane = 4 g + 2 s + r) = sum_j nib(h=0, r, j) << 4j + nib(h=1, r, j) << (16 + 4j): the role-r thread holds
-    # chunks 4r .. 4r+3 of rows g (bits 15:0) and g+8 (bits 31:16) (checked on an H100, 2026-11-27: the other
-    # reading of the PTX figure, role r = row g + 8r with all 8 chunks, gave 0.85 relative error).
-    # The 16-bit halves are summed in int32 over the weight; only the words (1/8 of the nibbles) go to int64.
-    halves = (n7 << j_shift).sum(dim=6, dtype=torch.int32).to(torch.int64)  # (R, h, g, P, s, r)
-    words = halves[:, 0] | (halves[:, 1] << 16)  # (R, g, P, s, r)
-    words = words.permute(0, 2, 1, 3, 4).reshape(r16, ktp // 2, 32)  # (R, P, lane = 4 g + 2 s + r)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    meta = words.reshape(r16, ktp // 8, 4, 32).permute(0, 1, 3, 2).contiguous()  # (R, B, lane, w)
-    return vals, meta
 
 
 def unpack_sparse24_decode(values: torch.Tensor, meta: torch.Tensor, shape) -> torch.Tensor:
