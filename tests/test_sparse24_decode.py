@@ -541,13 +541,15 @@ def test_to_dense_op_stays_inside_chunks_and_checks_its_arguments(device):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("shape", [(16, 32), (48, 96), (32, 800), (64, 2048)])
 def test_pack_pairs_op_is_the_dense_pack(device, index_dtype, shape):
-    """sparse24_decode_pack_pairs (one kernel on CUDA) packs a 2:4 pruning's own CSR into exactly the layout that
-    pack_sparse24_decode makes from its dense weight (padding tiles included); a pair whose stored value is a
-    zero packs as that zero; non-contiguous values are read as their values."""
+    """sparse24_decode_pack_pairs (one kernel on CUDA) packs a 2:4 pruning's own CSR into the layout the reference
+    walk (unpack_sparse24_decode) reads back as the weight, and into exactly what pack_sparse24_decode makes
+    from its dense weight on the CPU (padding tiles included); a pair whose stored value is a zero packs as that
+    zero; non-contiguous values are read as their values."""
     w = random_24(*shape, torch.float16, seed=shape[0], fill=None)
     crow, col, values = _pair_csr(w, index_dtype)
     expected = pack_sparse24_decode(w)
     packed, meta = ops.sparse24_decode_pack_pairs(values.to(device), col.to(device), *shape)
+    assert torch.equal(unpack_sparse24_decode(packed.cpu(), meta.cpu(), shape), w)
     assert torch.equal(meta.cpu(), expected[1]) and torch.equal(packed.cpu(), expected[0])
     strided = torch.empty(values.numel(), 2, dtype=values.dtype, device=device)[:, 1]
     strided.copy_(values)
