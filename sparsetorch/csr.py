@@ -354,9 +354,8 @@ def to_dense(a: Any) -> torch.Tensor:
     values = a.values if a.values.dim() == 2 else a.values.unsqueeze(0)  # (b, L)
     if a.device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
         dense = scatter_to_dense(a.crow_indices, a.col_indices, values, m, k)
-    else:
-        from sparsetorch._autograd import call_op  # _autograd imports this module
-        dense = call_op(ops.csr_to_dense, (values,), a.crow_indices, a.col_indices, values, m, k)
+    else:  # the op's registered autograd (_autograd.py) records the gradient
+        dense = ops.csr_to_dense(a.crow_indices, a.col_indices, values, m, k)
     return dense.view(a.shape if a.batched else (m, k))
 
 
