@@ -26,15 +26,15 @@ __all__ = ["first_choice", "timed_forms", "compact_form", "compact_choice", "COM
 
 _HALF = (torch.float16, torch.bfloat16)
 # A compact layer runs its stored form up to these token counts and a transient dense expansion above (one
-# kernel, then the GEMM at dense speed). Estimates for a 14336 x 4096 bf16 layer on an H100, not measured end to
-# end: the expansion writes the dense weight once and reads the layout once, 183 MB at 2:4 (~0.06 ms at 3 TB/s,
-# ~0.1 ms allowing for the kernel; the torch ops it replaced took 2.7 ms), and the GEMM then reads 117 MB (~0.05
-# ms) up to a few hundred tokens. The decode kernel runs 64 tokens per launch, each at most 4x its 16-token call
-# (25.6 us at 11008 x 4096, the pruned suite): ~0.1-0.2 ms per 64 tokens here, so from 128 tokens it costs
-# more than expanding. The slot kernel reads the weight once per 32 tokens (banded), 0.03 ms per 8.4M entries
-# (4096 x 4096 at 2:4, N = 128, the pruned suite): ~0.06 ms per 32 tokens at 70% (17.6M entries), ~0.02 at 90%,
-# against ~0.1 ms for expanding and multiplying: past 64 tokens expanding wins at 70% and is even at 90%.
-COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 128, "slots": 64, "csr": 1 << 62}
+# kernel, then the GEMM at dense speed). Measured on an H100 (bf16, 14336 x 4096, the stored form's call
+# against expansion + F.linear, us; docs/performance.md, the serving sequence):
+#   2:4 decode     N = 16: 35 / 136, 64: 87 / 134, 128: 172 / 135, 256: 340 / 141
+#   slots at 90%   N = 16: 39 / 186, 64: 76 / 183, 128: 140 / 185, 256: 266 / 191
+#   slots at 70%   N = 16: 61 / 220, 64: 107 / 218, 128: 198 / 220, 256: 382 / 226
+# The first count of a bucket (powers of 2) decides it: up to 128 the stored form costs at most as much over
+# the bucket (2:4 decode: even at ~96 tokens, ahead below, behind above) and holds no transient buffer; in
+# the bucket up to 256 expanding wins.
+COMPACT_STORED_MAX_TOKENS = {"2:4 decode": 128, "slots": 128, "csr": 1 << 62}
 
 
 def _ok(available: Dict[str, Optional[str]], form: str) -> bool:
