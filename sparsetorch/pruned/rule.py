@@ -8,7 +8,11 @@ The thresholds are the crossovers measured on H100 and H200 (bf16, Llama MLP sha
 ``F.linear``; ``python -m benchmarks --suites pruned`` reproduces them; times relative to dense):
 
 * 2:4 decode kernel: 0.62-0.76 at N = 1, 0.71-0.88 at N = 16; at N = 32 0.8-0.9 on tall weights
-  (out >= in) and 1.3 on wide ones; cuSPARSELt's 2:4: 0.91-1.44 at N = 128, 0.68-0.76 at N = 2048.
+  (out >= in) and 1.3 on wide ones. cuSPARSELt's 2:4 with its searched algorithm: 0.91-1.44 at N = 128,
+  0.68-0.76 at N = 2048; with its default algorithm (no search: a bucket prepare() did not decide) 1.5-2.4
+  at N = 2048 (H100, 2026-12-07, the three shapes) and 1.0 at 136 tokens, 1.7-2.5 at 264-2001 of 14336 x 4096.
+  The search costs tens of calls (~0.1 s per bucket), so the rule never takes the 2:4 form: ``prepare()``
+  searches and times it, and its decisions (with the algorithm) persist in the cache file.
 * CSR16 at N = 1: 0.29-0.37 at 90-95%, 0.65-0.71 at 70%, 0.93-0.99 at 50%; 1.5-2 at N = 16 and 70%.
 * slots: 0.47-0.65 at N = 1 and 90-95%; 0.58-0.73 at N = 16 and 90-95%, 0.92-1.04 at 70%; 2.2-4.5 at N = 128.
 * bitmap at 50%, N = 1: 0.86-0.97 on the H100 but 1.02-1.2 on the H200: not taken without a measurement.
@@ -58,9 +62,7 @@ def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> s
     if p.is_24:
         if _ok(available, "2:4 decode") and (n <= 16 or (n <= 32 and out_f >= in_f)):
             return "2:4 decode"
-        if n >= 256 and _ok(available, "2:4"):
-            return "2:4"
-        return "dense"
+        return "dense"  # not cuSPARSELt without its algorithm search (module docstring)
     d = p.density
     if _ok(available, "csr16") and d <= 0.35 and (n <= 2 or (n <= 4 and d <= 0.15)):
         return "csr16"
