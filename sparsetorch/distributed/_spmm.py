@@ -111,7 +111,8 @@ def _sender_parts(matrix):
         plan, remote = matrix.halo_plan, matrix.remote
         crow, col = remote.crow_indices, remote.col_indices
         m = crow.numel() - 1
-        rows = torch.repeat_interleave(torch.arange(m, device=col.device), (crow[1:] - crow[:-1]).long())
+        rows = torch.repeat_interleave(torch.arange(m, device=col.device), (crow[1:] - crow[:-1]).long(),
+                                       output_size=col.numel())  # the size known: no device sync
         first = [0]
         for c in plan.recv_counts:
             first.append(first[-1] + c)

@@ -140,7 +140,8 @@ class SlotWeight(PackedWeight):
         index = torch.int32 if groups * SLOTS < 2**31 else torch.int64
         crow = crow.to(device=values.device, dtype=torch.int64)
         col = col.to(device=values.device, dtype=index)
-        rows = torch.repeat_interleave(torch.arange(m, device=values.device, dtype=index), crow.diff())
+        rows = torch.repeat_interleave(torch.arange(m, device=values.device, dtype=index), crow.diff(),
+                                       output_size=col.numel())  # the size known: no device sync
         group = group_of(rows // GROUP_ROWS, col // GROUP_COLS, chunks, self.banded)
         key = group * SLOTS + slot_of(rows, col, self.banded)
         if _increasing_in_rows(crow, col):
