@@ -103,6 +103,10 @@ def test_prepare_times_every_form_but_the_csr_spmm_and_a_24_patterns_wider_layou
         assert rule.timed_forms(_P((4096, 4096), 0.5, True), n, every) == ["dense", "2:4 decode"]
     without_decode = [name for name in every if name != "2:4 decode"]
     assert rule.timed_forms(_P((4096, 4096), 0.5, True), 1, without_decode) == [n for n in without_decode if n != "csr"]
+    # a pattern with a residual: cuSPARSELt from 1024 tokens only
+    near = ["csr", "dense", "2:4", "bitmap", "slots", "csr16"]
+    assert rule.timed_forms(_P((4096, 4096), 0.1), 512, near) == ["dense", "bitmap", "slots", "csr16"]
+    assert rule.timed_forms(_P((4096, 4096), 0.1), 1024, near) == ["dense", "2:4", "bitmap", "slots", "csr16"]
 
 
 def test_compact_form_and_routes():

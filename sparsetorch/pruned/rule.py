@@ -83,13 +83,18 @@ def timed_forms(pattern, tokens: int, names):
       ~400 instructions per group of 16 x 64 finding where its values go (pruned/slots.py); building and timing
       them cost prepare() a build each (8-9 ms for slots at 70%, more at 50%) and a timing per bucket. And the
       2:4 form (cuSPARSELt, whose algorithm search is most of its timing) from 64 tokens only: at 16 it took
-      2.6-12x the decode kernel's time (pruned suite, H100: 4096 x 4096, 11008 x 4096, 4096 x 11008)."""
+      2.6-12x the decode kernel's time (pruned suite, H100: 4096 x 4096, 11008 x 4096, 4096 x 11008);
+    - for any other pattern (the 2:4 form then carries a CSR residual), the 2:4 form from 1024 tokens only: at 90%
+      global on a 14336 x 4096 layer (H100, 2026-12-07) it won no bucket of 64-2048 tokens and its algorithm
+      searches took 0.97 s of prepare()'s 1.36 s; where it won before, it was at 2048 (H200, 1.10x dense)."""
     packed = {"csr16", "slots", "bitmap", "2:4 decode", "2:4"}
     if pattern.device.type != "cuda" or pattern.dtype not in _HALF or len(names) <= 1:
         return list(names)
     if pattern.is_24 and "2:4 decode" in names:
         timed = ("2:4 decode", "2:4", "dense") if int(tokens) >= 64 else ("2:4 decode", "dense")
         return [name for name in names if name in timed]
+    if not pattern.is_24 and int(tokens) < 1024:
+        names = [name for name in names if name != "2:4"]
     if int(tokens) >= 128 or packed.intersection(names):
         return [name for name in names if name != "csr"]
     return list(names)
