@@ -69,6 +69,14 @@ def test_pairs_of_a_24_csr_pack_and_expand_without_the_dense_weight(shape, index
     assert torch.equal(meta, reference[1]) and torch.equal(packed_values, reference[0])
     assert torch.equal(unpack_sparse24_decode(packed_values, meta, shape), w)
     assert torch.equal(expand_sparse24_decode(packed_values, meta, shape), w)
+    # the weight made from pairs repacks new values (CSR order) with the columns it keeps
+    W = Sparse24DecodeWeight.from_pairs(values, col, shape)
+    values2 = (values.float() * -2).to(values.dtype)
+    W.set_values(values2)
+    assert torch.equal(W.values, pack_sparse24_decode_pairs(values2, col, shape)[0])
+    assert torch.equal(unpack_sparse24_decode(W.values, W.meta, shape), dense_from_pairs(values2, nibbles, shape))
+    with pytest.raises(ValueError, match="values: expected"):
+        W.set_values(values2[:-1])
 
 
 def test_pairs_refuse_every_other_csr():

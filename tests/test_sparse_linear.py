@@ -762,9 +762,13 @@ def test_inference_forms_hold_no_refresh_maps_until_the_values_change():
     x1 = torch.randn(1, 64).bfloat16()
     with torch.no_grad():
         assert _rel(w24(x1), _ref(w24, x1)) < 2e-2
-        assert not w24._derived.forms["2:4 decode"].refreshable  # packed from the dense weight, no split
+        decode = w24._derived.forms["2:4 decode"]
+        assert decode.refreshable and decode.weight.split is None  # packed from its pairs: repacked, no split
         w24.values.mul_(2.0)
         assert _rel(w24(x1), _ref(w24, x1)) < 2e-2
+        assert w24._derived.forms["2:4 decode"] is decode and decode.weight.split is None  # repacked in place
+    w24.compact()
+    assert w24._stored_form().weight.pair_col is None  # the CSR's columns go with the CSR
 
 
 def test_sparse_linear_op_opcheck_and_gradcheck():

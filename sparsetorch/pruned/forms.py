@@ -7,7 +7,8 @@ its state in a compact layer's state_dict) and ``f.to_dense()`` (W, for a transi
 built from a CSR also take ``f.set_values(values)`` (new CSR values, same pattern: the layer trained)
 where ``f.refreshable``; the layouts that need maps from the CSR's order for that (slots: 8 bytes per
 entry, bitmap: 8, 2:4 decode: its 2:4 split) are built without them unless asked (``keep_maps``), and a
-layer that trains builds them again with their maps.
+layer that trains builds them again with their maps. A 2:4 pruning's own CSR (the pair layout) needs no map:
+its decode form repacks new values with the CSR's columns.
 
 Which forms apply (``applicable``) depends on the weight (dtype, shape, pattern) and on what the loaded
 build can run on the device (tensor-core forms need mma: sm_80 code, see sparsetorch._build_info).
@@ -269,13 +270,13 @@ class Sparse24DecodeForm(_WeightForm):
 
     @property
     def refreshable(self) -> bool:
-        return self.weight.split is not None
+        return self.weight.split is not None or self.weight.pair_col is not None
 
     def tensors(self):
         return {"values": self.weight.values, "meta": self.weight.meta}
 
     def compact(self) -> None:
-        self.weight.split = None  # the CSR order is gone with the CSR: no set_values after this
+        self.weight.split = self.weight.pair_col = None  # the CSR order is gone with the CSR: no set_values after
 
     def to_dense(self):
         return expand_sparse24_decode(self.weight.values, self.weight.meta, self.weight.shape)
@@ -405,7 +406,7 @@ def build(name: str, pattern: Pattern, crow, col, values, backend: str = "auto",
                 return Sparse24Form(None, None, w24=dense())
             return Sparse24Form(pattern.split, values)
         if name == "2:4 decode":
-            if not keep_maps and pattern.pairs and decode_applies(shape, values.dtype) is None:
+            if pattern.pairs and decode_applies(shape, values.dtype) is None:  # refreshed by repacking its pairs
                 return Sparse24DecodeForm(Sparse24DecodeWeight.from_pairs(values, col, shape))
             if not keep_maps and pattern.is_24:
                 return Sparse24DecodeForm(Sparse24DecodeWeight(dense()))

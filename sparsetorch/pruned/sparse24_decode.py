@@ -233,7 +233,7 @@ class Sparse24DecodeWeight:
         _check_weight(weight)
         self.shape = (int(weight.shape[0]), int(weight.shape[1]))
         self.dtype, self.device = weight.dtype, weight.device
-        self.split = None
+        self.split = self.pair_col = None
         with torch.no_grad():
             self.values, self.meta = pack_sparse24_decode(weight)
 
@@ -244,9 +244,10 @@ class Sparse24DecodeWeight:
     @classmethod
     def from_pairs(cls, values: torch.Tensor, col: torch.Tensor, shape) -> "Sparse24DecodeWeight":
         """From a CSR in the pair layout (:func:`is_pair_layout`): its values and columns (no dense weight, no
-        split)."""
+        split). The columns are kept (a reference, not a copy): :meth:`set_values` repacks new values with them."""
         w = cls.__new__(cls)
         w.shape, w.dtype, w.device, w.split = (int(shape[0]), int(shape[1])), values.dtype, values.device, None
+        w.pair_col = col
         with torch.no_grad():
             w.values, w.meta = pack_sparse24_decode_pairs(values, col, shape)
         return w
@@ -292,7 +293,7 @@ class Sparse24DecodeWeight:
         if bad_pad:
             raise ValueError("values: the padding past in_features holds nonzeros")
         w = cls.__new__(cls)
-        w.shape, w.dtype, w.device, w.split = (m, k), values.dtype, values.device, None
+        w.shape, w.dtype, w.device, w.split, w.pair_col = (m, k), values.dtype, values.device, None, None
         w.values, w.meta = values, meta
         return w
 
@@ -314,11 +315,19 @@ class Sparse24DecodeWeight:
         return held + (self.split.nbytes if self.split is not None else 0)
 
     def set_values(self, values: torch.Tensor) -> None:
-        """New values, repacked in place: the CSR's values (CSR order) for a weight made from a CSR or split,
-        else a dense 2:4 weight of the same shape (its pattern may differ)."""
+        """New values, repacked in place: the CSR's values (CSR order) for a weight made from a CSR, a split or
+        pairs (:meth:`from_pairs`), else a dense 2:4 weight of the same shape (its pattern may differ)."""
         if values.dtype != self.dtype:
             raise ValueError(f"values: expected {self.dtype} (the weight's), got {values.dtype}")
         with torch.no_grad():
+            if self.pair_col is not None:
+                nnz = self.pair_col.numel()
+                if values.dim() != 1 or values.numel() != nnz:
+                    raise ValueError(f"values: expected ({nnz},) in the CSR's order, got {tuple(values.shape)}")
+                v, m = pack_sparse24_decode_pairs(values.detach(), self.pair_col, self.shape)
+                self.values.copy_(v)
+                self.meta.copy_(m)
+                return
             if self.split is not None:
                 nnz = self.split.col.shape[-1]
                 if values.dim() != 1 or values.numel() != nnz:
