@@ -366,6 +366,8 @@ def scatter_to_dense(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor
     length = col.shape[-1]
     b = values.shape[0]
     size = b * m * k
+    if size == 0:  # nothing to scatter into (no batch, row or column)
+        return values.new_zeros(b, m, k)
     # int32 positions where they fit (a 14336 x 4096 weight): every pass over the nnz slots moves half the bytes
     index_dtype = torch.int32 if max(size, length) < 2**31 - 1 else torch.int64
     rows, valid = row_indices(crow, length, index_dtype)  # (patterns, L)
@@ -406,7 +408,7 @@ def _csr_to_dense_cpu(crow, col, values, m, k):
     batches = values.shape[0] if values.dim() == 2 else 1
     if crow.dim() == 2 and crow.shape[0] not in (1, batches):
         raise ValueError(f"crow_indices: expected 1 pattern or one per batch ({batches}), got {crow.shape[0]}")
-    dense = scatter_to_dense(crow, col, values.reshape(batches, -1), m, k)
+    dense = scatter_to_dense(crow, col, values.reshape(batches, col.shape[-1]), m, k)
     return dense if values.dim() == 2 else dense.view(m, k)
 
 

@@ -210,3 +210,12 @@ def test_to_dense_gradient(device):
     finally:
         torch.use_deterministic_algorithms(False)
     torch.testing.assert_close(grad_fast, grad_scatter, rtol=0, atol=0)
+
+
+def test_to_dense_of_an_empty_batch_and_empty_shapes(device):
+    crow = torch.tensor([0, 2, 5], device=device)
+    col = torch.tensor([0, 1, 0, 1, 2], device=device)
+    assert st.CSR(crow, col, torch.zeros(0, 5, device=device), (0, 2, 3)).to_dense().shape == (0, 2, 3)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    assert torch.equal(st.CSR(torch.zeros(4, dtype=torch.int64, device=device), empty, torch.zeros(0, device=device),
+                              (3, 0)).to_dense(), torch.zeros(3, 0, device=device))
