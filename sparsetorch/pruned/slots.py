@@ -72,6 +72,19 @@ def slot_of(rows: torch.Tensor, cols: torch.Tensor, banded: bool = False) -> tor
     return 8 * (32 * s + lane) + 2 * r + j
 
 
+_SLOT_TABLES = {}
+
+
+def _slot_table(banded: bool, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """slot_of for every position of a group, indexed by 64 * (row in group) + column in group."""
+    key = (banded, str(device), dtype)
+    table = _SLOT_TABLES.get(key)
+    if table is None:
+        inside = torch.arange(SLOTS, dtype=torch.int64)
+        table = _SLOT_TABLES[key] = slot_of(inside // GROUP_COLS, inside % GROUP_COLS, banded).to(device, dtype)
+    return table
+
+
 def group_of(strips: torch.Tensor, chunks: torch.Tensor, num_chunks: int, banded: bool = False) -> torch.Tensor:
     """Index of group (strip, chunk): (strip, chunk) order, or (band, chunk, strip in band) in the banded
     layout (slot_group in slot_layout.h)."""
@@ -142,21 +155,27 @@ class SlotWeight(PackedWeight):
         col = col.to(device=values.device, dtype=index)
         rows = torch.repeat_interleave(torch.arange(m, device=values.device, dtype=index), crow.diff(),
                                        output_size=col.numel())  # the size known: no device sync
+        # key = group * 1024 + slot; the slot (a function of the position inside the group) read from a table
+        # of the group's 16 x 64 positions: a few passes over the entries instead of slot_of's dozen
         group = group_of(rows // GROUP_ROWS, col // GROUP_COLS, chunks, self.banded)
-        key = group * SLOTS + slot_of(rows, col, self.banded)
+        inside = (rows % GROUP_ROWS) * GROUP_COLS + col % GROUP_COLS
+        key = group * SLOTS + _slot_table(self.banded, values.device, index)[inside]
         if _increasing_in_rows(crow, col):
             # no repeated position: the keys are distinct, a sort orders them and its permutation inverts
             unique, order = torch.sort(key)
             inverse = torch.empty_like(order, dtype=torch.int32)
             inverse[order] = torch.arange(order.numel(), device=order.device, dtype=torch.int32)
+            packed = values.detach()[order]  # nothing to sum: the values in packed order
         else:
             unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
+            packed = None
         # CSR entry i goes to packed entry _into[i] (a permutation unless the CSR repeats positions).
         self._into = inverse.to(torch.int32)
         self._slots = (unique % SLOTS).to(torch.int32)
-        self.offsets = torch.zeros(groups + 1, dtype=torch.int32, device=values.device)
-        torch.cumsum(torch.bincount(unique // SLOTS, minlength=groups), 0, out=self.offsets[1:])
-        self.entries = _pack(self._packed(values.detach()), self._slots)
+        # group g's entries start at the first key >= 1024 g (the keys are sorted): no count, no device sync
+        starts = torch.arange(groups + 1, device=values.device, dtype=index) * SLOTS
+        self.offsets = torch.searchsorted(unique, starts, out_int32=True)
+        self.entries = _pack(packed if packed is not None else self._packed(values.detach()), self._slots)
 
     @classmethod
     def from_packed(cls, offsets: torch.Tensor, entries: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
