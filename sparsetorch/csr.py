@@ -389,9 +389,10 @@ def scatter_to_dense(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor
 @torch.library.impl("sparsetorch::csr_to_dense", "CPU")
 def _csr_to_dense_cpu(crow, col, values, m, k):
     """The op's CPU version (the CUDA one is a kernel, csrc/cuda/spmm_densify.cu; both check the same)."""
-    if crow.dtype not in (torch.int32, torch.int64) or col.dtype != crow.dtype:
-        raise TypeError(f"crow_indices, col_indices: expected int32 or int64, both the same, got {crow.dtype} and "
-                        f"{col.dtype}")
+    if crow.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"crow_indices: expected int32 or int64, got {crow.dtype}")
+    if col.dtype != crow.dtype:
+        raise TypeError(f"col_indices: expected {crow.dtype} (crow_indices' dtype), got {col.dtype}")
     if values.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise TypeError(f"values: expected float16, bfloat16, float32 or float64, got {values.dtype}")
     if m < 0 or k < 0:

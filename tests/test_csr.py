@@ -219,3 +219,26 @@ def test_to_dense_of_an_empty_batch_and_empty_shapes(device):
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     assert torch.equal(st.CSR(torch.zeros(4, dtype=torch.int64, device=device), empty, torch.zeros(0, device=device),
                               (3, 0)).to_dense(), torch.zeros(3, 0, device=device))
+
+
+def test_csr_to_dense_op_checks_its_arguments(device):
+    """The op's CPU version (Python) and CUDA kernel refuse the same bad arguments, naming the argument."""
+    from sparsetorch._ops import ops
+    crow = torch.tensor([0, 2, 3], device=device)
+    col = torch.tensor([0, 2, 1], device=device)
+    values = torch.ones(3, device=device)
+    assert ops.csr_to_dense(crow, col, values, 2, 3).shape == (2, 3)
+    cases = [
+        (TypeError, "crow_indices: expected int32 or int64", (crow.short(), col.short(), values, 2, 3)),
+        (TypeError, "col_indices: expected torch.int64|col_indices: expected Long", (crow, col.int(), values, 2, 3)),
+        (TypeError, "values: expected float16, bfloat16, float32 or float64", (crow, col, values.int(), 2, 3)),
+        (ValueError, "m, k: expected non-negative sizes", (crow, col, values, 2, -1)),
+        (ValueError, "crow_indices: expected shape", (crow, col, values, 3, 3)),
+        (ValueError, "col_indices: expected one row per pattern", (crow, col.unsqueeze(0), values, 2, 3)),
+        (ValueError, "values: expected shape", (crow, col, values[:2], 2, 3)),
+        (ValueError, "crow_indices: expected 1 pattern or one per batch",
+         (torch.stack([crow] * 3), torch.stack([col] * 3), torch.ones(2, 3, device=device), 2, 3)),
+    ]
+    for error, message, args in cases:
+        with pytest.raises(error, match=message):
+            ops.csr_to_dense(*args)

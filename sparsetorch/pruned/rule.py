@@ -77,8 +77,7 @@ def timed_forms(pattern, tokens: int, names):
       suite on the H100 (bf16, 4096 x 4096 and 11008 x 4096 at 50-95% and 2:4): its best route took 1.9-40x the
       best packed form's time at N = 1 and 16 and 20-100x dense's at N = 128 and 2048 (10-20 ms a call of an
       11008 x 4096 layer at N = 2048: timing it cost about 0.1 s of prepare(), an estimate);
-    - for a 2:4 pattern where the decode layout applies, only the forms first_choice picks among (2:4 decode,
-      2:4, dense): by bytes, slots and CSR16 move 2 bytes per position of the weight (4 per kept value) against
+    - for a 2:4 pattern where the decode layout applies, only 2:4 decode, dense and cuSPARSELt's 2:4: by bytes, slots and CSR16 move 2 bytes per position of the weight (4 per kept value) against
       the decode layout's 1.125, and the bitmap layout moves the decode layout's bytes with a kernel that spends
       ~400 instructions per group of 16 x 64 finding where its values go (pruned/slots.py); building and timing
       them cost prepare() a build each (8-9 ms for slots at 70%, more at 50%) and a timing per bucket. And the

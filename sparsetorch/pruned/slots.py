@@ -18,6 +18,7 @@ from the weight's shape and the GPU (``prefers_banded``) unless told.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -72,17 +73,11 @@ def slot_of(rows: torch.Tensor, cols: torch.Tensor, banded: bool = False) -> tor
     return 8 * (32 * s + lane) + 2 * r + j
 
 
-_SLOT_TABLES = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _slot_table(banded: bool, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """slot_of for every position of a group, indexed by 64 * (row in group) + column in group."""
-    key = (banded, str(device), dtype)
-    table = _SLOT_TABLES.get(key)
-    if table is None:
-        inside = torch.arange(SLOTS, dtype=torch.int64)
-        table = _SLOT_TABLES[key] = slot_of(inside // GROUP_COLS, inside % GROUP_COLS, banded).to(device, dtype)
-    return table
+    """slot_of for every position of a group, indexed by 64 * (row in group) + column in group (4 KB a table)."""
+    inside = torch.arange(SLOTS, dtype=torch.int64)
+    return slot_of(inside // GROUP_COLS, inside % GROUP_COLS, banded).to(device, dtype)
 
 
 def group_of(strips: torch.Tensor, chunks: torch.Tensor, num_chunks: int, banded: bool = False) -> torch.Tensor:

@@ -320,24 +320,18 @@ class Sparse24DecodeWeight:
         if values.dtype != self.dtype:
             raise ValueError(f"values: expected {self.dtype} (the weight's), got {values.dtype}")
         with torch.no_grad():
-            if self.pair_col is not None:
-                nnz = self.pair_col.numel()
+            if self.pair_col is not None or self.split is not None:
+                nnz = self.pair_col.numel() if self.pair_col is not None else self.split.col.shape[-1]
                 if values.dim() != 1 or values.numel() != nnz:
                     raise ValueError(f"values: expected ({nnz},) in the CSR's order, got {tuple(values.shape)}")
-                v, m = pack_sparse24_decode_pairs(values.detach(), self.pair_col, self.shape)
-                self.values.copy_(v)
-                self.meta.copy_(m)
-                return
-            if self.split is not None:
-                nnz = self.split.col.shape[-1]
-                if values.dim() != 1 or values.numel() != nnz:
-                    raise ValueError(f"values: expected ({nnz},) in the CSR's order, got {tuple(values.shape)}")
-                dense = self.split.dense24(values.detach())
+                if self.pair_col is not None:
+                    v, m = pack_sparse24_decode_pairs(values.detach(), self.pair_col, self.shape)
+                else:
+                    v, m = pack_sparse24_decode(self.split.dense24(values.detach()))
             else:
                 if tuple(values.shape) != self.shape:
                     raise ValueError(f"values: expected a dense weight of shape {self.shape}, got {tuple(values.shape)}")
-                dense = values.detach()
-            v, m = pack_sparse24_decode(dense)
+                v, m = pack_sparse24_decode(values.detach())
             self.values.copy_(v)
             self.meta.copy_(m)
 
