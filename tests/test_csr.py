@@ -242,3 +242,19 @@ def test_csr_to_dense_op_checks_its_arguments(device):
     for error, message, args in cases:
         with pytest.raises(error, match=message):
             ops.csr_to_dense(*args)
+
+
+def test_csr_to_dense_op_skips_what_lies_outside_the_matrix(device):
+    """Called directly on an unchecked CSR: columns outside [0, k) are skipped and row pointers past the entries
+    are clamped, on the CPU and in the CUDA kernel alike: no out-of-bounds access, no crash."""
+    from sparsetorch._ops import ops
+    crow = torch.tensor([0, 2, 4], device=device)
+    col = torch.tensor([-5, 1, 3, 2], device=device)  # -5 and 3 lie outside a 2 x 3 matrix
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0], device=device)
+    expected = torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 4.0]])
+    assert torch.equal(ops.csr_to_dense(crow, col, values, 2, 3).cpu(), expected)
+    wild = torch.tensor([0, 2**40, -7], device=device)  # row pointers past the entries and decreasing
+    out = ops.csr_to_dense(wild, col, values, 2, 3)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert out.shape == (2, 3) and bool(torch.isfinite(out).all())
