@@ -41,6 +41,10 @@ def free_port() -> int:
 _DONE, _FAILED, _PORT_FAILURE = "done", "failed", "port"
 _PORT_ERRORS = ("DistNetworkError", "EADDRINUSE", "address already in use")
 SPAWN_TRIES = 3
+# The rendezvous (every rank reaching the store) has its own timeout, longer than a group's: starting a
+# process and importing torch took over 4 s on a 16-core machine running two test suites at once, so a group
+# timeout of a few seconds (the fault tests') also timed out its rendezvous.
+RENDEZVOUS_TIMEOUT_S = 120.0
 
 
 def _entry(rank, world_size, fn, args, backend, port, timeout, threads, results):
@@ -51,8 +55,10 @@ def _entry(rank, world_size, fn, args, backend, port, timeout, threads, results)
         try:
             if backend == "nccl":
                 torch.cuda.set_device(rank)
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world_size, timeout=datetime.timedelta(seconds=timeout),
+            store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+                                  timeout=datetime.timedelta(seconds=max(timeout, RENDEZVOUS_TIMEOUT_S)))
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout),
                                     pg_options=nccl_options() if backend == "nccl" else None)
         except BaseException:  # noqa: BLE001 - reported to the parent
             text = traceback.format_exc()
@@ -73,7 +79,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args, backend: str = "gloo", tim
 
     ``fn`` must be importable (a module-level function) and its arguments and results picklable.
     ``timeout``: the process group's (a collective waiting longer raises); ``join_timeout``: the
-    whole run's (default ``4 * timeout + 60`` s); ``threads``: torch threads per rank (None: torch's default).
+    whole run's (default ``4 * timeout + 60`` s; the rendezvous has its own, ``RENDEZVOUS_TIMEOUT_S``); ``threads``: torch threads per rank (None: torch's default).
     A run whose ranks all failed their rendezvous for the port (another process took it after
     :func:`free_port` found it free) runs again on a new port, up to ``SPAWN_TRIES`` runs in all.
     """
