@@ -11,7 +11,8 @@ the projections of a 4-layer Llama-3-8B decoder stack (q, k, v, o, gate, up, dow
 in sequence, attention left out) at 2:4.
 
 **Implementations**, each on fresh layers and an emptied tuning table (a new process), run over the whole
-sequence; every call synchronised and timed (wall clock), so a step's first-call costs count. The process's
+sequence; every step synchronised and timed (wall clock), each call in it timed by CUDA events (the time it
+holds the stream: a first call's builds count). The process's
 one-time costs are taken first, untimed: the dense sequence once (cuBLAS's kernels for every shape) and every
 form's kernel on a small weight (the code loaded, cuSPARSELt initialised):
 
@@ -52,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sparsetorch as st
+from sparsetorch.timing import Sample
 from benchmarks.suites.common import Context, Job
 from benchmarks.suites.decode import LLAMA3_8B, TINY, calibrate, dense_stack, heavy_tailed_weight
 from sparsetorch.pruned import wanda_prune
@@ -89,43 +91,38 @@ def _collected_and_frozen():
 
 def _run_sequence(ctx: Context, layers: List[Callable], mlp: bool, steps: List[int], pool: torch.Tensor,
                   pool_inner: torch.Tensor):
-    """(total seconds, per-layer call seconds of every step): every call synchronised and timed."""
+    """(total seconds, per-layer call seconds of every step). Each step ends in a synchronize, as a server's
+    does (its next step needs this one's output), and its wall time counts in the total; the calls inside a
+    step are timed without a synchronize between them (``st.timing.Sample``: CUDA events around each call,
+    the time it holds the stream, host stalls included, so a first call's builds are charged to it; the wall
+    clock on the CPU)."""
     sync = torch.cuda.synchronize if ctx.cuda else (lambda *a: None)
     costs = []
     total = 0.0
+
+    def timed(call, *args):
+        sample = Sample(ctx.device)
+        sample.start()
+        out = call(*args)
+        sample.stop()
+        return out, sample
+
     with _collected_and_frozen(), torch.no_grad():
+        sync()
         for n in steps:
             x = pool[:n]
-            per = []
+            t0 = time.perf_counter()
             if mlp:
                 gate, up, down = layers
-                sync()
-                t0 = time.perf_counter()
-                g = gate(x)
-                sync()
-                t1 = time.perf_counter()
-                u = up(x)
-                sync()
-                t2 = time.perf_counter()
-                h = F.silu(g) * u
-                sync()
-                t3 = time.perf_counter()
-                down(h)
-                sync()
-                t4 = time.perf_counter()
-                per = [t1 - t0, t2 - t1, t4 - t3]
-                total += t4 - t0
+                g, s_gate = timed(gate, x)
+                u, s_up = timed(up, x)
+                _, s_down = timed(down, F.silu(g) * u)
+                samples = [s_gate, s_up, s_down]
             else:
-                for layer, k_in in layers:
-                    inp = pool_inner[:n] if k_in == "inner" else pool[:n]
-                    sync()
-                    t0 = time.perf_counter()
-                    layer(inp)
-                    sync()
-                    dt = time.perf_counter() - t0
-                    per.append(dt)
-                    total += dt
-            costs.append(per)
+                samples = [timed(layer, pool_inner[:n] if k_in == "inner" else x)[1] for layer, k_in in layers]
+            sync()
+            total += time.perf_counter() - t0
+            costs.append([1e-3 * s.ms() for s in samples])
     return total, costs
 
 
