@@ -68,6 +68,17 @@ def _fresh_caches():
     st.clear_caches()
 
 
+@pytest.fixture(autouse=True)
+def _forms_built_at_first_call(request, monkeypatch):
+    """SparseLinear's tests check the forms a call chose, so the chosen form is built at its first call;
+    tests marked ``repaid_builds`` (the policy's own tests, the benchmark suites and the README's tour) run
+    the default, where eager calls run dense until a form has repaid its build."""
+    if request.node.get_closest_marker("repaid_builds") is None:
+        from sparsetorch.nn.linear import SparseLinear
+
+        monkeypatch.setattr(SparseLinear, "build_when_repaid", False)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param

@@ -6,6 +6,8 @@ import pytest
 
 from benchmarks import report
 
+pytestmark = pytest.mark.repaid_builds  # the suites and the tour run as users run them
+
 
 def _row(suite, case, impl, t, **kw):
     return {"suite": suite, "case": case, "impl": impl, "dtype": "float32", "time_ms": t, "GBps": 1.0,

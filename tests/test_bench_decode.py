@@ -10,6 +10,8 @@ from benchmarks.harness import Ceilings, make_timer
 from benchmarks.suites import decode, pruned
 from benchmarks.suites.common import Context
 
+pytestmark = pytest.mark.repaid_builds  # the suites and the tour run as users run them
+
 CPU = torch.device("cpu")
 SMALL = replace(decode.TINY, hidden=128, heads=2, kv_heads=1, inner=256, context=16)
 

@@ -7,6 +7,8 @@ import pytest
 
 from conftest import DEVICES
 
+pytestmark = pytest.mark.repaid_builds  # the suites and the tour run as users run them
+
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
 DEVICE_LINE = 'device = "cuda" if torch.cuda.is_available() else "cpu"'
 

@@ -796,3 +796,57 @@ def test_sparse_linear_op_opcheck_and_gradcheck():
         for call in (lambda a: inference(a, layer._handle), lambda a: op(a, layer.values, layer._handle)):
             with pytest.raises(ValueError, match=r"x: expected \(N, 12\) of torch.float64"):
                 call(bad)
+
+
+def _calls_to_repay(form, pattern):
+    """The call at which the default policy builds ``form``: the first whose summed gains reach its cost."""
+    cost, gain = rule.build_cost(form, pattern), rule.gain(form, pattern)
+    paid, calls = 0.0, 0
+    while True:
+        calls += 1
+        paid += gain
+        if not paid < cost:
+            return calls
+
+
+@pytest.mark.repaid_builds
+def test_a_form_is_built_once_the_calls_that_want_it_repay_its_build():
+    """The default policy: buckets decided for the slot layout run dense (right results, nothing built)
+    until what their calls would have gained reaches the layout's build cost (one account per form, over
+    both buckets); the call that repays it builds it, and the bucket binds it."""
+    torch.manual_seed(21)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.7)
+    calls = _calls_to_repay("slots", layer._pattern())
+    assert calls > 3  # the model makes a 30%-dense slot layout wait (rule.py: ~300 calls)
+    for bucket in (4, 8):
+        tuning.tuner("linear").decide(layer._tuning_key(bucket), "slots")
+    xs = [torch.randn(7, 128).bfloat16(), torch.randn(3, 128).bfloat16()]
+    with torch.no_grad():
+        for i in range(calls - 1):
+            x = xs[i % 2]
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2
+            assert "slots" not in layer._derived.forms and layer.routes[lin._bucket(x.shape[0])] == "dense"
+        x = xs[(calls - 1) % 2]
+        y = layer(x)
+        assert "slots" in layer._derived.forms and layer.routes[lin._bucket(x.shape[0])] == "slots"
+        assert _rel(y, _ref(layer, x)) < 2e-2
+        assert _rel(layer(x), _ref(layer, x)) < 2e-2 and lin._bucket(x.shape[0]) in layer._derived.runners
+
+
+@pytest.mark.repaid_builds
+def test_forms_built_at_once_where_the_policy_does_not_apply():
+    """build_when_repaid=False, the inference op (what compiled code and CUDA graphs call), and a form with
+    no cost model (bitmap) each build the chosen form at its first call."""
+    torch.manual_seed(22)
+    x = torch.randn(7, 128).bfloat16()
+    for case in ("off", "op", "no model"):
+        st.clear_tuning()
+        layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=0.7)
+        form = "bitmap" if case == "no model" else "slots"
+        tuning.tuner("linear").decide(layer._tuning_key(8), form)
+        if case == "off":
+            layer.build_when_repaid = False
+        with torch.no_grad():
+            y = torch.ops.sparsetorch.sparse_linear_inference(x, layer._handle) if case == "op" else layer(x)
+        assert form in layer._derived.forms and layer.routes[8] == form, case
+        assert _rel(y, _ref(layer, x)) < 2e-2

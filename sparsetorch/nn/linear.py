@@ -9,8 +9,9 @@ for other half-precision weights, else the CSR. Token counts the stored form doe
 chunks) expand it to the dense weight for the call and free it after (``memory()["peak_transient"]``).
 
 **Choosing a form** per token-count bucket (powers of two) is the tuner's job (sparsetorch/tuning.py, the
-"linear" table): the first call of a bucket takes the rule (sparsetorch/pruned/rule.py), at the cost of one
-call plus building that form; later calls of an undecided bucket sample the forms the layer already holds,
+"linear" table): the first call of a bucket takes the rule (sparsetorch/pruned/rule.py); in eager inference
+a form not held yet is built once the calls that wanted it would have repaid its build, and they run dense
+until then (``build_when_repaid``); later calls of an undecided bucket sample the forms the layer already holds,
 as the real calls, timed without a sync, until one is decided. Decisions are keyed on the weight's
 signature (GPU, dtype, shape, pattern kind and density, epilogue) and shared by layers of that signature;
 they persist in the tuning cache file (``st.set_tuning_cache``). A bucket decided for the 2:4 (cuSPARSELt)
@@ -146,6 +147,8 @@ class _Derived:
         self.trained = False               # the values changed since the forms were built: keep refresh maps
         self.rules: Dict[int, str] = {}    # bucket -> the rule's form (an undecided bucket samples around it)
         self.exact: Dict[int, Any] = {}    # token count -> bound call of a decided bucket (the fast path)
+        self.rent: Dict[str, float] = {}   # form not built yet -> what it would have gained so far (dense calls)
+        self.renting: Dict[int, str] = {}  # bucket -> the form it runs dense for until that form repays its build
 
     def __getstate__(self):
         return {}
@@ -167,7 +170,15 @@ class SparseLinear(nn.Module):
     above; any pattern: the entries beyond 2 per group of 4 run as a CSR residual), ``"bitmap"``, ``"slots"``
     and ``"csr16"`` (bfloat16/float16) to force a form. ``backend`` is the SpMM route of the CSR form
     (``"auto"``: st.spmm's own tuning).
+
+    ``build_when_repaid`` (class attribute, or set on a layer; default True): in eager inference a form the
+    layer does not hold yet is built once it has repaid its build (the calls that wanted it run dense until
+    what it would have gained reaches its build cost; pruned/rule.py), so rare token counts never pay a
+    build that their few calls cannot repay. False: the chosen form is built at its first call (compiled
+    code and CUDA graphs always do this). ``prepare()`` builds what it decides at once either way.
     """
+
+    build_when_repaid = True
 
     def __init__(self, in_features: int, out_features: int, crow_indices: torch.Tensor,
                  col_indices: torch.Tensor, values: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -581,8 +592,9 @@ class SparseLinear(nn.Module):
         return _forms.build(name, self._pattern(), self.crow_indices, self.col_indices, self.values.detach(),
                             self.backend, keep_maps, held.weight if held is not None else None)
 
-    def _choose(self, x: torch.Tensor, bucket: int):
-        """(route, sample or None) for this call; sets the bucket's current choice."""
+    def _choose(self, x: torch.Tensor, bucket: int, rent: bool = False):
+        """(route, sample or None) for this call; sets the bucket's current choice. ``rent``: a form not
+        held yet is built only once it has repaid its build (_renting); until then the call runs dense."""
         derived = self._derived
         n = x.shape[0]
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -601,11 +613,18 @@ class SparseLinear(nn.Module):
             rule = self._rule(n)
             table = tuner("linear")
             decided = table.decided(key)
+            derived.rules[bucket] = rule
+            derived.renting.pop(bucket, None)
+            want = (decided or rule).partition("#")[0]
+            if rent and not capturing and self._renting(want):
+                derived.decided[bucket] = False
+                derived.renting[bucket] = want  # _run binds a call that pays the rent (_rent_runner)
+                derived.choices[bucket] = "dense"
+                return "dense", None
             if decided is not None:
                 route, sample = decided, None
             else:
                 route, sample = table.choose(key, list(self._candidates(n, rule)), rule, x.device)
-            derived.rules[bucket] = rule
             decided = table.decided(key) is not None
             derived.decided[bucket] = decided
         if capturing and route.partition("#")[0] not in derived.forms and route not in ("csr", "expand"):
@@ -613,6 +632,21 @@ class SparseLinear(nn.Module):
             route, sample = self._held_fallback(n), None
         derived.choices[bucket] = route.partition("#")[0]
         return route, sample
+
+    def _renting(self, name: str) -> bool:
+        """Whether this call runs dense because the form ``name``, not held yet, has not repaid its
+        build: each call that wants it adds what it would have gained (pruned/rule.py: build_cost, gain), and
+        it is built once that reaches its build cost. A form with no cost model is built at once."""
+        derived = self._derived
+        if name in derived.forms:
+            return False
+        pattern = self._pattern()
+        cost = _rule.build_cost(name, pattern)
+        if cost is None:
+            return False
+        paid = derived.rent.get(name, 0.0) + _rule.gain(name, pattern)
+        derived.rent[name] = paid
+        return paid < cost
 
     def _held_fallback(self, n: int) -> str:
         derived = self._derived
@@ -677,9 +711,11 @@ class SparseLinear(nn.Module):
 
         return call
 
-    def _run(self, x: torch.Tensor, bias_act: bool = True) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, bias_act: bool = True, rent: bool = False) -> torch.Tensor:
         """The forward on the chosen form, recording no gradient: x (N, in) -> (N, out). ``bias_act``: with
-        the layer's bias and activation (else the bare product, for the training path)."""
+        the layer's bias and activation (else the bare product, for the training path). ``rent``: forms are
+        built once they repay their build (the eager inference call; compiled code and CUDA graphs build the
+        chosen form at once, so that a capture after a warm-up holds it)."""
         derived = self._refresh()
         n = x.shape[0]
         bucket = _bucket(n)
@@ -688,7 +724,7 @@ class SparseLinear(nn.Module):
             if call is not None:
                 derived.exact[n] = call
                 return call(x)
-        route, sample = self._choose(x, bucket)
+        route, sample = self._choose(x, bucket, rent)
         call = self._runner(route, x, bucket, decided=sample is None) if bias_act else self._bare(route, x, bucket)
         if sample is None:
             y = call(x)
@@ -702,11 +738,33 @@ class SparseLinear(nn.Module):
                 raise
             sample.stop()
             tuner("linear").submit(self._tuning_key(bucket), route, sample)
-        if bias_act and derived.decided.get(bucket) and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            derived.runners[bucket] = call
-            derived.exact[n] = call
-            self._release_unused()
+        if bias_act and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            renting = derived.renting.get(bucket)
+            if renting is not None:  # bound too, so the calls that pay the rent take the fast path
+                call = self._rent_runner(bucket, renting, call)
+            if renting is not None or derived.decided.get(bucket):
+                derived.runners[bucket] = call
+                derived.exact[n] = call
+            if renting is None and derived.decided.get(bucket):
+                self._release_unused()
         return y
+
+    def _rent_runner(self, bucket: int, name: str, dense_call):
+        """The bound call of a bucket that runs dense until the form ``name`` repays its build (_renting):
+        each call pays its gain; the call that would repay it goes back through _run, which builds the form."""
+        derived = self._derived
+        pattern = self._pattern()
+        cost, gain = _rule.build_cost(name, pattern), _rule.gain(name, pattern)
+
+        def call(a):
+            if not derived.rent.get(name, 0.0) + gain < cost:
+                derived.runners = {b: c for b, c in derived.runners.items() if derived.renting.get(b) != name}
+                derived.exact = {}
+                return self._run(a, rent=True)
+            derived.rent[name] = derived.rent.get(name, 0.0) + gain
+            return dense_call(a)
+
+        return call
 
     def _bare(self, route: str, x: torch.Tensor, bucket: int):
         name, _, alg = route.partition("#")
@@ -832,7 +890,7 @@ class SparseLinear(nn.Module):
             self._require_csr("backward")
             y = _epilogue(self, torch.ops.sparsetorch.sparse_linear(x2, values, self._handle))
         else:
-            y = self._run(x2)
+            y = self._run(x2, rent=self.build_when_repaid)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def _forward_op(self, x2, values, bias, training):

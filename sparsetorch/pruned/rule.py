@@ -26,7 +26,8 @@ from typing import Dict, Optional
 
 import torch
 
-__all__ = ["first_choice", "timed_forms", "compact_form", "compact_choice", "COMPACT_STORED_MAX_TOKENS"]
+__all__ = ["first_choice", "timed_forms", "compact_form", "compact_choice", "COMPACT_STORED_MAX_TOKENS", "build_cost",
+           "gain"]
 
 _HALF = (torch.float16, torch.bfloat16)
 # A compact layer runs its stored form up to these token counts and a transient dense expansion above (one
@@ -69,6 +70,44 @@ def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> s
     if _ok(available, "slots") and ((n <= 8 and d <= 0.35) or (n <= 16 and d <= 0.15)):
         return "slots"
     return "dense"
+
+
+# Whether a form is worth its build (SparseLinear's eager inference calls, sparsetorch/nn/linear.py): a build
+# costs once, the form gains on each call, and the calls to come are unknown, so a bucket that wants a form
+# runs dense (the rent) until what the form would have gained on those calls reaches its build cost (then it
+# buys): never more than twice the cost of knowing the future. Both in calls of the dense weight at a few
+# tokens (memory-bound: flat up to ~64 tokens), fitted to H100 measurements (bf16, 14336 x 4096 at 70% per
+# row, 90% global and 2:4; docs/performance.md, the serving sequence's build pieces; dense 55 us):
+#   build   slots 3.2 ms at density 0.3, 1.4 ms at 0.1 (a sort); CSR16 0.40 / 0.23 ms; 2:4 decode from a
+#           2:4 pruning's CSR 0.83 ms (the pair-layout check and one kernel)
+#   gain    the times against dense in the module docstring (CSR16 0.29-0.37 at 90-95%, 0.65-0.71 at 70%,
+#           0.93-0.99 at 50%; slots 0.47-0.65 at 90-95%, 0.81-0.82 at 70% and 1-8 tokens; 2:4 decode 0.62-0.88)
+# At 70% per row the slot layout repays its build after ~300 calls, CSR16 after ~25; at 90% after ~60 and ~7;
+# 2:4 decode after ~60. Forms without an entry (bitmap; the 2:4 form, which waits for a repeated token count
+# itself) are built when first chosen.
+def _slots_build(d: float) -> float:
+    return 8.0 + 170.0 * d
+
+
+def _csr16_build(d: float) -> float:
+    return 2.6 + 15.5 * d
+
+
+_BUILD_COST = {"slots": _slots_build, "csr16": _csr16_build, "2:4 decode": lambda d: 15.0}
+_GAIN = {"slots": lambda d: 0.55 - 1.2 * d, "csr16": lambda d: 0.8 - 1.6 * d, "2:4 decode": lambda d: 0.25}
+MIN_GAIN = 0.02  # a form the rule or a measurement took gains something; never divide a build by nothing
+
+
+def build_cost(form: str, pattern) -> Optional[float]:
+    """What building ``form`` for ``pattern`` costs, in dense calls; None where no model is kept (built
+    when first chosen)."""
+    cost = _BUILD_COST.get(form)
+    return None if cost is None else cost(pattern.density)
+
+
+def gain(form: str, pattern) -> float:
+    """The fraction of a dense call ``form`` saves per call where it was chosen."""
+    return max(MIN_GAIN, _GAIN[form](pattern.density))
 
 
 def timed_forms(pattern, tokens: int, names):
