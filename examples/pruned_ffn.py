@@ -159,6 +159,7 @@ def main():
             acc_ft = accuracy(pruned, data)
             timed = st.nn.SparseLinear(hidden, hidden, layer.crow_indices, layer.col_indices,
                                        layer.values.detach().to(run_dtype), layer.bias.detach().to(run_dtype))
+            st.nn.prepare(timed, tokens, progress=False)  # every token count decided and built, as a server at load
             with torch.no_grad():
                 x = xs[tokens[-1]]
                 ref = x.double() @ timed.to_dense().double().t() + timed.bias.double()
