@@ -850,3 +850,47 @@ def test_forms_built_at_once_where_the_policy_does_not_apply():
             y = torch.ops.sparsetorch.sparse_linear_inference(x, layer._handle) if case == "op" else layer(x)
         assert form in layer._derived.forms and layer.routes[8] == form, case
         assert _rel(y, _ref(layer, x)) < 2e-2
+
+
+def test_steady_fast_path_runs_only_what_the_layer_now_holds():
+    """Once a token count is bound, the fast path runs it only while x and the state tensors are what it was
+    bound for: another dtype raises, in-place and .data changes of values or indices (even set behind the
+    module's back), x requiring grad, a 3-D x and a compact layer's changed stored tensors all give what the
+    layer now computes."""
+    torch.manual_seed(23)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(32, 16), sparsity=0.6)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            layer(x)
+        assert 4 in layer._derived.exact and layer._derived.check is not None
+        with pytest.raises(TypeError, match="x: expected dtype"):
+            layer(x.double())
+        layer.values.mul_(2.0)
+        assert _rel(layer(x), _ref(layer, x)) < 1e-5
+        layer.values.data = layer.values.data * -1.0  # a new address, no version bump
+        assert _rel(layer(x), _ref(layer, x)) < 1e-5
+        col = layer.col_indices.clone()
+        k = int(layer.crow_indices[1])
+        col[:k] = torch.arange(32 - k, 32)  # row 0's entries moved to the last k columns (sorted, unique)
+        assert k > 0 and not torch.equal(col, layer.col_indices)
+        layer._buffers["col_indices"] = col  # replaced without __setattr__
+        assert _rel(layer(x), _ref(layer, x)) < 1e-5
+        assert _rel(layer(x.reshape(2, 2, 32)).reshape(4, 16), _ref(layer, x)) < 1e-5
+    xg = x.clone().requires_grad_(True)
+    y = layer(xg)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert xg.grad is not None and layer.values.grad is not None
+    with torch.no_grad():
+        compact = copy.deepcopy(layer).compact()
+        for _ in range(3):
+            compact(x)
+        before = compact(x).clone()
+        stored = next(iter(compact._stored_buffers().values()))
+        if stored.is_floating_point():
+            stored.mul_(2.0)
+        else:
+            vals = [t for t in compact._stored_buffers().values() if t.is_floating_point()][0]
+            vals.mul_(2.0)
+        assert _rel(compact(x), 2 * before - layer.bias) < 1e-5  # the weight doubled, not the bias
