@@ -894,3 +894,79 @@ def test_steady_fast_path_runs_only_what_the_layer_now_holds():
             vals = [t for t in compact._stored_buffers().values() if t.is_floating_point()][0]
             vals.mul_(2.0)
         assert _rel(compact(x), 2 * before - layer.bias) < 1e-5  # the weight doubled, not the bias
+
+
+def _slots_decided_layer(seed=24, sparsity=0.7):
+    torch.manual_seed(seed)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=sparsity)
+    tuning.tuner("linear").decide(layer._tuning_key(8), "slots")
+    return layer
+
+
+@pytest.mark.repaid_builds
+def test_renting_survives_grad_calls_compiled_calls_and_prepare():
+    """A renting bucket's bound call gives way: to a grad-recording call of a frozen layer (then no-grad
+    calls run on to the build, no recursion), to the inference op (it builds at once, as compiled code
+    must), and to prepare(), which builds what it decides, for every layer of a shared signature too."""
+    x = torch.randn(7, 128).bfloat16()
+    calls = _calls_to_repay("slots", _slots_decided_layer()._pattern())
+    st.clear_tuning()
+    frozen = _slots_decided_layer().requires_grad_(False)
+    with torch.no_grad():
+        frozen(x)
+    frozen(x.clone().requires_grad_(True)).sum().backward()
+    with torch.no_grad():
+        for _ in range(calls + 2):
+            assert _rel(frozen(x), _ref(frozen, x)) < 2e-2
+    assert "slots" in frozen._derived.forms and frozen.routes[8] == "slots"
+
+    st.clear_tuning()
+    layer = _slots_decided_layer()
+    with torch.no_grad():
+        layer(x)
+        assert "slots" not in layer._derived.forms
+        y = torch.ops.sparsetorch.sparse_linear_inference(x, layer._handle)
+        assert "slots" in layer._derived.forms and _rel(y, _ref(layer, x)) < 2e-2
+        assert _rel(layer(x), _ref(layer, x)) < 2e-2 and layer.routes[8] == "slots"  # eager takes the held form
+
+    st.clear_tuning()
+    torch.manual_seed(25)
+    base = torch.nn.Linear(128, 64).bfloat16()
+    model = torch.nn.Sequential(*[st.nn.SparseLinear.from_dense(base, sparsity=0.7) for _ in range(3)])
+    with torch.no_grad():
+        for m in model:
+            m(x)  # bucket 8: the rule's dense on this CPU
+        tuning.tuner("linear").decide(model[0]._tuning_key(8), "slots")
+        for m in model:
+            m(x)  # a decision from another process: slots, rented
+        assert all("slots" not in m._derived.forms for m in model)
+        st.clear_tuning()
+        got = st.nn.prepare(model, [8], progress=False)
+        assert len({tuple(v.items()) for v in got.values()}) == 1  # one signature, one decision
+        chosen = got["0"][8]
+        for m in model:
+            assert chosen in m._derived.forms and not m._derived.renting and m.routes[8] == chosen
+            assert _rel(m(x), _ref(m, x)) < 2e-2 and m.routes[8] == chosen
+
+
+def test_a_used_layer_is_freed_without_the_cycle_collector():
+    """Neither the fast path's check nor a renting bucket's bound call holds the layer: deleting the last
+    reference frees it (and its forms) at once."""
+    import gc
+    import weakref
+
+    x = torch.randn(7, 128).bfloat16()
+    for repaid in (False, True):
+        layer = _slots_decided_layer()
+        layer.build_when_repaid = repaid
+        with torch.no_grad():
+            for _ in range(3):
+                layer(x)
+        assert layer._derived.check is not None and (repaid == ("slots" not in layer._derived.forms))
+        ref = weakref.ref(layer)
+        gc.disable()
+        try:
+            del layer
+            assert ref() is None, repaid
+        finally:
+            gc.enable()

@@ -174,8 +174,9 @@ class SparseLinear(nn.Module):
     ``build_when_repaid`` (class attribute, or set on a layer; default True): in eager inference a form the
     layer does not hold yet is built once it has repaid its build (the calls that wanted it run dense until
     what it would have gained reaches its build cost; pruned/rule.py), so rare token counts never pay a
-    build that their few calls cannot repay. False: the chosen form is built at its first call (compiled
-    code and CUDA graphs always do this). ``prepare()`` builds what it decides at once either way.
+    build that their few calls cannot repay; meanwhile the layer holds its dense weight, and a CUDA graph
+    captured after eager calls holds dense where a bucket still rents (``prepare()`` first). False: the
+    chosen form is built at its first call, as compiled code (the op) and ``prepare()`` always do.
     """
 
     build_when_repaid = True
@@ -233,7 +234,7 @@ class SparseLinear(nn.Module):
 
     # Setting what a bound call captured (the epilogue, the format, the state tensors) drops the fast path.
     _CAPTURED = frozenset({"activation", "negative_slope", "format", "backend", "values", "bias", "crow_indices",
-                           "col_indices"})
+                           "col_indices", "build_when_repaid"})
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
@@ -266,8 +267,14 @@ class SparseLinear(nn.Module):
         if stamp is None:
             return
         dtype, in_f, grad_enabled = self._dtype, self.in_features, torch.is_grad_enabled
+        params, buffers = self._parameters, self._buffers  # the module's dicts, read live (no reference to it)
+
+        def records_grad(x) -> bool:
+            values, bias = params.get("values"), params.get("bias")
+            return grad_enabled() and (x.requires_grad or (values is not None and values.requires_grad)
+                                       or (bias is not None and bias.requires_grad))
+
         if self.stored_format is None and len(stamp) == 3:
-            params, buffers = self._parameters, self._buffers
             (v, v_version, v_ptr), (crow, crow_version, crow_ptr), (col, col_version, col_ptr) = stamp
 
             def check(x):
@@ -275,17 +282,15 @@ class SparseLinear(nn.Module):
                         and params["values"] is v and buffers["crow_indices"] is crow and buffers["col_indices"] is col
                         and v._version == v_version and crow._version == crow_version and col._version == col_version
                         and v.data_ptr() == v_ptr and crow.data_ptr() == crow_ptr and col.data_ptr() == col_ptr
-                        and not (grad_enabled() and (x.requires_grad or self._param_requires_grad())))
+                        and not records_grad(x))
         else:
-            state = self._state_tensors
+            keys = tuple(k for k in buffers if k.startswith("stored_") and k != "stored_summary")
 
             def check(x):
                 if x.dtype != dtype or x.dim() != 2 or x.shape[1] != in_f:
                     return False
-                now = state()
-                if len(now) != len(stamp) or not _same_tensors(stamp, now):
-                    return False
-                return not (grad_enabled() and (x.requires_grad or self._param_requires_grad()))
+                now = tuple(buffers.get(k) for k in keys)
+                return _same_tensors(stamp, now) and not records_grad(x)
 
         derived.check = check
 
@@ -575,7 +580,7 @@ class SparseLinear(nn.Module):
         bucket = _bucket(n)
         out = [rule]
         for neighbour in (bucket // 2, bucket * 2):
-            name = derived.choices.get(neighbour)
+            name = derived.choices.get(neighbour) if neighbour not in derived.renting else None
             if name is not None and name not in out and name in derived.forms and available.get(name) is None:
                 out.append(name)
         return out
@@ -646,7 +651,9 @@ class SparseLinear(nn.Module):
             table = tuner("linear")
             decided = table.decided(key)
             derived.rules[bucket] = rule
-            derived.renting.pop(bucket, None)
+            if derived.renting.pop(bucket, None) is not None:  # its bound rent call goes with it
+                derived.runners.pop(bucket, None)
+                derived.exact = {}
             want = (decided or rule).partition("#")[0]
             if rent and not capturing and self._renting(want):
                 derived.decided[bucket] = False
@@ -746,14 +753,14 @@ class SparseLinear(nn.Module):
     def _run(self, x: torch.Tensor, bias_act: bool = True, rent: bool = False) -> torch.Tensor:
         """The forward on the chosen form, recording no gradient: x (N, in) -> (N, out). ``bias_act``: with
         the layer's bias and activation (else the bare product, for the training path). ``rent``: forms are
-        built once they repay their build (the eager inference call; compiled code and CUDA graphs build the
-        chosen form at once, so that a capture after a warm-up holds it)."""
+        built once they repay their build (the eager inference call); without it (the ops: compiled code,
+        training) the chosen form is built at once, and a bucket's bound rent call is passed by."""
         derived = self._refresh()
         n = x.shape[0]
         bucket = _bucket(n)
         if bias_act:
             call = derived.runners.get(bucket)
-            if call is not None:
+            if call is not None and (rent or not getattr(call, "renting", False)):
                 derived.exact[n] = call
                 return call(x)
         route, sample = self._choose(x, bucket, rent)
@@ -783,19 +790,24 @@ class SparseLinear(nn.Module):
 
     def _rent_runner(self, bucket: int, name: str, dense_call):
         """The bound call of a bucket that runs dense until the form ``name`` repays its build (_renting):
-        each call pays its gain; the call that would repay it goes back through _run, which builds the form."""
+        each call pays its gain; the call that would repay it (or that finds the form built meanwhile, by
+        prepare() or a compiled call) drops the bound calls of every bucket renting ``name`` and goes back
+        through _run, which builds or takes the form. Holds the layer weakly (no reference cycle)."""
         derived = self._derived
         pattern = self._pattern()
         cost, gain = _rule.build_cost(name, pattern), _rule.gain(name, pattern)
+        layer = weakref.ref(self)
 
         def call(a):
-            if not derived.rent.get(name, 0.0) + gain < cost:
-                derived.runners = {b: c for b, c in derived.runners.items() if derived.renting.get(b) != name}
+            if name in derived.forms or not derived.rent.get(name, 0.0) + gain < cost:
+                derived.runners = {b: c for b, c in derived.runners.items()
+                                   if b != bucket and derived.renting.get(b) != name}
                 derived.exact = {}
-                return self._run(a, rent=True)
+                return layer()._run(a, rent=True)
             derived.rent[name] = derived.rent.get(name, 0.0) + gain
             return dense_call(a)
 
+        call.renting = True
         return call
 
     def _bare(self, route: str, x: torch.Tensor, bucket: int):
@@ -862,12 +874,23 @@ class SparseLinear(nn.Module):
                     continue
                 best = min(times, key=times.get)
                 tuner("linear").decide(self._tuning_key(bucket), best, times)
-                derived.choices[bucket] = best.partition("#")[0]
-                derived.decided[bucket] = True
-                derived.runners.pop(bucket, None)
-                result[bucket] = best.partition("#")[0]
+                result[bucket] = self._take_decision(bucket, best, device)
         self._release_unused()
         return result
+
+    def _take_decision(self, bucket: int, route: str, device: torch.device) -> str:
+        """A bucket decided now (prepare): its form built and held (a training-mode layer), any call bound to
+        the bucket dropped (it is bound again on its next call), no rent left to pay. Returns the form."""
+        derived = self._derived
+        name = route.partition("#")[0]
+        if self.stored_format is None:
+            self._form(name, device)
+        derived.choices[bucket] = name
+        derived.decided[bucket] = True
+        derived.renting.pop(bucket, None)
+        derived.runners.pop(bucket, None)
+        derived.exact = {}
+        return name
 
     def _all_candidates(self, n: int) -> Sequence[str]:
         if self.stored_format is not None:
@@ -1145,15 +1168,16 @@ def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, p
     done, out, start = set(), {}, time.perf_counter()
     for i, (name, layer) in enumerate(layers):
         sig = layer._tuning_key(0)[:-1]
-        if sig in done:
+        if sig in done:  # decided by a layer of the same signature: this one builds the forms it takes
             layer._refresh()
             out[name] = {}
-            for n in sorted({_bucket(int(c)) for c in (token_counts or DEFAULT_TOKEN_COUNTS) if int(c) > 0}):
-                decided = tuner("linear").decided(layer._tuning_key(n))
-                if decided is not None:
-                    layer._derived.choices[n] = decided.partition("#")[0]
-                    layer._derived.decided[n] = True
-                    out[name][n] = decided.partition("#")[0]
+            device = layer.stored_buffer_device() if layer.stored_format else layer.values.device
+            with torch.no_grad():
+                for n in sorted({_bucket(int(c)) for c in (token_counts or DEFAULT_TOKEN_COUNTS) if int(c) > 0}):
+                    decided = tuner("linear").decided(layer._tuning_key(n))
+                    if decided is not None:
+                        out[name][n] = layer._take_decision(n, decided, device)
+            layer._release_unused()
         else:
             out[name] = layer.prepare(token_counts, budget_ms=budget_ms)
             done.add(sig)
