@@ -71,6 +71,8 @@ def linear_rows(out_f, in_f, sparsity, dtype, widths, variants, label):
         for variant in variants:
             fmt, _, backend = variant.partition(":")
             layer = st.nn.SparseLinear.from_dense(dense, sparsity=sparsity, format=fmt, backend=backend or "auto")
+            if fmt == "auto":
+                layer.prepare([n])  # decided and built before timing (eager calls would build once repaid)
             fwd, train = fwd_and_train(layer, (x,), list(layer.parameters()))
             out = fwd()
             if reference is None:
