@@ -91,7 +91,7 @@ TORCH_LIBRARY(sparsetorch, m) {
       "float alpha=1., float beta=0., Tensor? bias=None, str activation=\"none\", "
       "float negative_slope=0.01, str backend=\"auto\", bool validate=True) -> ()");
   // spmm of one unbatched float32 A given twice: as CSR and in the 8-row strip layout SpmmPlan
-  // builds from it (common/blocked_layout.h, sparsetorch/_blocked.py), which the product runs on.
+  // builds from it (common/blocked_layout.h, sparsetorch/pruned/blocked.py), which the product runs on.
   // The CSR serves the checks, autograd and a B holding NaN/Inf (recomputed on the CSR so that
   // structural zeros stay zeros). The layout must be the one built from this CSR.
   m.def(

@@ -1,5 +1,5 @@
 // The bitmap-tile layout of a pruned weight W (out_features x in_features), made for tensor cores
-// ("load as sparse, compute as dense", after Flash-LLM and SpInfer's TCA-BME). sparsetorch/_bitmap.py
+// ("load as sparse, compute as dense", after Flash-LLM and SpInfer's TCA-BME). sparsetorch/pruned/bitmap.py
 // writes it; cpu/bitmap_cpu.cpp and cuda/bitmap_linear.cu read it. No torch here: the CUDA kernel's
 // header (cuda/bitmap_kernel.cuh) includes this from a standalone benchmark too.
 //

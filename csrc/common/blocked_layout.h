@@ -1,4 +1,4 @@
-// The strip layout of A that SpmmPlan builds for the "blocked" route (sparsetorch/_blocked.py writes
+// The strip layout of A that SpmmPlan builds for the "blocked" route (sparsetorch/pruned/blocked.py writes
 // it; cpu/spmm_blocked_cpu.cpp and cuda/spmm_blocked.cu read it).
 //
 // Rows are taken eight at a time (a "strip") and each strip as four pairs of rows. For every column
@@ -50,7 +50,7 @@ constexpr int pattern_pairs(int pattern) {
 // with A (m, k) given as CSR and in the strip layout above, dense (k, n): check_spmm_args on the CSR
 // (one unbatched matrix, float32), then O(1) checks of the layout against it (dtypes, devices, dims,
 // run_ptr's shape for m and k). Its contents are not re-validated per call on CUDA
-// (sparsetorch/_blocked.py builds it; the kernel clamps what it reads to the arrays and to its
+// (sparsetorch/pruned/blocked.py builds it; the kernel clamps what it reads to the arrays and to its
 // shared-memory stages, so a bad layout gives a wrong product, never a fault); the CPU kernel checks
 // them. ValueError / TypeError naming the argument. Returns the CSR's problem.
 SpmmProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,

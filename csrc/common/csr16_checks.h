@@ -1,5 +1,5 @@
 // The CSR16 layout of a pruned bf16/fp16 weight W (out_features x in_features) and the argument checks of
-// csr16_linear, shared by the CPU and CUDA kernels. sparsetorch/_csr16.py writes the layout.
+// csr16_linear, shared by the CPU and CUDA kernels. sparsetorch/pruned/csr16.py writes the layout.
 //
 // CSR16 is W's CSR with each entry packed into one 32-bit word: the value's 16 bits (bf16 or fp16) in the
 // high half, its column in the low half (in_features <= 65535: the CUDA kernel's filler entries use

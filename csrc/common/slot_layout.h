@@ -12,7 +12,7 @@
 // shared tile (one store per value, no decoding) and reads each lane's 16 A registers back as four 16-byte
 // loads; a lane's B fragments for the four steps are x[token][16 t .. 16 t + 15] of the chunk.
 // 4 bytes per nonzero (18 MB for 11008 x 4096 at 90% sparsity; bitmap 14.8 MB, dense bf16 90 MB), read as
-// one coalesced stream. sparsetorch/_slots.py writes the layout; cpu/slot_cpu.cpp and cuda/slot_linear.cu
+// one coalesced stream. sparsetorch/pruned/slots.py writes the layout; cpu/slot_cpu.cpp and cuda/slot_linear.cu
 // read it.
 //
 // The banded variant (for weights of many strips: chosen when the weight is built, passed to the op as
@@ -24,7 +24,7 @@
 //    words a lane reads back are 32 apart and the read-and-zero is one conflict-free atomic exchange per
 //    word instead of a 16-byte load and a 16-byte store.
 // (Measured in a harness, H100, 11008 x 4096, 90%, N = 16: 27.8 -> 22.4 us; on 4096 x 11008, with half as
-// many work units as strips, the variant costs 2-12%: benchmarks/results/nvidia-h100-80gb-hbm3/slots_l1_diagnosis@a742d0f.)
+// many work units as strips, the variant costs 2-12%; the record: docs/history.md, pruned-weight kernels.)
 #pragma once
 
 #include <cstdint>

@@ -31,7 +31,7 @@ bool is_half(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // --- measured thresholds (docs/routing.md has the tables they come from) ----------------------
 
 // Densify (A expanded on the GPU + one cuBLAS GEMM) above a density that falls with the width of B.
-// H200, uniform 4096 x 4096 (benchmarks/results/h200/spmm_densify_cuda.txt@a742d0f): densify over the best
+// H200, uniform 4096 x 4096 (`python -m benchmarks --suites density`; docs/history.md): densify over the best
 // sparse route crosses 1.0x at about 3.5% / 2% / 1% (bf16, fp16) at n = 64 / 256 / 1024, 17% / 12% / 10%
 // in fp32, 8% / 5.5% / 4% in fp64. The thresholds sit above those; A needs 2^20 positions (below,
 // launch overheads decide) and its dense copy at most kDensifyMaxBytes.
@@ -60,15 +60,15 @@ bool densify_density_reached(const SpmmProblem& p, at::ScalarType dtype, double 
 constexpr double kDensifyTuningMargin = 4.0;
 
 // Tiled (B through shared memory) for long rows and wide B. H200, 4096 x 4096 row-pruned, B 4096 x
-// 1024 (benchmarks/results/h200/spmm_tiled_cuda.txt@a742d0f): fp32 tiled 1.23x cuSPARSE / 1.41x native at 820
+// 1024 (docs/history.md, SpMM routes): fp32 tiled 1.23x cuSPARSE / 1.41x native at 820
 // entries per row, 0.83x / 0.90x at 410; bf16 1.06x native at 1229, 0.98x at 1024.
 constexpr int64_t kTiledMinN = 1024;
 constexpr int64_t kTiledMinRowLength = 640;
 constexpr int64_t kTiledMinRowLengthHalf = 1280;
 
-// The rules below come from the skew suite of the main job on an H100 (benchmarks/results/
-// nvidia-h100-80gb-hbm3-skew: every route on 20 matrices x n = 1, 32, 128 x fp32, bf16) and from the
-// split route's sweep (benchmarks/results/h100/spmm_skew_cuda.txt@a742d0f). They pick the first call's route;
+// The rules below come from the skew suite of the main job on an H100 (`python -m benchmarks --suites skew`:
+// every route on 20 matrices x n = 1, 32, 128 x fp32, bf16) and from the split route's sweep (docs/history.md,
+// SpMM routes). They pick the first call's route;
 // "auto" tunes the route per matrix signature online (csrc/cuda/spmm_autotune.cu, docs/tuning.md).
 //
 // Skew: the row-group kernel ("native") gives each row to one group of lanes, so it waits on the

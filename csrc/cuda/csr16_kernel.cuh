@@ -1,8 +1,8 @@
 // The CUDA kernel of csr16_linear: y = act(x @ W^T + bias) for a pruned bf16/fp16 weight W in "CSR16"
 // (common/csr16_checks.h: CSR whose entries are 32-bit words, the value's 16 bits over a 16-bit column),
 // on CUDA cores with fp32 accumulation, for few tokens (the layer times it against the bitmap tensor-core
-// kernel and the dense weight). Torch-free, so the standalone harness benchmarks/bitmap_kernel_bench.cu@a742d0f
-// can include it; cuda/csr16_linear.cu is the op.
+// kernel and the dense weight). Torch-free, so a standalone harness can include it (docs/history.md keeps the
+// one that measured it); cuda/csr16_linear.cu is the op.
 //
 // Why CUDA cores: at high sparsity and N <= 16 the tensor-core bitmap kernel spends its issue slots on
 // decoding positions (a 16 x 64 group costs ~300-400 warp instructions whatever it holds; ncu, H100), while

@@ -15,7 +15,7 @@
 // destroyed: at process exit the CUDA context may be gone). Plans are keyed by everything cuSPARSELt bakes
 // into one (device, dtype, m, k, N, whether C is read, the bias address, the algorithm) and kept in an LRU
 // of kMaxPlans, so a steady-state call is a hash lookup, a workspace from the caching allocator and
-// cusparseLtMatmul on the current stream. The layer (sparsetorch/_sparse24.py) keeps the compressed weight
+// cusparseLtMatmul on the current stream. The layer (sparsetorch/pruned/sparse24.py) keeps the compressed weight
 // and, per token-count bucket, the algorithm code sparse24_search found.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>

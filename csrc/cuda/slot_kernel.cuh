@@ -31,10 +31,10 @@
 // tiles): each chunk's x fragments are loaded once into registers for both groups, into two accumulator
 // sets, and the tile is read back and zeroed by atomic exchanges of its lane-consecutive words. At N <= 16
 // on a weight of many strips x's per-group fragments are a quarter and the tile reset a tenth of the
-// plain kernel's time, bound by L1 wavefronts (slots_l1_diagnosis in the results). Measured, H100, 90%
-// (benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded@a742d0f): 11008 x 4096 N = 16 29.3 -> 24.7 us, N = 32 on
+// plain kernel's time, bound by L1 wavefronts (docs/history.md, pruned-weight kernels). Measured, H100, 90%
+// (docs/history.md, pruned-weight kernels): 11008 x 4096 N = 16 29.3 -> 24.7 us, N = 32 on
 // 8192 x 4096 34.8 -> 23.2; with half as many work units it is slower where strips are few (4096 x 11008
-// N = 16 26.9 -> 29.6), so the layout is chosen per weight (sparsetorch/_slots.py).
+// N = 16 26.9 -> 29.6), so the layout is chosen per weight (sparsetorch/pruned/slots.py).
 //
 // Bounds: offsets are clamped to [0, nnz] and made non-decreasing as read (the group walk also caps a group
 // at 1024 entries), the slots masked to 0 .. 1023: whatever the layout holds, every access stays in bounds

@@ -1,6 +1,6 @@
 // y = act(x @ W^T + bias) for a 2:4-pruned bf16/fp16 weight W (M x K) and few tokens x (N x K, N <= 64),
 // on the 2:4 sparse tensor cores (mma.sp m16n8k32, fp32 sums), for LLM decode. Torch-free: the standalone
-// probe (git show 44a0bee:benchmarks/probes_48/sp24_cluster/) and the op include it. The packed format is made by
+// probe that tuned it (docs/history.md, pruned-weight kernels) and the op include it. The packed format is made by
 // sparsetorch/pruned/sparse24_decode.py (pack_sparse24_decode), which also emulates this file's register
 // mapping on the CPU (unpack_sparse24_decode).
 //
@@ -51,7 +51,7 @@
 // The loop: A double-buffered in registers, one step (RT * U 16-byte loads per lane,
 // ld.global.nc.L1::no_allocate) issued before the mma of the previous one. A second design (the weight through
 // a per-warp cp.async ring in shared memory, x fragments reused over 4 row tiles) was slower at every N on the
-// H100 (41.5 against 32.7 us at N = 1; docs/performance.md) and is in git history (0eef7c7).
+// H100 (41.5 against 32.7 us at N = 1; docs/history.md keeps it).
 //
 // Bounds: row tiles past M/16 are clamped for loading and never written; tokens >= N read zeros from the
 // staged x and are never written; x columns >= K are staged as zeros. The packed arrays must be exactly
@@ -491,8 +491,8 @@ inline cudaError_t launch_planned(const Plan& pl, const Params& prm, cudaStream_
 }
 
 #ifndef SPARSE24_DECODE_ALL_CONFIGS
-// The library build compiles what plan() and library_config() can pick: RT 1/2 x U 4/8. The probe (git show
-// 44a0bee:benchmarks/probes_48/sp24_cluster/) defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and RT = 4.
+// The library build compiles what plan() and library_config() can pick: RT 1/2 x U 4/8. The probe (docs/history.md)
+// defines SPARSE24_DECODE_ALL_CONFIGS to also compile U = 2 and RT = 4.
 #define SPARSE24_DECODE_ALL_CONFIGS 0
 #endif
 

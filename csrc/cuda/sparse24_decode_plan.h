@@ -135,7 +135,7 @@ inline Plan plan(int m, int n, int k, int sms, const Config& cfg) {
 // 2026-11-28, U = 8 against 4 on wide weights, N = 1 / 16: 4096 x 14336 29.8 / 33.4 against 32.0 / 35.2 us,
 // 4096 x 11008 24.6 / 27.7 against 26.8 / 29.5, 1024 x 4096 9.3 / 9.8 against 10.8 / 11.3). Without clusters
 // U = 8 for tall weights (m >= k), 4 for wide ones (2026-11-27: 4096 x 14336 at N = 16, 46.0 against 60.4 us).
-// H100, 14336 x 4096 / 4096 x 14336 bf16 (git show 44a0bee:benchmarks/probes_48/sp24_cluster/sweep.py):
+// H100, 14336 x 4096 / 4096 x 14336 bf16 (the probe's sweep, docs/history.md):
 // N = 16 from 45.8 / 46.6 us to 36.5 / 36.8, N = 8 from 38.0 / 38.6 to 33.4 / 34.6, N = 1 from 33.5 / 34.4 to
 // 32.2 / 33.1. cluster: the loaded kernel has the cluster path (compiled for sm_90, device_code.h) -- not the
 // device's capability: a compute_80 build JIT-compiled on an H100 has none. The x slice stays within the

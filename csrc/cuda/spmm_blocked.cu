@@ -16,7 +16,7 @@
 // and two float4 of the B row, then per stored pair one float2 (broadcast) and 16 FMAs. When the
 // output has fewer thread blocks than the GPU has SMs (B narrow, A short), the chunks are split
 // among up to 8 thread blocks per output tile and their partial products summed after.
-// Measured on the H200 (benchmarks/results/h200/spmm_blocked_cuda.txt@a742d0f, NOTES.md "The blocked route"):
+// Measured on the H200 (docs/history.md, SpMM routes):
 // 4096 x 4096 @ 4096 x 1024 at 25% density 591 us per call = 1.16x cuBLAS SGEMM, 70% of its
 // shared-memory bound (9 wavefronts per block + 1 per pair per 256 columns); n = 256 (4 splits)
 // 1.09x. What limits it: ~10% waiting at the per-chunk barrier for the busiest strip.

@@ -3,7 +3,7 @@
 // Where A holds more than a few percent of its positions, tensor-core GEMM outruns any gather-based
 // kernel: 4096 x 4096 at 10% @ 4096 x 1024 in bf16 is 46 us as a dense GEMM on the H200 against
 // 513 us for the row-group kernel and 727 us for torch.sparse.mm
-// (benchmarks/results/h200/spmm_tiled_cuda.txt@a742d0f). What keeps this a sparse product:
+// (docs/history.md, SpMM routes). What keeps this a sparse product:
 //  - the values are summed per position in fp32 (fp64 for doubles) in shared memory, so repeated
 //    columns count once each, and the GEMM accumulates in fp32 with TF32 and reduced-precision
 //    split-K reductions off: the result differs from the other routes by rounding only;
@@ -49,7 +49,7 @@ struct DensifyArgs {
 // that sum is the only non-determinism of the route), then the chunk is stored VEC elements at a time
 // (VEC sums = 16 bytes of shared memory per lane).
 // Each thread loads up to kEntriesInFlight entries before adding them (one round of loads per row).
-// H200, 4096 x 4096 bf16 at 10% (benchmarks/results/h200/prof_densify.txt@a742d0f): 25.6 us per call with 256
+// H200, 4096 x 4096 bf16 at 10% (a profile; docs/history.md): 25.6 us per call with 256
 // threads and one load per thread per round, 22.8 us as below, 18.9 us with 16-byte shared accesses;
 // fp32 at 0.2%: 38.7 -> 24.5 us (64 MB written, 2.6 TB/s). ncu: L1/shared 80% busy, DRAM 12% (the
 // dense A stays in L2 for the GEMM). Entries with a column outside [0, k) are skipped and row spans

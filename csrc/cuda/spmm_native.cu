@@ -22,7 +22,7 @@ namespace {
 constexpr int kThreads = 256;
 // B rows loaded before their FMAs, per group: 4 for groups of 8 and 16 lanes (narrow B, latency
 // bound). Groups of 32 (n >= 128 fp32) load one at a time: with 4 the random 100k graph got 10-20%
-// slower at n = 128..512 on the H200 (measured with benchmarks/spmm_graphs_cuda.py@a742d0f).
+// slower at n = 128..512 on the H200 (`python -m benchmarks --suites graphs` measures it).
 template <int GROUP>
 constexpr int in_flight() {
   return GROUP == 32 ? 1 : 4;

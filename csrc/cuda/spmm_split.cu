@@ -60,7 +60,7 @@ constexpr int kThreads = 256;
 constexpr int kInFlight = 4;      // B rows loaded before their FMAs, per group
 // Entries each lane loads per chunk (a chunk is GROUP * kPerLane entries). 2 rather than 4: the
 // prefetched chunk then fits in registers beside the gathers (4 spilled it at 64 registers); on the
-// H100 fp32 was 3-7% faster, bf16 within 1.5% (benchmarks/NOTES.md@a742d0f, "Entry-split SpMM, streamed").
+// H100 fp32 was 3-7% faster, bf16 within 1.5% (docs/history.md, SpMM routes: split).
 constexpr int kPerLane = 2;
 constexpr int kSmallPieces = 16;  // cut rows of up to this many pieces are summed by one group, longer by a block
 
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     // aligned load each for columns and values), the next chunk loaded while this one's B rows are
     // gathered, kInFlight at a time. A row change inside the stream is a flush and a shuffle of the
     // row window. On the H100 this was 1.6-3x faster than walking row by row with a (column, value)
-    // load per row after the row's gathers (benchmarks/NOTES.md@a742d0f, "Entry-split SpMM, streamed").
+    // load per row after the row's gathers (docs/history.md, SpMM routes: split).
     LaneEntries<scalar_t, index_t> next;
     next.load(a.col + col_at, a.values + val_at, kPerLane * lane, p_avail, s.entries_aligned);
     for (int p0 = 0; p0 < p_stop; p0 += kChunk) {
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Benchmark knobs (benchmarks/spmm_skew_cuda.py@a742d0f sweeps them; 0 or unset: the rules below):
+// Benchmark knobs (a sweep sets them, docs/history.md; 0 or unset: the rules below):
 // SPARSETORCH_SPLIT_LANES forces the lanes per group (8, 16 or 32, i.e. the column tile),
 // SPARSETORCH_SPLIT_UNIT the entries per unit; SPARSETORCH_SPLIT_OFFSETS=64 the 64-bit offsets (the tests'
 // way to run the path of problems over 2^31 elements).
@@ -414,7 +414,7 @@ int64_t env_knob(const char* name) {
 }
 
 // Lanes per group: the fewest (4, 8, 16, 32) covering B's width in 16-byte vectors. Measured on the
-// H100 (benchmarks/results/h100/spmm_skew_cuda_v1.txt@a742d0f, sweep, power-law 100k and 1M): narrower
+// H100 (the split route's sweep, docs/history.md; power-law 100k and 1M): narrower
 // groups, more column tiles, were 1.09-2.44x slower at n = 128 and 256; wider ones (idle lanes)
 // 1.26-1.96x slower at n = 32. Groups of 4 (n <= 16 in fp32, <= 32 in bf16/fp16) put twice as many
 // units in flight per warp as groups of 8 with half their lanes idle.
@@ -545,7 +545,7 @@ void spmm_split(const SpmmProblem& p, const at::Tensor& crow, const at::Tensor& 
   if (epi.is_identity()) return product_into(out);
   // Any other epilogue is a second pass over out, as on the cuSPARSE route. Fused into the stream,
   // where a row can end at any entry, its code made the kernel 1.7x (fp32) to 4.4x (bf16) slower than
-  // the product alone on the H100 (benchmarks/NOTES.md@a742d0f, "Entry-split SpMM, streamed"), many times
+  // the product alone on the H100 (docs/history.md, SpMM routes: split), many times
   // the pass's cost. With an accumulate (which may be out itself) the product goes to a scratch of
   // our own, scaled in place, then out = product + beta * accumulate in one pass (no other temporary).
   const bool accumulates = epi.accumulate.defined();

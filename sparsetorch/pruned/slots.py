@@ -34,7 +34,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 # The banded layout when the weight has at least this many strips of 16 rows per multiprocessor: then the
 # bands alone (one per block, 3 blocks per SM planned) fill the GPU without splitting chunks among blocks,
 # whose second pass costs more than x's sharing saves. Measured (H100, 90%, N = 16, banded / plain time,
-# benchmarks/results/nvidia-h100-80gb-hbm3/slots_banded@a742d0f): 14336 x 4096 (6.8 strips per SM) 0.90,
+# docs/history.md, pruned-weight kernels): 14336 x 4096 (6.8 strips per SM) 0.90,
 # 11008 x 4096 (5.2) 0.82, 8192 x 4096 (3.9) 0.80; 6144 x 4096 (2.9) 1.17, 4096-row shapes (1.9) 1.06-1.27.
 BANDED_MIN_STRIPS_PER_SM = 3
 

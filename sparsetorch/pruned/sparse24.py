@@ -27,7 +27,7 @@ __all__ = ["available", "check_2to4", "prune_2to4_mask", "Sparse24Split", "Spars
 DIM_MULTIPLE = 16
 # SparseLinear times the 2:4 form only while the residual holds at most this fraction of the positions
 # (uniformly pruned weights: 9.4% spill over at 50% sparsity, 2.3% at 70%, 0.094% at 90%, 0.047% at 95%).
-# H100, bf16, N = 2048 (benchmarks/results/nvidia-h100-80gb-hbm3/pruned@df9e984): the 2:4 form took 1.34 ms at 70%
+# H100, bf16, N = 2048 (`python -m benchmarks --suites pruned`, 2026-11-24): the 2:4 form took 1.34 ms at 70%
 # on 4096 x 4096 (dense 0.09 ms), 0.17 ms at 90% and 0.14 ms at 95% (a pure 2:4 weight: 0.068 ms).
 MAX_RESIDUAL_DENSITY = 0.005
 
