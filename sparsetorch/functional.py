@@ -56,8 +56,8 @@ __all__ = [
 # per device type and dtype, where sparse time = dense GEMM time (linear interpolation between
 # measured densities).
 # CUDA: H100, A 8192 x 8192 (uniform random pattern) @ B 8192 x 1024, sparse = SpmmPlan(auto) vs
-#   dense torch.mm, benchmarks/elementwise_dense_cuda.py, results/h100/crossover_cuda.json.
-# CPU: 2 cores, A 2048 x 2048 @ 2048 x 256 float32 (python -m sparsetorch.bench: 5% sparse 5.7 ms vs
+#   dense torch.mm (`python benchmarks/elementwise_dense_cuda.py`; the run's record: docs/history.md).
+# CPU: 2 cores, A 2048 x 2048 @ 2048 x 256 float32 (`python -m benchmarks --device cpu`: 5% sparse 5.7 ms vs
 #   dense 10.8 ms, 10% 11.7 vs 10.5); float64 and the half types were not measured on the CPU and
 #   reuse the float32 value.
 DENSE_CROSSOVER = {
