@@ -970,3 +970,19 @@ def test_a_used_layer_is_freed_without_the_cycle_collector():
             assert ref() is None, repaid
         finally:
             gc.enable()
+
+
+@pytest.mark.repaid_builds
+def test_forms_that_repay_their_build_quickly_are_built_at_once():
+    """Only a form whose build needs more than REPAY_AT_ONCE_CALLS calls' gain rents: CSR16 at 90% (a few
+    calls) is built by the first call that chooses it, the slot layout at 70% (hundreds) is not."""
+    x = torch.randn(7, 128).bfloat16()
+    for sparsity, form, rents in ((0.9, "csr16", False), (0.9, "slots", False), (0.7, "slots", True)):
+        st.clear_tuning()
+        torch.manual_seed(26)
+        layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(128, 64).bfloat16(), sparsity=sparsity)
+        assert rule.rents(form, layer._pattern()) == rents
+        tuning.tuner("linear").decide(layer._tuning_key(8), form)
+        with torch.no_grad():
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2
+        assert (form in layer._derived.forms) != rents and layer.routes[8] == ("dense" if rents else form)

@@ -10,8 +10,8 @@ chunks) expand it to the dense weight for the call and free it after (``memory()
 
 **Choosing a form** per token-count bucket (powers of two) is the tuner's job (sparsetorch/tuning.py, the
 "linear" table): the first call of a bucket takes the rule (sparsetorch/pruned/rule.py); in eager inference
-a form not held yet is built once the calls that wanted it would have repaid its build, and they run dense
-until then (``build_when_repaid``); later calls of an undecided bucket sample the forms the layer already holds,
+a form whose build costs more than many calls' gain is built once the calls that wanted it would have repaid
+it, and they run dense until then (``build_when_repaid``); later calls of an undecided bucket sample the forms the layer already holds,
 as the real calls, timed without a sync, until one is decided. Decisions are keyed on the weight's
 signature (GPU, dtype, shape, pattern kind and density, epilogue) and shared by layers of that signature;
 they persist in the tuning cache file (``st.set_tuning_cache``). A bucket decided for the 2:4 (cuSPARSELt)
@@ -172,11 +172,12 @@ class SparseLinear(nn.Module):
     (``"auto"``: st.spmm's own tuning).
 
     ``build_when_repaid`` (class attribute, or set on a layer; default True): in eager inference a form the
-    layer does not hold yet is built once it has repaid its build (the calls that wanted it run dense until
-    what it would have gained reaches its build cost; pruned/rule.py), so rare token counts never pay a
-    build that their few calls cannot repay; meanwhile the layer holds its dense weight, and a CUDA graph
-    captured after eager calls holds dense where a bucket still rents (``prepare()`` first). False: the
-    chosen form is built at its first call, as compiled code (the op) and ``prepare()`` always do.
+    layer does not hold yet and that needs more than ``rule.REPAY_AT_ONCE_CALLS`` calls to repay its build
+    (the slot layout at 70% per row) is built once it has (the calls that want it run dense until what it
+    would have gained reaches its build cost; pruned/rule.py), so rare token counts never pay a build that
+    their few calls cannot repay; meanwhile the layer holds its dense weight, and a CUDA graph captured after
+    eager calls holds dense where a bucket still rents (``prepare()`` first). False: the chosen form is built
+    at its first call, as compiled code (the op) and ``prepare()`` always do.
     """
 
     build_when_repaid = True
@@ -675,14 +676,15 @@ class SparseLinear(nn.Module):
     def _renting(self, name: str) -> bool:
         """Whether this call runs dense because the form ``name``, not held yet, has not repaid its
         build: each call that wants it adds what it would have gained (pruned/rule.py: build_cost, gain), and
-        it is built once that reaches its build cost. A form with no cost model is built at once."""
+        it is built once that reaches its build cost. A form that repays its build within a few calls
+        (rule.rents) or has no cost model is built at once."""
         derived = self._derived
         if name in derived.forms:
             return False
         pattern = self._pattern()
-        cost = _rule.build_cost(name, pattern)
-        if cost is None:
+        if not _rule.rents(name, pattern):
             return False
+        cost = _rule.build_cost(name, pattern)
         paid = derived.rent.get(name, 0.0) + _rule.gain(name, pattern)
         derived.rent[name] = paid
         return paid < cost

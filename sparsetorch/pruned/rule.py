@@ -27,7 +27,7 @@ from typing import Dict, Optional
 import torch
 
 __all__ = ["first_choice", "timed_forms", "compact_form", "compact_choice", "COMPACT_STORED_MAX_TOKENS", "build_cost",
-           "gain"]
+           "gain", "rents", "REPAY_AT_ONCE_CALLS"]
 
 _HALF = (torch.float16, torch.bfloat16)
 # A compact layer runs its stored form up to these token counts and a transient dense expansion above (one
@@ -83,8 +83,10 @@ def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> s
 #   gain    the times against dense in the module docstring (CSR16 0.29-0.37 at 90-95%, 0.65-0.71 at 70%,
 #           0.93-0.99 at 50%; slots 0.47-0.65 at 90-95%, 0.81-0.82 at 70% and 1-8 tokens; 2:4 decode 0.62-0.88)
 # At 70% per row the slot layout repays its build after ~300 calls, CSR16 after ~25; at 90% after ~60 and ~7;
-# 2:4 decode after ~60. Forms without an entry (bitmap; the 2:4 form, which waits for a repeated token count
-# itself) are built when first chosen.
+# 2:4 decode after ~60. A form that repays its build within REPAY_AT_ONCE_CALLS calls is built when first
+# chosen, as are forms without an entry (bitmap; the 2:4 form, which waits for a repeated token count itself):
+# the rent matters only where a build costs many calls' gain (the slot layout at 70%: 19% of a dense call per
+# call), and a CUDA graph captured after a short eager warm-up then holds every form that gains much.
 def _slots_build(d: float) -> float:
     return 8.0 + 170.0 * d
 
@@ -96,6 +98,7 @@ def _csr16_build(d: float) -> float:
 _BUILD_COST = {"slots": _slots_build, "csr16": _csr16_build, "2:4 decode": lambda d: 15.0}
 _GAIN = {"slots": lambda d: 0.55 - 1.2 * d, "csr16": lambda d: 0.8 - 1.6 * d, "2:4 decode": lambda d: 0.25}
 MIN_GAIN = 0.02  # a form the rule or a measurement took gains something; never divide a build by nothing
+REPAY_AT_ONCE_CALLS = 128
 
 
 def build_cost(form: str, pattern) -> Optional[float]:
@@ -108,6 +111,13 @@ def build_cost(form: str, pattern) -> Optional[float]:
 def gain(form: str, pattern) -> float:
     """The fraction of a dense call ``form`` saves per call where it was chosen."""
     return max(MIN_GAIN, _GAIN[form](pattern.density))
+
+
+def rents(form: str, pattern) -> bool:
+    """Whether ``form`` waits to be repaid before it is built: it has a cost model and repays its build only
+    after more than REPAY_AT_ONCE_CALLS calls."""
+    cost = build_cost(form, pattern)
+    return cost is not None and cost > REPAY_AT_ONCE_CALLS * gain(form, pattern)
 
 
 def timed_forms(pattern, tokens: int, names):
