@@ -904,21 +904,22 @@ def _slots_decided_layer(seed=24, sparsity=0.7):
 
 
 @pytest.mark.repaid_builds
-def test_renting_survives_grad_calls_compiled_calls_and_prepare():
-    """A renting bucket's bound call gives way: to a grad-recording call of a frozen layer (then no-grad
-    calls run on to the build, no recursion), to the inference op (it builds at once, as compiled code
-    must), and to prepare(), which builds what it decides, for every layer of a shared signature too."""
+def test_renting_survives_grad_calls_compiled_calls_and_prepare(monkeypatch):
+    """A renting bucket's bound call gives way: to a grad-recording call of a frozen layer (which builds the
+    form, as the training path does; the no-grad calls after it run that form, no recursion), to the
+    inference op (it builds at once, as compiled code must), to build_when_repaid turned off on the class,
+    and to prepare(), which builds what it decides, for every layer of a shared signature too."""
     x = torch.randn(7, 128).bfloat16()
-    calls = _calls_to_repay("slots", _slots_decided_layer()._pattern())
-    st.clear_tuning()
     frozen = _slots_decided_layer().requires_grad_(False)
     with torch.no_grad():
         frozen(x)
+        assert frozen._derived.renting == {8: "slots"} and 8 in frozen._derived.runners
     frozen(x.clone().requires_grad_(True)).sum().backward()
+    assert "slots" in frozen._derived.forms
     with torch.no_grad():
-        for _ in range(calls + 2):
+        for _ in range(5):
             assert _rel(frozen(x), _ref(frozen, x)) < 2e-2
-    assert "slots" in frozen._derived.forms and frozen.routes[8] == "slots"
+    assert frozen.routes[8] == "slots" and not frozen._derived.renting
 
     st.clear_tuning()
     layer = _slots_decided_layer()
@@ -930,16 +931,24 @@ def test_renting_survives_grad_calls_compiled_calls_and_prepare():
         assert _rel(layer(x), _ref(layer, x)) < 2e-2 and layer.routes[8] == "slots"  # eager takes the held form
 
     st.clear_tuning()
+    layer = _slots_decided_layer()
+    with torch.no_grad():
+        layer(x)
+        assert layer._derived.renting == {8: "slots"}
+        with monkeypatch.context() as patch:
+            patch.setattr(lin.SparseLinear, "build_when_repaid", False)  # on the class: no __setattr__ runs
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2
+            assert "slots" in layer._derived.forms and layer.routes[8] == "slots"
+
+    st.clear_tuning()
     torch.manual_seed(25)
     base = torch.nn.Linear(128, 64).bfloat16()
     model = torch.nn.Sequential(*[st.nn.SparseLinear.from_dense(base, sparsity=0.7) for _ in range(3)])
+    tuning.tuner("linear").decide(model[0]._tuning_key(8), "slots")  # one signature: every layer's decision
     with torch.no_grad():
         for m in model:
-            m(x)  # bucket 8: the rule's dense on this CPU
-        tuning.tuner("linear").decide(model[0]._tuning_key(8), "slots")
-        for m in model:
-            m(x)  # a decision from another process: slots, rented
-        assert all("slots" not in m._derived.forms for m in model)
+            m(x)
+        assert all(m._derived.renting == {8: "slots"} and "slots" not in m._derived.forms for m in model)
         st.clear_tuning()
         got = st.nn.prepare(model, [8], progress=False)
         assert len({tuple(v.items()) for v in got.values()}) == 1  # one signature, one decision
@@ -986,3 +995,41 @@ def test_forms_that_repay_their_build_quickly_are_built_at_once():
         with torch.no_grad():
             assert _rel(layer(x), _ref(layer, x)) < 2e-2
         assert (form in layer._derived.forms) != rents and layer.routes[8] == ("dense" if rents else form)
+
+
+@pytest.mark.repaid_builds
+@needs_mma
+def test_cuda_renting_and_a_graph_captured_while_renting():
+    """On the GPU: a slot decision at 70% sparsity rents (dense calls, right results); a CUDA graph captured while
+    the bucket rents holds the dense call, and the dense weight stays held after later eager calls build the
+    slot layout (the graph reads it at every replay), so replays stay right."""
+    torch.manual_seed(27)
+    dev = torch.device("cuda")
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(256, 512).to(dev, torch.bfloat16), sparsity=0.7)
+    assert rule.rents("slots", layer._pattern())
+    tuning.tuner("linear").decide(layer._tuning_key(8), "slots")
+    x = torch.randn(7, 256, device=dev, dtype=torch.bfloat16)
+    calls = _calls_to_repay("slots", layer._pattern())
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                layer(x)  # the warm-up a capture needs: the bucket rents, its dense call is bound
+        torch.cuda.current_stream().wait_stream(side)
+        assert layer._derived.renting == {8: "slots"} and "slots" not in layer._derived.forms
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_graph = layer(x)
+        assert "dense" in layer._derived.pinned
+        for _ in range(calls):
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2
+        torch.cuda.synchronize()
+        assert "slots" in layer._derived.forms and layer.routes[8] == "slots"
+        assert "dense" in layer._derived.forms  # pinned: the graph's weight
+        torch.cuda.empty_cache()
+        junk = [torch.randn(512, 256, device=dev, dtype=torch.bfloat16) for _ in range(8)]  # reuse freed memory
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(y_graph, _ref(layer, x)) < 2e-2
+        del junk

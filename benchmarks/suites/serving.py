@@ -94,8 +94,8 @@ def _run_sequence(ctx: Context, layers: List[Callable], mlp: bool, steps: List[i
     """(total seconds, per-layer call seconds of every step). Each step ends in a synchronize, as a server's
     does (its next step needs this one's output), and its wall time counts in the total; the calls inside a
     step are timed without a synchronize between them (``st.timing.Sample``: CUDA events around each call,
-    the time it holds the stream, host stalls included, so a first call's builds are charged to it; the wall
-    clock on the CPU)."""
+    the time it holds the stream, host stalls included where the GPU waits for them, so a first call's builds
+    are charged to it; the wall clock on the CPU). The MLP's silu product counts in the step, not in a call."""
     sync = torch.cuda.synchronize if ctx.cuda else (lambda *a: None)
     costs = []
     total = 0.0

@@ -149,6 +149,7 @@ class _Derived:
         self.exact: Dict[int, Any] = {}    # token count -> bound call of a decided bucket (the fast path)
         self.rent: Dict[str, float] = {}   # form not built yet -> what it would have gained so far (dense calls)
         self.renting: Dict[int, str] = {}  # bucket -> the form it runs dense for until that form repays its build
+        self.pinned: set = set()           # forms a CUDA graph capture ran: held for the layer's life
 
     def __getstate__(self):
         return {}
@@ -173,7 +174,7 @@ class SparseLinear(nn.Module):
 
     ``build_when_repaid`` (class attribute, or set on a layer; default True): in eager inference a form the
     layer does not hold yet and that needs more than ``rule.REPAY_AT_ONCE_CALLS`` calls to repay its build
-    (the slot layout at 70% per row) is built once it has (the calls that want it run dense until what it
+    (the slot layout below about 80% sparsity) is built once it has (the calls that want it run dense until what it
     would have gained reaches its build cost; pruned/rule.py), so rare token counts never pay a build that
     their few calls cannot repay; meanwhile the layer holds its dense weight, and a CUDA graph captured after
     eager calls holds dense where a bucket still rents (``prepare()`` first). False: the chosen form is built
@@ -671,6 +672,8 @@ class SparseLinear(nn.Module):
             # no build inside a capture: the rule among the held forms
             route, sample = self._held_fallback(n), None
         derived.choices[bucket] = route.partition("#")[0]
+        if capturing:  # a graph holds this form's tensors now: never freed (_release_unused)
+            derived.pinned.add(route.partition("#")[0])
         return route, sample
 
     def _renting(self, name: str) -> bool:
@@ -801,11 +804,15 @@ class SparseLinear(nn.Module):
         layer = weakref.ref(self)
 
         def call(a):
-            if name in derived.forms or not derived.rent.get(name, 0.0) + gain < cost:
+            owner = layer()
+            if (name in derived.forms or not derived.rent.get(name, 0.0) + gain < cost
+                    or not owner.build_when_repaid):
                 derived.runners = {b: c for b, c in derived.runners.items()
                                    if b != bucket and derived.renting.get(b) != name}
                 derived.exact = {}
-                return layer()._run(a, rent=True)
+                return owner._run(a, rent=owner.build_when_repaid)
+            if a.is_cuda and torch.cuda.is_current_stream_capturing():
+                derived.pinned.add("dense")  # a graph holds the dense weight now: never freed (_release_unused)
             derived.rent[name] = derived.rent.get(name, 0.0) + gain
             return dense_call(a)
 
@@ -824,11 +831,12 @@ class SparseLinear(nn.Module):
 
     def _release_unused(self) -> None:
         """Free the forms no bucket takes now and no undecided bucket samples (its rule's form and its
-        neighbours' choices, which are buckets' choices themselves)."""
+        neighbours' choices, which are buckets' choices themselves), but never one a CUDA graph captured
+        (``pinned``: the graph reads its memory at every replay)."""
         derived = self._derived
         if self.stored_format is not None:
             return
-        used = set(derived.choices.values())
+        used = set(derived.choices.values()) | derived.pinned
         used.update(rule for b, rule in derived.rules.items() if not derived.decided.get(b))
         for name in [n for n in derived.forms if n not in used and n != "csr"]:
             del derived.forms[name]

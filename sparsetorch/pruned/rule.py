@@ -82,11 +82,11 @@ def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> s
 #           2:4 pruning's CSR 0.83 ms (the pair-layout check and one kernel)
 #   gain    the times against dense in the module docstring (CSR16 0.29-0.37 at 90-95%, 0.65-0.71 at 70%,
 #           0.93-0.99 at 50%; slots 0.47-0.65 at 90-95%, 0.81-0.82 at 70% and 1-8 tokens; 2:4 decode 0.62-0.88)
-# At 70% per row the slot layout repays its build after ~300 calls, CSR16 after ~25; at 90% after ~60 and ~7;
+# At 70% per row the slot layout repays its build after ~310 calls, CSR16 after ~25; at 90% after ~60 and ~7;
 # 2:4 decode after ~60. A form that repays its build within REPAY_AT_ONCE_CALLS calls is built when first
 # chosen, as are forms without an entry (bitmap; the 2:4 form, which waits for a repeated token count itself):
-# the rent matters only where a build costs many calls' gain (the slot layout at 70%: 19% of a dense call per
-# call), and a CUDA graph captured after a short eager warm-up then holds every form that gains much.
+# the rent matters only where a build costs many calls' gain (the slot layout below ~80% sparsity: at 70%, 19%
+# of a dense call per call), and a CUDA graph captured after a short eager warm-up then holds every form that gains much.
 def _slots_build(d: float) -> float:
     return 8.0 + 170.0 * d
 
