@@ -687,10 +687,7 @@ class SparseLinear(nn.Module):
         pattern = self._pattern()
         if not _rule.rents(name, pattern):
             return False
-        cost = _rule.build_cost(name, pattern)
-        paid = derived.rent.get(name, 0.0) + _rule.gain(name, pattern)
-        derived.rent[name] = paid
-        return paid < cost
+        return _pay_rent(derived, name, _rule.gain(name, pattern), _rule.build_cost(name, pattern))
 
     def _held_fallback(self, n: int) -> str:
         derived = self._derived
@@ -805,16 +802,14 @@ class SparseLinear(nn.Module):
 
         def call(a):
             owner = layer()
-            if (name in derived.forms or not derived.rent.get(name, 0.0) + gain < cost
-                    or not owner.build_when_repaid):
-                derived.runners = {b: c for b, c in derived.runners.items()
-                                   if b != bucket and derived.renting.get(b) != name}
-                derived.exact = {}
-                return owner._run(a, rent=owner.build_when_repaid)
-            if a.is_cuda and torch.cuda.is_current_stream_capturing():
-                derived.pinned.add("dense")  # a graph holds the dense weight now: never freed (_release_unused)
-            derived.rent[name] = derived.rent.get(name, 0.0) + gain
-            return dense_call(a)
+            if name not in derived.forms and owner.build_when_repaid and _pay_rent(derived, name, gain, cost):
+                if a.is_cuda and torch.cuda.is_current_stream_capturing():
+                    derived.pinned.add("dense")  # a graph holds the dense weight now: never freed (_release_unused)
+                return dense_call(a)
+            derived.runners = {b: c for b, c in derived.runners.items()
+                               if b != bucket and derived.renting.get(b) != name}
+            derived.exact = {}
+            return owner._run(a, rent=owner.build_when_repaid)
 
         call.renting = True
         return call
@@ -1052,6 +1047,13 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
     if need_values:
         grad_values = call_op(ops.sddmm, (), crow, col, gy.t().contiguous(), x.t().contiguous(), 1.0, "auto", True)
     return grad_x, grad_values
+
+
+def _pay_rent(derived: _Derived, name: str, gain: float, cost: float) -> bool:
+    """One more call that wanted form ``name`` adds its ``gain`` to the form's rent (in dense calls); True while
+    the rent falls short of the build ``cost`` (the call runs dense), False once repaid (the form is built)."""
+    paid = derived.rent[name] = derived.rent.get(name, 0.0) + gain
+    return paid < cost
 
 
 def _linear_call(weight: torch.Tensor, bias: Optional[torch.Tensor]):
