@@ -133,6 +133,46 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
         assert got["prepare"]["time_ms"] > 0
 
 
+def test_serving_causal_lm_decodes_like_a_reference_on_cpu():
+    """The end-to-end model of the serving suite (--full, CUDA only there): its decode steps, with the static
+    KV cache, the causal mask and grouped-query attention, equal an attention written out per head."""
+    import torch
+    import torch.nn.functional as F
+    from benchmarks.suites.decode import TINY
+    from benchmarks.suites.serving import CausalLM, _rope
+
+    torch.manual_seed(0)
+    s = TINY
+    kv = s.kv_heads * s.head_dim
+    sizes = dict(q=(s.hidden, s.hidden), k=(kv, s.hidden), v=(kv, s.hidden), o=(s.hidden, s.hidden),
+                 gate=(s.inner, s.hidden), up=(s.inner, s.hidden), down=(s.hidden, s.inner))
+    lin = [{k: torch.nn.Linear(i, o, bias=False, dtype=torch.float64).requires_grad_(False)
+            for k, (o, i) in sizes.items()}]
+    batch, vocab, max_len = 3, 50, 8
+    model = CausalLM(s, lin, vocab, max_len, batch, "cpu", torch.float64, seed=1)
+    tokens = torch.randint(0, vocab, (4, batch))
+    keys, values = [], []
+    with torch.no_grad():
+        for p in range(tokens.shape[0]):
+            got = model(tokens[p], torch.tensor([p]))
+            x = model.embed[tokens[p]]
+            h = F.rms_norm(x, (s.hidden,), eps=1e-5)
+            cos, sin = model.cos[p], model.sin[p]
+            q = _rope(lin[0]["q"](h).view(batch, s.heads, s.head_dim), cos, sin)
+            keys.append(_rope(lin[0]["k"](h).view(batch, s.kv_heads, s.head_dim), cos, sin))
+            values.append(lin[0]["v"](h).view(batch, s.kv_heads, s.head_dim))
+            K, V = torch.stack(keys, 2), torch.stack(values, 2)  # (batch, kv heads, positions <= p, dim)
+            group = s.heads // s.kv_heads
+            att = torch.stack([torch.softmax((q[:, hd, None, :] * K[:, hd // group]).sum(-1) / s.head_dim ** 0.5, -1)
+                               for hd in range(s.heads)], 1)  # (batch, heads, positions)
+            a = torch.stack([(att[:, hd, :, None] * V[:, hd // group]).sum(1) for hd in range(s.heads)], 1)
+            x = x + lin[0]["o"](a.reshape(batch, s.hidden))
+            h = F.rms_norm(x, (s.hidden,), eps=1e-5)
+            x = x + lin[0]["down"](F.silu(lin[0]["gate"](h)) * lin[0]["up"](h))
+            want = F.linear(F.rms_norm(x, (s.hidden,), eps=1e-5), model.head)
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
 def test_a_run_cut_short_keeps_the_suites_it_finished(tmp_path, monkeypatch):
     """Each finished suite's rows are written (marked partial) before the next suite starts, so a run that
     is killed or fails in a later suite leaves a results folder that --replot can redraw."""

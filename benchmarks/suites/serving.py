@@ -322,7 +322,7 @@ class CausalLM(nn.Module):
     def forward(self, tokens, pos):
         s = self.shape
         x = self.embed[tokens]
-        mask = torch.arange(self.max_len, device=tokens.device) <= pos
+        mask = (torch.arange(self.max_len, device=tokens.device) <= pos).view(1, self.max_len)  # (query, key)
         cos, sin = self.cos[pos], self.sin[pos]
         for attn, mlp in zip(self.attn, self.mlp):
             x = x + attn(F.rms_norm(x, (s.hidden,), eps=1e-5), pos, mask, cos, sin)
