@@ -227,6 +227,13 @@ class Tuner:
             entry = self._entries.get(key)
             return None if entry is None else entry.decided
 
+    def source(self, key: Hashable) -> Optional[str]:
+        """How ``key`` was decided ("sampled", "measured", "cache"); None while it is undecided."""
+        with self._lock:
+            self._poll()
+            entry = self._entries.get(key)
+            return None if entry is None or entry.decided is None else entry.source
+
     def decide(self, key: Hashable, choice: str, times: Optional[Dict[str, float]] = None,
                source: str = "measured") -> None:
         """Record a decision made outside the online loop (an explicit measurement, a cache file)."""

@@ -131,6 +131,8 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
         kept = 0.5 if "2:4" in case else 0.1 if "90%" in case else 0.3
         assert got["sparsetorch compact"]["held_vs_dense"] == pytest.approx(2 * kept, rel=0.02), case
         assert got["prepare"]["time_ms"] > 0
+        # a second process's prepare() with the default run's cache file keeps its decisions: builds, no timing
+        assert 0 < got["prepare"]["prepare_cached_ms"] < got["prepare"]["prepare_ms"] / 3, case
 
 
 def test_serving_causal_lm_decodes_like_a_reference_on_cpu():

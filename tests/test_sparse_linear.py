@@ -361,6 +361,50 @@ def test_prepare_model_shares_a_signature_between_layers(capsys):
     assert len(st.tuning_table(kind="linear")) == 2  # one signature, two buckets
 
 
+def test_prepare_keeps_its_own_and_a_cache_files_decisions_and_builds_their_forms(tmp_path, monkeypatch):
+    """A second prepare(), and the prepare() of a process that loaded a tuning cache file, time nothing: each
+    bucket keeps its decision and has its form built; remeasure=True times again; a bucket decided by the
+    online samples is timed (they compared only the rule's form and its neighbours')."""
+    from sparsetorch import timing as _timing
+
+    torch.manual_seed(6)
+    dense = torch.nn.Linear(96, 64).bfloat16()
+    make = lambda: st.nn.SparseLinear.from_dense(dense, sparsity=0.8).requires_grad_(False)  # noqa: E731
+    timed = []
+    real = _timing.time_call
+    monkeypatch.setattr(_timing, "time_call", lambda *a, **k: timed.append(1) or real(*a, **k))
+    layer = make()
+    first = layer.prepare([1, 16])
+    assert timed and first == layer.routes
+    timed.clear()
+    assert layer.prepare([1, 16]) == first and not timed
+    assert layer.prepare([1, 16], remeasure=True) and timed
+
+    path = tmp_path / "tuning.json"
+    st.save_tuning_cache(str(path))
+    st.clear_tuning()
+    assert st.set_tuning_cache(str(path)) == 2  # a new process, the earlier decisions loaded
+    fresh, timed[:] = make(), []
+    decisions = {b: tuning.tuner("linear").decided(fresh._tuning_key(b)) for b in (1, 16)}
+    assert fresh.prepare([1, 16]) == {b: r.partition("#")[0] for b, r in decisions.items()} and not timed
+    assert set(fresh.routes.values()) <= set(fresh._derived.forms)  # the forms are built, not left for a call
+    x = torch.randn(16, 96).bfloat16()
+    with torch.no_grad():
+        assert _rel(fresh(x), _ref(fresh, x)) < 2e-2
+    st.set_tuning_cache(None)
+
+    st.clear_tuning()
+    sampled = make()
+    with torch.no_grad():
+        for _ in range(12):
+            sampled(torch.randn(3, 96).bfloat16())
+    key = sampled._tuning_key(4)
+    assert tuning.tuner("linear").source(key) == "sampled"
+    timed.clear()
+    sampled.prepare([4])
+    assert timed and tuning.tuner("linear").source(key) == "measured"
+
+
 # --- compact ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype, scheme, sparsity, stored", [

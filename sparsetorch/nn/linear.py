@@ -63,6 +63,9 @@ FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
 SPARSE24_DECODE_TOKENS = 16
 # Buckets prepare() decides when not told: decode and prefill sizes up to 2048 tokens.
 DEFAULT_TOKEN_COUNTS = tuple(2 ** i for i in range(12))
+# Decisions prepare() keeps unless asked to remeasure: its own and a cache file's (not the online samples':
+# a few real calls among the rule's form and its neighbours', where prepare() times every form)
+KEPT_DECISIONS = ("measured", "cache")
 _STORED_CODES = {name: i for i, name in enumerate(_forms.COMPACT_FORMS)}
 _DTYPE_CODES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -840,27 +843,36 @@ class SparseLinear(nn.Module):
 
     # --- prepare: decide buckets now ------------------------------------------------------------------
 
-    def prepare(self, token_counts: Optional[Iterable[int]] = None, *, budget_ms: float = 0.5) -> Dict[int, str]:
+    def prepare(self, token_counts: Optional[Iterable[int]] = None, *, budget_ms: float = 0.5,
+                remeasure: bool = False) -> Dict[int, str]:
         """Decide the form of every bucket of ``token_counts`` (default 1, 2, 4, ..., 2048) now: build every
         form that applies (but the CSR SpMM of a half-precision CUDA weight: ``rule.timed_forms``), time each
         on random input (clean L2, about ``budget_ms`` of device time per form), search cuSPARSELt's
         algorithm for the 2:4 form, record the decisions in the tuner (and so in the tuning cache file), and
-        free the forms no bucket takes. Returns bucket -> form."""
+        free the forms no bucket takes. A bucket an earlier ``prepare()`` or a loaded tuning cache file
+        decided keeps that decision and only has its form built (a second process starts in milliseconds);
+        ``remeasure=True`` times it again. Returns bucket -> form."""
         counts = sorted({_bucket(int(n)) for n in (token_counts or DEFAULT_TOKEN_COUNTS) if int(n) > 0})
         device = self.stored_buffer_device() if self.stored_format else self.values.device
         derived = self._refresh()
+        table = tuner("linear")
         result = {}
         with torch.no_grad():
             for bucket in counts:
-                x = torch.randn(bucket, self.in_features, device=device).to(self._dtype)
                 if self.format != "auto" and self.stored_format is None:
                     route = result[bucket] = derived.choices[bucket] = self._forced(bucket)
                     if route == "2:4":  # cuSPARSELt's algorithm for this bucket (the forced form's only choice)
-                        derived.algs[bucket] = self._form("2:4", device).search(x, self._parameters.get("bias"))
+                        derived.algs[bucket] = self._form("2:4", device).search(self._random_input(bucket, device),
+                                                                                self._parameters.get("bias"))
                         derived.runners.pop(bucket, None)
                         derived.exact = {}
                     continue
+                key = self._tuning_key(bucket)
+                if not remeasure and table.source(key) in KEPT_DECISIONS:
+                    result[bucket] = self._take_decision(bucket, table.decided(key), device)
+                    continue
                 names = self._all_candidates(bucket)
+                x = self._random_input(bucket, device)
                 times, failed = {}, {}
                 for name in names:
                     try:
@@ -878,10 +890,13 @@ class SparseLinear(nn.Module):
                 if not times:
                     continue
                 best = min(times, key=times.get)
-                tuner("linear").decide(self._tuning_key(bucket), best, times)
+                table.decide(key, best, times)
                 result[bucket] = self._take_decision(bucket, best, device)
         self._release_unused()
         return result
+
+    def _random_input(self, n: int, device: torch.device) -> torch.Tensor:
+        return torch.randn(n, self.in_features, device=device).to(self._dtype)
 
     def _take_decision(self, bucket: int, route: str, device: torch.device) -> str:
         """A bucket decided now (prepare): its form built and held (a training-mode layer), any call bound to
@@ -1172,10 +1187,10 @@ def compact(model: nn.Module, format: Optional[str] = None) -> nn.Module:
 
 
 def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, progress: bool = True,
-            budget_ms: float = 0.5) -> Dict[str, Dict[int, str]]:
+            budget_ms: float = 0.5, remeasure: bool = False) -> Dict[str, Dict[int, str]]:
     """:meth:`SparseLinear.prepare` on every SparseLinear of ``model`` (layers of one signature share the
-    decisions: each signature is timed once), with a progress line on stderr. Returns name -> bucket ->
-    form."""
+    decisions: each signature is timed once; with a tuning cache file of an earlier run, none is), with a
+    progress line on stderr. Returns name -> bucket -> form."""
     layers = _layers(model)
     done, out, start = set(), {}, time.perf_counter()
     for i, (name, layer) in enumerate(layers):
@@ -1191,7 +1206,7 @@ def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, p
                         out[name][n] = layer._take_decision(n, decided, device)
             layer._release_unused()
         else:
-            out[name] = layer.prepare(token_counts, budget_ms=budget_ms)
+            out[name] = layer.prepare(token_counts, budget_ms=budget_ms, remeasure=remeasure)
             done.add(sig)
         if progress:
             bar = "#" * (20 * (i + 1) // len(layers))
