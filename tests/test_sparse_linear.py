@@ -405,6 +405,25 @@ def test_prepare_keeps_its_own_and_a_cache_files_decisions_and_builds_their_form
     assert timed and tuning.tuner("linear").source(key) == "measured"
 
 
+def test_a_cached_decision_this_build_cannot_run_is_left_to_the_rule():
+    """A tuning cache file may hold another build's decisions for the same GPU and signature (e.g. a form
+    needing tensor-core code that this build lacks, or one a newer version added): the call and prepare() take
+    the rule (prepare() times the bucket) instead of failing; so does a form the pattern does not allow."""
+    torch.manual_seed(8)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(96, 64).bfloat16(), sparsity=0.8).requires_grad_(False)
+    table = tuning.tuner("linear")
+    table.decide(layer._tuning_key(16), "a form of a newer build", source="cache")
+    table.decide(layer._tuning_key(128), "2:4 decode", source="cache")  # the pattern is not 2:4
+    for n in (16, 100):
+        x = torch.randn(n, 96).bfloat16()
+        with torch.no_grad():
+            assert _rel(layer(x), _ref(layer, x)) < 2e-2
+        assert layer.routes[lin._bucket(n)] == layer._rule(n)
+    chosen = layer.prepare([16, 100])
+    assert tuning.tuner("linear").source(layer._tuning_key(16)) == "measured"
+    assert chosen[128] != "2:4 decode" and chosen[16] in layer.route_times[16]
+
+
 # --- compact ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype, scheme, sparsity, stored", [

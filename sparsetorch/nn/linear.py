@@ -655,6 +655,8 @@ class SparseLinear(nn.Module):
             rule = self._rule(n)
             table = tuner("linear")
             decided = table.decided(key)
+            if decided is not None and not self._runs_here(decided):
+                decided = None  # e.g. a cache file's, of a build with other GPU code: the rule decides instead
             derived.rules[bucket] = rule
             if derived.renting.pop(bucket, None) is not None:  # its bound rent call goes with it
                 derived.runners.pop(bucket, None)
@@ -678,6 +680,15 @@ class SparseLinear(nn.Module):
         if capturing:  # a graph holds this form's tensors now: never freed (_release_unused)
             derived.pinned.add(route.partition("#")[0])
         return route, sample
+
+    def _runs_here(self, route: str) -> bool:
+        """Whether a decided route names a form this layer can run with this build on this device (a tuning
+        cache file may hold another build's decisions for the same GPU and signature). Token limits are speed
+        rules, not checked here; off CUDA the 2:4 form runs as its reference, as a forced format="2:4" does."""
+        name = route.partition("#")[0]
+        if name not in _forms.FORM_NAMES:
+            return False
+        return _forms.applicable(self._pattern()).get(name) is None or (name == "2:4" and not self.values.is_cuda)
 
     def _renting(self, name: str) -> bool:
         """Whether this call runs dense because the form ``name``, not held yet, has not repaid its
@@ -868,8 +879,11 @@ class SparseLinear(nn.Module):
                         derived.exact = {}
                     continue
                 key = self._tuning_key(bucket)
-                if not remeasure and table.source(key) in KEPT_DECISIONS:
-                    result[bucket] = self._take_decision(bucket, table.decided(key), device)
+                kept = None  # (a compact layer's one candidate, its rule, is timed again: one form)
+                if not remeasure and self.stored_format is None and table.source(key) in KEPT_DECISIONS:
+                    kept = table.decided(key)
+                if kept is not None and self._runs_here(kept):
+                    result[bucket] = self._take_decision(bucket, kept, device)
                     continue
                 names = self._all_candidates(bucket)
                 x = self._random_input(bucket, device)
