@@ -291,7 +291,7 @@ def test_a_24_pruned_layer_builds_its_24_forms_from_its_values_as_stored(monkeyp
     monkeypatch.setattr(forms, "is_pair_layout", lambda *a: checks.append(1) or is_pairs(*a))
     x = torch.randn(5, 64).bfloat16()
     built = {name: layer._form(name, torch.device("cpu")) for name in ("2:4 decode", "2:4", "dense")}
-    assert expansions == [] and len(checks) == 1  # the layout is checked once per pattern
+    assert expansions == [] and checks == []  # the pruning's layout is known, never checked
     for name, form in built.items():
         assert _rel(form(x, layer.bias).float(), _ref(layer, x.float())) < 2e-2, name
 
@@ -422,6 +422,31 @@ def test_a_cached_decision_this_build_cannot_run_is_left_to_the_rule():
     chosen = layer.prepare([16, 100])
     assert tuning.tuner("linear").source(layer._tuning_key(16)) == "measured"
     assert chosen[128] != "2:4 decode" and chosen[16] in layer.route_times[16]
+
+
+def test_a_24_prunings_pair_layout_is_known_without_a_check(monkeypatch):
+    """from_dense(scheme="2:4") keeps at most 2 of every 4 with increasing columns: where half the positions
+    are kept the pattern is the pair layout by counting, with no check pass (a device sync on CUDA); it agrees
+    with the check, and the check runs again once the index tensors change."""
+    from sparsetorch.pruned import sparse24_decode
+
+    checks = []
+    real = forms.is_pair_layout
+    monkeypatch.setattr(forms, "is_pair_layout", lambda *a: checks.append(1) or real(*a))
+    torch.manual_seed(10)
+    for k, sparsity, dtype in ((64, 0.5, torch.bfloat16), (64, 0.75, torch.float16), (66, 0.5, torch.bfloat16),
+                               (128, 0.5, torch.float32)):
+        layer = st.nn.SparseLinear.from_dense(torch.randn(48, k).to(dtype), sparsity=sparsity, scheme="2:4")
+        pattern = layer._pattern()
+        truth = pattern.is_24 and sparse24_decode.is_pair_layout(layer.crow_indices, layer.col_indices, (48, k))
+        assert pattern.pairs == truth and not checks, (k, sparsity, dtype)
+    layer = st.nn.SparseLinear.from_dense(torch.randn(48, 64).bfloat16(), scheme="2:4")
+    with torch.no_grad():
+        layer.col_indices[:2] = layer.col_indices[:2].flip(0)  # no longer in column order
+    assert layer._pattern().pairs is False and checks
+    checks.clear()  # a CSR given to the constructor is checked, once per pattern
+    given = st.nn.SparseLinear(64, 48, layer.crow_indices.clone(), layer.col_indices.clone(), layer.values.detach())
+    assert given._pattern().pairs is False and given._pattern().pairs is False and len(checks) == 1
 
 
 # --- compact ----------------------------------------------------------------------------------------

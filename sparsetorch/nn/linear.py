@@ -544,12 +544,16 @@ class SparseLinear(nn.Module):
                 raise RuntimeError("a compact layer has no pattern to analyse")
             crow, col = self.crow_indices, self.col_indices
             known = self.__dict__.pop("_made_24", None)  # from_dense(scheme="2:4"): these index tensors, unchanged
-            residual = None
+            residual = pairs = None
             if known is not None and _same_tensors(known, (crow, col)):
+                # at most 2 of every 4 kept, columns increasing in each row (mask.nonzero): with half the
+                # positions kept, every group holds exactly 2 in order, the pair layout (no check pass, no sync)
                 residual = 0
+                m, k = self.out_features, self.in_features
+                pairs = k % 4 == 0 and col.numel() == m * k // 2
                 self.__dict__["_made_24"] = known  # kept only while it holds (it holds the tensors it names)
             derived.pattern = _forms.Pattern(crow, col, (self.out_features, self.in_features), self.values.dtype,
-                                             self.values.device, residual)
+                                             self.values.device, residual, pairs)
         return derived.pattern
 
     def _tuning_key(self, bucket: int) -> tuple:

@@ -79,19 +79,19 @@ class Pattern:
     when a 2:4 form is first built."""
 
     def __init__(self, crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int], dtype: torch.dtype,
-                 device: torch.device, residual24: Optional[int] = None):
-        # residual24: given where the pattern is known (a 2:4 pruning made it: 0), else counted
+                 device: torch.device, residual24: Optional[int] = None, pairs: Optional[bool] = None):
+        # residual24, pairs: given where the pattern is known (a 2:4 pruning made it), else counted / checked
         self.shape = (int(shape[0]), int(shape[1]))
         self.dtype, self.device = dtype, torch.device(device)
         self.nnz = int(col.numel())
         self.density = self.nnz / max(1, self.shape[0] * self.shape[1])
         self._crow, self._col = crow, col
         self._split: Optional[Sparse24Split] = None
-        self._pairs: Optional[bool] = None
         if dtype not in _HALF:
             self.residual24: Optional[int] = None
         else:
             self.residual24 = residual_24(crow, col, self.shape) if residual24 is None else int(residual24)
+        self._pairs: Optional[bool] = None if pairs is None else bool(pairs) and self.is_24
 
     @property
     def split(self) -> Sparse24Split:
