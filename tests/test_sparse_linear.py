@@ -170,7 +170,7 @@ def test_a_2to4_pruned_layer_skips_counting_its_pattern_until_its_indices_change
     assert copy.deepcopy(layer)._pattern().is_24  # a copy's tensors are new: it counts (and agrees)
     counted.clear()
     moved = st.nn.SparseLinear.from_dense(lin, scheme="2:4").to(torch.float32).to("cpu")  # _apply keeps it
-    assert moved._made_24[1][0] is moved.col_indices and moved._pattern().residual24 is None  # float32: not counted
+    assert moved._known_residual[0][1][0] is moved.col_indices and moved._pattern().residual24 is None  # float32
     assert not counted
     with torch.no_grad():
         layer.col_indices[0] = (layer.col_indices[1] // 4) * 4 + (layer.col_indices[1] + 1) % 4  # in place
@@ -180,7 +180,27 @@ def test_a_2to4_pruned_layer_skips_counting_its_pattern_until_its_indices_change
     loaded = st.nn.SparseLinear.from_dense(lin, scheme="2:4")
     loaded.load_state_dict(other.state_dict())
     assert not loaded._pattern().is_24 and loaded._pattern().residual24 > 0
-    assert "_made_24" not in st.nn.SparseLinear.from_dense(lin, scheme="2:4").compact().__dict__
+    assert "_known_residual" not in st.nn.SparseLinear.from_dense(lin, scheme="2:4").compact().__dict__
+
+
+@pytest.mark.parametrize("scheme, sparsity", [("row", 0.7), ("global", 0.9), ("global", 0.3), ("row", 0.5),
+                                              ("2:4", 0.5), ("2:4", 0.8)])
+@pytest.mark.parametrize("in_features", [64, 70])
+def test_from_dense_reads_the_patterns_residual_off_its_mask(monkeypatch, scheme, sparsity, in_features):
+    """A pruning's entries beyond 2 per group of 4 are read off its mask at construction, equal to counting them
+    on the CSR (the last group shorter where in_features % 4 != 0), so the first call does not count."""
+    counted = []
+    original = forms.residual_24
+    monkeypatch.setattr(forms, "residual_24", lambda *a: counted.append(1) or original(*a))
+    torch.manual_seed(11)
+    layer = st.nn.SparseLinear.from_dense(torch.randn(40, in_features).bfloat16(), sparsity=sparsity, scheme=scheme)
+    got = layer._pattern().residual24
+    assert not counted
+    assert got == original(layer.crow_indices, layer.col_indices, (40, in_features))
+    if scheme == "2:4":
+        assert got == 0
+    elif sparsity < 0.5:  # more than half kept: some groups hold 3 or 4
+        assert got > 0
 
 
 # --- the first call and the online samples ---------------------------------------------------------
