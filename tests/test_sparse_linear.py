@@ -201,6 +201,9 @@ def test_from_dense_reads_the_patterns_residual_off_its_mask(monkeypatch, scheme
         assert got == 0
     elif sparsity < 0.5:  # more than half kept: some groups hold 3 or 4
         assert got > 0
+    for shape in ((0, in_features), (0, 0), (8, 0), (5, 3)):  # empty and shorter than a group
+        small = st.nn.SparseLinear.from_dense(torch.randn(*shape).bfloat16(), sparsity=sparsity, scheme=scheme)
+        assert small._pattern().residual24 == original(small.crow_indices, small.col_indices, shape)
 
 
 # --- the first call and the online samples ---------------------------------------------------------

@@ -1102,7 +1102,7 @@ def _entries_beyond_2_per_4(mask: torch.Tensor) -> int:
     each group of 4 consecutive columns of a row (the last group may be shorter)."""
     m, k = mask.shape
     full = k // 4 * 4
-    counts = mask[:, :full].reshape(m, -1, 4).sum(-1, dtype=torch.int16)
+    counts = mask[:, :full].reshape(m, full // 4, 4).sum(-1, dtype=torch.int16)
     if full < k:
         counts = torch.cat([counts, mask[:, full:].sum(-1, dtype=torch.int16, keepdim=True)], dim=1)
     return int((counts - 2).clamp_(min=0).sum())
