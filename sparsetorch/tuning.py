@@ -77,7 +77,7 @@ class _Candidate:
 
 
 class _Entry:
-    __slots__ = ("decided", "candidates", "rule", "in_flight", "source")
+    __slots__ = ("decided", "candidates", "rule", "in_flight", "source", "measured")
 
     def __init__(self, rule: str):
         self.decided: Optional[str] = None
@@ -85,6 +85,7 @@ class _Entry:
         self.rule = rule
         self.in_flight = 0
         self.source = "rule"  # "sampled", "measured" (decide()), "cache" (a cache file)
+        self.measured = False  # decided by an explicit measurement, here or in the process that saved the file
 
 
 class Tuner:
@@ -215,8 +216,8 @@ class Tuner:
             self._entries.popitem(last=False)
         return entry
 
-    def _decide(self, key, entry: _Entry, choice: str, source: str) -> None:
-        entry.decided, entry.source = choice, source
+    def _decide(self, key, entry: _Entry, choice: str, source: str, measured: bool = False) -> None:
+        entry.decided, entry.source, entry.measured = choice, source, measured
         self.generation += 1
 
     # -- explicit decisions, inspection, persistence --
@@ -234,15 +235,23 @@ class Tuner:
             entry = self._entries.get(key)
             return None if entry is None or entry.decided is None else entry.source
 
+    def measured(self, key: Hashable) -> bool:
+        """Whether ``key`` holds a decision an explicit measurement made (``decide()``), in this process or
+        in the one that saved the cache file it came from (online samples are not one)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry is not None and entry.decided is not None and entry.measured
+
     def decide(self, key: Hashable, choice: str, times: Optional[Dict[str, float]] = None,
-               source: str = "measured") -> None:
-        """Record a decision made outside the online loop (an explicit measurement, a cache file)."""
+               source: str = "measured", measured: Optional[bool] = None) -> None:
+        """Record a decision made outside the online loop (an explicit measurement, a cache file).
+        ``measured``: whether an explicit measurement made it (default: ``source == "measured"``)."""
         with self._lock:
             entry = self._entries.get(key) or self._new(key, choice)
             for name, ms in (times or {}).items():
                 entry.candidates.setdefault(name, _Candidate()).costs.append(float(ms))
             self._entries.move_to_end(key)
-            self._decide(key, entry, choice, source)
+            self._decide(key, entry, choice, source, source == "measured" if measured is None else bool(measured))
 
     def forget(self, key: Hashable) -> None:
         with self._lock:
@@ -262,26 +271,28 @@ class Tuner:
                 if decided_only and e.decided is None:
                     continue
                 out.append({"kind": self.kind, "key": key, "route": e.decided, "decided": e.decided is not None,
-                            "rule": e.rule, "source": e.source,
+                            "rule": e.rule, "source": e.source, "measured": e.measured,
                             "candidates": {n: {"issued": c.issued, "costs_ms": list(c.costs), "dropped": c.dropped}
                                            for n, c in e.candidates.items()}})
             return out
 
     def export(self) -> List[list]:
-        """The decided entries as JSON-able ``[key as a list, choice]`` pairs."""
-        return [[list(e["key"]), e["route"]] for e in self.entries(decided_only=True)]
+        """The decided entries as JSON-able ``[key as a list, choice, measured]``."""
+        return [[list(e["key"]), e["route"], e["measured"]] for e in self.entries(decided_only=True)]
 
     def load(self, entries: List[list]) -> int:
+        """Decisions of a cache file (``[key, choice, measured]``; a file without ``measured`` counts as not
+        measured, so SparseLinear.prepare() times those buckets again)."""
         taken = 0
         for item in entries:
             try:
-                key, choice = item
+                key, choice, *rest = item
                 key = tuple(key)
                 hash(key)
             except (TypeError, ValueError):
                 continue
             if isinstance(choice, str):
-                self.decide(key, choice, source="cache")
+                self.decide(key, choice, source="cache", measured=bool(rest and rest[0] is True))
                 taken += 1
         return taken
 

@@ -206,6 +206,21 @@ def test_from_dense_reads_the_patterns_residual_off_its_mask(monkeypatch, scheme
         assert small._pattern().residual24 == original(small.crow_indices, small.col_indices, shape)
 
 
+@pytest.mark.parametrize("scheme", ["global", "row", "2:4"])
+def test_from_dense_and_moves_in_inference_mode(scheme):
+    """Tensors made in inference mode have no version counter: from_dense and a move record nothing about the
+    pattern there (it is counted at the first call) and the layer computes the product."""
+    torch.manual_seed(12)
+    with torch.inference_mode():
+        w = torch.randn(32, 64).bfloat16()
+        layer = st.nn.SparseLinear.from_dense(w, scheme=scheme, sparsity=0.5)
+        assert "_known_residual" not in layer.__dict__
+        layer = layer._apply(lambda t: t.clone())  # what .to() / .cuda() do with new tensors
+        x = torch.randn(5, 64).bfloat16()
+        assert _rel(layer(x), _ref(layer, x)) < 2e-2
+        assert layer._pattern().residual24 == forms.residual_24(layer.crow_indices, layer.col_indices, (32, 64))
+
+
 # --- the first call and the online samples ---------------------------------------------------------
 
 def test_first_call_takes_the_rule_without_timing(monkeypatch):
@@ -350,7 +365,8 @@ def test_cache_file_holds_linear_decisions_and_a_new_process_starts_decided(tmp_
     assert "START []" in first
     doc = json.loads(open(path).read())
     group = doc["builds"][-1]
-    assert len(group["linear"]) == 2 and all(isinstance(k, list) and isinstance(r, str) for k, r in group["linear"])
+    assert len(group["linear"]) == 2 and all(isinstance(k, list) and isinstance(r, str) and measured is True
+                                             for k, r, measured in group["linear"])
     second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tests_dir, capture_output=True, text=True,
                             check=True, timeout=300).stdout
     assert "START []" not in second and second.count("'") >= 2
@@ -422,10 +438,15 @@ def test_prepare_keeps_its_own_and_a_cache_files_decisions_and_builds_their_form
         for _ in range(12):
             sampled(torch.randn(3, 96).bfloat16())
     key = sampled._tuning_key(4)
-    assert tuning.tuner("linear").source(key) == "sampled"
+    assert tuning.tuner("linear").source(key) == "sampled" and not tuning.tuner("linear").measured(key)
+    st.save_tuning_cache(str(path))  # the samples' decision, through a file: still not one prepare() keeps
+    st.clear_tuning()
+    st.set_tuning_cache(str(path))
+    assert tuning.tuner("linear").source(key) == "cache" and not tuning.tuner("linear").measured(key)
+    st.set_tuning_cache(None)
     timed.clear()
-    sampled.prepare([4])
-    assert timed and tuning.tuner("linear").source(key) == "measured"
+    make().prepare([4])
+    assert timed and tuning.tuner("linear").source(key) == "measured" and tuning.tuner("linear").measured(key)
 
 
 def test_a_cached_decision_this_build_cannot_run_is_left_to_the_rule():

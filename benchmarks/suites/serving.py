@@ -25,8 +25,8 @@ form's kernel on a small weight (the code loaded, cuSPARSELt initialised):
   to dense for the call.
 * ``sparsetorch compact, cache file``.
 * ``prepare``: ``SparseLinear.prepare`` of the sequence's buckets on each layer (the time per 14336 x 4096 layer
-  is in ``prepare_ms``; ``prepare_cached_ms``: the same with the default run's cache file loaded, as a second
-  process loads: the decisions kept, the forms built).
+  is in ``prepare_ms``; ``prepare_cached_ms``: the same with the cache file that first prepare() saved loaded,
+  as a second process loads: the decisions kept, the forms built).
 
 Row fields: ``time_ms`` (the sequence's total), ``vs_dense``, ``costliest_ms`` (the costliest single call of
 one layer, first calls included) and the call it was, ``held_bytes`` (per layer, after the sequence: the CSR
@@ -199,12 +199,14 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         sparse_run("sparsetorch compact", compact, compact_cache, False, True)
         sparse_run("sparsetorch compact, cache file", [m.compact() for m in fresh_layers()], compact_cache, True,
                    False)
-        # prepare(): every bucket decided up front, by timing (a first process) and from the cache file of the
-        # default run above (a second process: the decisions kept, the forms built)
+        # prepare(): every bucket decided up front, by timing (a first process, which saves its decisions) and
+        # again with that cache file loaded (a second process: the decisions kept, the forms built)
+        prepared_cache = os.path.join(folder, "tuning-prepared.json")
+
         def timed_prepare(load_cache):
             st.clear_tuning()
             if load_cache:
-                st.set_tuning_cache(cache)
+                st.set_tuning_cache(prepared_cache)
             layers = fresh_layers()
             if ctx.cuda:
                 torch.cuda.synchronize()
@@ -215,6 +217,8 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
                 if ctx.cuda:
                     torch.cuda.synchronize()
                 per_layer.append(time.perf_counter() - t)
+            if not load_cache:
+                st.save_tuning_cache(prepared_cache)
             st.set_tuning_cache(None)
             st.clear_tuning()
             return per_layer

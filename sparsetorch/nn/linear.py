@@ -63,9 +63,6 @@ FORMATS = ("auto", "csr", "dense", "2:4", "bitmap", "slots", "csr16")
 SPARSE24_DECODE_TOKENS = 16
 # Buckets prepare() decides when not told: decode and prefill sizes up to 2048 tokens.
 DEFAULT_TOKEN_COUNTS = tuple(2 ** i for i in range(12))
-# Decisions prepare() keeps unless asked to remeasure: its own and a cache file's (not the online samples':
-# a few real calls among the rule's form and its neighbours', where prepare() times every form)
-KEPT_DECISIONS = ("measured", "cache")
 _STORED_CODES = {name: i for i, name in enumerate(_forms.COMPACT_FORMS)}
 _DTYPE_CODES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -234,7 +231,9 @@ class SparseLinear(nn.Module):
         out = super()._apply(fn, recurse)
         after = (self._buffers.get("crow_indices"), self._buffers.get("col_indices"))
         if known is not None and None not in after and _same_tensors(known[0], before):
-            self.__dict__["_known_residual"] = (_tensor_stamps(after), known[1])
+            stamps = _stamps_if_versioned(after)
+            if stamps is not None:
+                self.__dict__["_known_residual"] = (stamps, known[1])
         return out
 
     # Setting what a bound call captured (the epilogue, the format, the state tensors) drops the fast path.
@@ -258,10 +257,7 @@ class SparseLinear(nn.Module):
         return tuple(self._stored_buffers().values())
 
     def _make_stamp(self):
-        try:
-            return _tensor_stamps(self._state_tensors())
-        except RuntimeError:  # inference tensors have no version counter: no fast path
-            return None
+        return _stamps_if_versioned(self._state_tensors())  # None for inference tensors: no fast path
 
     def _stamp(self, derived: _Derived) -> None:
         """Record the state tensors the bound calls were made from, and the fast path's test of a call: x is
@@ -352,8 +348,9 @@ class SparseLinear(nn.Module):
         # The entries beyond 2 per group of 4 (forms.residual_24), read off the mask now rather than counted on
         # the CSR at the first call (a pass and a device sync there: 0.4-0.7 ms per 14336 x 4096 layer, H100);
         # "2:4" keeps at most 2 of every 4 by construction.
-        residual = 0 if scheme == "2:4" else _entries_beyond_2_per_4(mask)
-        layer.__dict__["_known_residual"] = (_tensor_stamps((layer.crow_indices, layer.col_indices)), residual)
+        stamps = _stamps_if_versioned((layer.crow_indices, layer.col_indices))
+        if stamps is not None:
+            layer.__dict__["_known_residual"] = (stamps, 0 if scheme == "2:4" else _entries_beyond_2_per_4(mask))
         return layer
 
     # --- what it holds -------------------------------------------------------------------------------
@@ -867,9 +864,9 @@ class SparseLinear(nn.Module):
         form that applies (but the CSR SpMM of a half-precision CUDA weight: ``rule.timed_forms``), time each
         on random input (clean L2, about ``budget_ms`` of device time per form), search cuSPARSELt's
         algorithm for the 2:4 form, record the decisions in the tuner (and so in the tuning cache file), and
-        free the forms no bucket takes. A bucket an earlier ``prepare()`` or a loaded tuning cache file
-        decided keeps that decision and only has its form built (a second process starts in milliseconds);
-        ``remeasure=True`` times it again. Returns bucket -> form."""
+        free the forms no bucket takes. A bucket an earlier ``prepare()`` decided, in this process or in
+        the one that saved a loaded tuning cache file, keeps that decision and only has its form built (a
+        second process starts in milliseconds); ``remeasure=True`` times it again. Returns bucket -> form."""
         counts = sorted({_bucket(int(n)) for n in (token_counts or DEFAULT_TOKEN_COUNTS) if int(n) > 0})
         device = self.stored_buffer_device() if self.stored_format else self.values.device
         derived = self._refresh()
@@ -886,8 +883,11 @@ class SparseLinear(nn.Module):
                         derived.exact = {}
                     continue
                 key = self._tuning_key(bucket)
-                kept = None  # (a compact layer's one candidate, its rule, is timed again: one form)
-                if not remeasure and self.stored_format is None and table.source(key) in KEPT_DECISIONS:
+                # prepare()'s own decisions are kept, here or through a cache file; the online samples' are not (a
+                # few real calls among the rule's form and its neighbours', no cuSPARSELt search), nor a compact
+                # layer's (its one candidate, its rule, is timed again: one form)
+                kept = None
+                if not remeasure and self.stored_format is None and table.measured(key):
                     kept = table.decided(key)
                 if kept is not None and self._runs_here(kept):
                     result[bucket] = self._take_decision(bucket, kept, device)
@@ -1110,6 +1110,15 @@ def _entries_beyond_2_per_4(mask: torch.Tensor) -> int:
 
 def _tensor_stamps(tensors) -> tuple:
     return tuple((t, t._version, t.data_ptr()) for t in tensors)
+
+
+def _stamps_if_versioned(tensors) -> Optional[tuple]:
+    """_tensor_stamps, or None for tensors made in inference mode (no version counter: nothing can tell
+    whether they changed, so nothing is recorded about them)."""
+    try:
+        return _tensor_stamps(tensors)
+    except RuntimeError:
+        return None
 
 
 def _same_tensors(stamps, tensors) -> bool:
