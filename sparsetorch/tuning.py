@@ -385,7 +385,8 @@ def tuning_table(decided_only: bool = False, kind: Optional[str] = None) -> List
     dict with ``kind``, ``route`` (the decision, None while tuning), ``decided`` and ``candidates``
     (samples handed out, counted costs in ms, dropped). "spmm" entries also have ``device`` and
     ``signature`` (field name -> value, see ``SIGNATURE_FIELDS``); the others ``key`` (their signature
-    tuple), ``rule`` and ``source`` ("sampled", "measured", "cache")."""
+    tuple), ``rule``, ``source`` ("sampled", "measured", "cache") and ``measured`` (an explicit
+    measurement made it, here or in the process that saved the cache file)."""
     kinds = TUNER_KINDS if kind is None else (tuner(kind).kind,)
     return [e for k in kinds for e in _TABLES[k].entries(decided_only)]
 
