@@ -116,8 +116,8 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
     out = tmp_path / "res"
     main(["--device", "cpu", "--suites", "serving", "--no-plots", "--out", str(out)])
     rows = json.loads((out / "results.json").read_text())["rows"]
-    modes = ["dense F.linear", "sparsetorch", "sparsetorch, cache file", "sparsetorch compact",
-             "sparsetorch compact, cache file"]
+    modes = ["dense F.linear", "sparsetorch", "sparsetorch, cache file", "sparsetorch, prepared from a cache file",
+             "sparsetorch compact", "sparsetorch compact, cache file"]
     cases = {r["case"] for r in rows}
     assert {"MLP block 2:4", "MLP block 90%", "MLP block 70% per row"} <= cases
     for case in cases:
