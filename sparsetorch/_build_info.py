@@ -1,6 +1,9 @@
+from typing import Dict
+
 import torch
 
 from sparsetorch import _C
+from sparsetorch._cache import register_clear
 
 # cuda_features' keys besides arch / binary, in the order the op lists them (csrc/device_ops.cpp).
 CUDA_FEATURES = ("mma", "mma_sp", "clusters", "cp_async", "bf16", "cusparselt")
@@ -49,3 +52,23 @@ def cuda_features(device=None) -> dict:
         key, _, value = line.partition("=")
         features[key] = int(value) if key in ("arch", "binary") else value == "1"
     return features
+
+
+_LOADED: Dict[int, dict] = {}
+
+
+def loaded_cuda_features(device) -> dict:
+    """:func:`cuda_features` of a CUDA device, asked once per device and process (what the loaded code can
+    do does not change while it is loaded; the pruned forms ask on every undecided call, where the op, its
+    CUDA queries and the parse cost microseconds of host each time). Read-only; st.clear_caches() forgets it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return cuda_features(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    got = _LOADED.get(index)
+    if got is None:
+        got = _LOADED[index] = cuda_features(index)
+    return got
+
+
+register_clear("cuda_features", _LOADED.clear, _LOADED.__len__)

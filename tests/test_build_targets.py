@@ -118,6 +118,25 @@ def test_cuda_features_without_a_gpu_is_all_false():
     assert cuda_features("cpu") == f
 
 
+def test_loaded_features_are_asked_once_per_device(monkeypatch):
+    """What the pruned forms read on every undecided call (forms.applicable, sparse24_applies) is cuda_features
+    asked once per device; st.clear_caches() forgets it. Off CUDA it is cuda_features' all-False answer."""
+    from sparsetorch import _build_info
+
+    assert _build_info.loaded_cuda_features("cpu") == cuda_features("cpu")
+    if not CUDA_READY:
+        return
+    asked = []
+    real = _build_info.cuda_features
+    monkeypatch.setattr(_build_info, "cuda_features", lambda d=None: asked.append(d) or real(d))
+    st.clear_caches()
+    first = _build_info.loaded_cuda_features(torch.device("cuda", 0))
+    assert first == real(0) and _build_info.loaded_cuda_features("cuda:0") is first and len(asked) == 1
+    st.clear_caches()
+    _build_info.loaded_cuda_features(0)
+    assert len(asked) == 2
+
+
 def test_route_availability_on_the_cpu():
     for route in ["native", "balanced", "split", "tiled", "densify", "cusparse", "blocked"]:
         for dtype in [torch.float32, torch.bfloat16]:

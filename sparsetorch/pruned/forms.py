@@ -42,12 +42,9 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 def cuda_features(device) -> Dict[str, bool]:
-    """What the loaded build's kernels can do on this CUDA device (tensor-core mma, mma.sp)."""
-    query = getattr(_build_info, "cuda_features", None)
-    if query is not None:
-        return query(device)
-    major = torch.cuda.get_device_capability(device)[0]
-    return {"mma": major >= 8, "mma_sp": major >= 8}
+    """What the loaded build's kernels can do on this CUDA device (tensor-core mma, mma.sp), asked once per
+    device (every undecided call asks)."""
+    return _build_info.loaded_cuda_features(device)
 
 
 def residual_24(crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int]) -> int:

@@ -129,7 +129,7 @@ def sparse24_applies(shape, dtype: torch.dtype, device: torch.device) -> Optiona
     if ops.cusparselt_version() == 0:
         return ("this build of sparsetorch has no cuSPARSELt (install the nvidia-cusparselt package matching "
                 "your CUDA and rebuild)")
-    if torch.cuda.is_available() and not _build_info.cuda_features(device)["cusparselt"]:
+    if torch.cuda.is_available() and not _build_info.loaded_cuda_features(device)["cusparselt"]:
         return "cuSPARSELt cannot run on this GPU with this build (it needs sm_80 or newer)"
     return None
 
