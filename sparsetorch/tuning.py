@@ -276,23 +276,32 @@ class Tuner:
                                            for n, c in e.candidates.items()}})
             return out
 
-    def export(self) -> List[list]:
-        """The decided entries as JSON-able ``[key as a list, choice, measured]``."""
-        return [[list(e["key"]), e["route"], e["measured"]] for e in self.entries(decided_only=True)]
+    def export(self) -> Tuple[List[list], List[list]]:
+        """The decided entries as JSON-able ``[key as a list, choice]`` pairs, and the keys (as lists) of those
+        an explicit measurement made: a list of their own, so that a reader that knows only pairs keeps
+        reading the pairs (and drops only the marks when it saves)."""
+        decided = self.entries(decided_only=True)
+        return [[list(e["key"]), e["route"]] for e in decided], [list(e["key"]) for e in decided if e["measured"]]
 
-    def load(self, entries: List[list]) -> int:
-        """Decisions of a cache file (``[key, choice, measured]``; a file without ``measured`` counts as not
-        measured, so SparseLinear.prepare() times those buckets again)."""
+    def load(self, entries: List[list], measured: Sequence[list] = ()) -> int:
+        """Decisions of a cache file; those whose key is in ``measured`` count as measured (SparseLinear's
+        prepare() keeps them; the others it times again)."""
+        marked = set()
+        for key in measured if isinstance(measured, list) else ():
+            try:
+                marked.add(tuple(key))
+            except TypeError:
+                continue
         taken = 0
         for item in entries:
             try:
-                key, choice, *rest = item
+                key, choice = item
                 key = tuple(key)
                 hash(key)
             except (TypeError, ValueError):
                 continue
             if isinstance(choice, str):
-                self.decide(key, choice, source="cache", measured=bool(rest and rest[0] is True))
+                self.decide(key, choice, source="cache", measured=key in marked)
                 taken += 1
         return taken
 
@@ -463,7 +472,7 @@ def _load(path: str) -> int:
         taken += _TABLES["spmm"].load(build.get("entries", []))
         for kind in ("linear", "plan"):
             if isinstance(build.get(kind), list):
-                taken += _TABLES[kind].load(build[kind])
+                taken += _TABLES[kind].load(build[kind], build.get(kind + "_measured", []))
     _cache["foreign"] = foreign
     return taken
 
@@ -499,7 +508,7 @@ def save_tuning_cache(path: Optional[str] = None) -> int:
         key = _build_key()
         group = dict(key, entries=_TABLES["spmm"].export())
         for kind in ("linear", "plan"):
-            group[kind] = _TABLES[kind].export()
+            group[kind], group[kind + "_measured"] = _TABLES[kind].export()
         count = len(group["entries"]) + len(group["linear"]) + len(group["plan"])
         if target == _cache["path"]:
             foreign = _cache["foreign"]

@@ -209,7 +209,8 @@ def test_from_dense_reads_the_patterns_residual_off_its_mask(monkeypatch, scheme
 @pytest.mark.parametrize("scheme", ["global", "row", "2:4"])
 def test_from_dense_and_moves_in_inference_mode(scheme):
     """Tensors made in inference mode have no version counter: from_dense and a move record nothing about the
-    pattern there (it is counted at the first call) and the layer computes the product."""
+    pattern there (it is counted at the first call) and the layer computes the product; so does a compact
+    layer, moved too."""
     torch.manual_seed(12)
     with torch.inference_mode():
         w = torch.randn(32, 64).bfloat16()
@@ -219,6 +220,9 @@ def test_from_dense_and_moves_in_inference_mode(scheme):
         x = torch.randn(5, 64).bfloat16()
         assert _rel(layer(x), _ref(layer, x)) < 2e-2
         assert layer._pattern().residual24 == forms.residual_24(layer.crow_indices, layer.col_indices, (32, 64))
+        ref = _ref(layer, x)
+        compact = layer.compact()._apply(lambda t: t.clone())
+        assert _rel(compact(x), ref) < 2e-2 and _rel(compact(x), ref) < 2e-2
 
 
 # --- the first call and the online samples ---------------------------------------------------------
@@ -365,8 +369,8 @@ def test_cache_file_holds_linear_decisions_and_a_new_process_starts_decided(tmp_
     assert "START []" in first
     doc = json.loads(open(path).read())
     group = doc["builds"][-1]
-    assert len(group["linear"]) == 2 and all(isinstance(k, list) and isinstance(r, str) and measured is True
-                                             for k, r, measured in group["linear"])
+    assert len(group["linear"]) == 2 and all(isinstance(k, list) and isinstance(r, str) for k, r in group["linear"])
+    assert sorted(group["linear_measured"]) == sorted(k for k, _ in group["linear"])  # prepare() decided both
     second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tests_dir, capture_output=True, text=True,
                             check=True, timeout=300).stdout
     assert "START []" not in second and second.count("'") >= 2

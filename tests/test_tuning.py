@@ -304,6 +304,31 @@ def test_decision_reaches_the_op_route_only_where_the_matrix_can_take_it():
 
 # --- the cache file ----------------------------------------------------------------------------------
 
+def test_cache_file_marks_measured_decisions_in_a_list_of_their_own(tmp_path):
+    """The "linear" / "plan" decisions stay [key, choice] pairs (what a reader without the marks reads); the
+    keys an explicit measurement decided are listed beside them; a file without that list loads every decision
+    as not measured."""
+    path = tmp_path / "tuning.json"
+    table = tuning.tuner("linear")
+    table.decide(("a", 1), "dense")                       # an explicit measurement
+    table.decide(("b", 2), "csr16", measured=False)       # as the online samples decide
+    st.save_tuning_cache(str(path))
+    doc = json.loads(path.read_text())
+    group = doc["builds"][-1]
+    assert sorted(group["linear"]) == [[["a", 1], "dense"], [["b", 2], "csr16"]]
+    assert group["linear_measured"] == [["a", 1]]
+    st.clear_tuning()
+    st.set_tuning_cache(str(path))
+    assert table.measured(("a", 1)) and not table.measured(("b", 2)) and table.source(("a", 1)) == "cache"
+    st.set_tuning_cache(None)
+    del group["linear_measured"]  # an older file
+    path.write_text(json.dumps(doc))
+    st.clear_tuning()
+    st.set_tuning_cache(str(path))
+    assert table.decided(("a", 1)) == "dense" and not table.measured(("a", 1))
+    st.set_tuning_cache(None)
+
+
 def test_cache_file_round_trip_and_foreign_entries(tmp_path):
     path = tmp_path / "sub" / "tuning.json"
     assert st.set_tuning_cache(str(path)) == 0  # no file yet

@@ -478,7 +478,8 @@ class SparseLinear(nn.Module):
         return int(summary[2]), bool(summary[1])
 
     def _compact_key(self):
-        return tuple((k, t.data_ptr(), t.device, t._version) for k, t in sorted(self._stored_buffers().items()))
+        return tuple((k, t.data_ptr(), t.device, _version_or_none(t))
+                     for k, t in sorted(self._stored_buffers().items()))
 
     def _stored_form(self):
         derived = self._derived
@@ -1110,6 +1111,11 @@ def _entries_beyond_2_per_4(mask: torch.Tensor) -> int:
 
 def _tensor_stamps(tensors) -> tuple:
     return tuple((t, t._version, t.data_ptr()) for t in tensors)
+
+
+def _version_or_none(t: torch.Tensor) -> Optional[int]:
+    """The in-place version counter; None for a tensor made in inference mode (it has none)."""
+    return None if t.is_inference() else t._version
 
 
 def _stamps_if_versioned(tensors) -> Optional[tuple]:
