@@ -84,6 +84,7 @@ class Pattern:
         self.density = self.nnz / max(1, self.shape[0] * self.shape[1])
         self._crow, self._col = crow, col
         self._split: Optional[Sparse24Split] = None
+        self.applicable_forms: Optional[Dict[str, str]] = None  # applicable()'s answer for the weight, once
         if dtype not in _HALF:
             self.residual24: Optional[int] = None
         else:
@@ -115,7 +116,18 @@ class Pattern:
 
 def applicable(p: Pattern, tokens: Optional[int] = None) -> Dict[str, str]:
     """Every form's name -> None when it applies to this weight (and to ``tokens`` rows of x when given),
-    else why not."""
+    else why not. The weight's part is worked out once per pattern (every undecided call asks)."""
+    if p.applicable_forms is None:
+        p.applicable_forms = _applicable_to_weight(p)
+    out = dict(p.applicable_forms)
+    if tokens is not None:
+        for name, limit in MAX_TOKENS.items():
+            if out.get(name) is None and tokens > limit:
+                out[name] = f"{tokens} tokens: past {limit} the kernel reads the weight again per tile"
+    return out
+
+
+def _applicable_to_weight(p: Pattern) -> Dict[str, str]:
     half, cuda = p.dtype in _HALF, p.device.type == "cuda"
     features = cuda_features(p.device) if cuda else {}
     mma = features.get("mma", not cuda)
@@ -134,10 +146,6 @@ def applicable(p: Pattern, tokens: Optional[int] = None) -> Dict[str, str]:
     out["bitmap"] = (None if half else f"dtype {p.dtype}: the bitmap kernel takes bfloat16/float16") or need_mma
     out["slots"] = _slots.applies(p.shape, p.dtype, p.nnz) or need_mma
     out["csr16"] = _csr16.applies(p.shape, p.dtype, p.nnz)
-    if tokens is not None:
-        for name, limit in MAX_TOKENS.items():
-            if out.get(name) is None and tokens > limit:
-                out[name] = f"{tokens} tokens: past {limit} the kernel reads the weight again per tile"
     return out
 
 
