@@ -49,6 +49,21 @@ def test_visible_gpus_are_the_targets(setup_py):
     assert names(setup_py, {"TORCH_CUDA_ARCH_LIST": "native"}, [(8, 0)])[0] == ["sm_80", "compute_80"]
 
 
+def test_visible_capabilities_reads_the_gpus_torch_sees(setup_py, monkeypatch):
+    """What a build on a GPU machine with no variable set targets: setup.py asks torch for the GPUs' compute
+    capabilities, clamped to the newest torch was built for (faked here: no GPU on the CPU machine)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90", "compute_90"])
+    caps = {0: (9, 0), 1: (12, 0)}  # an H100 and a GPU newer than torch's build knows
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: caps[i])
+    visible = setup_py.visible_capabilities()
+    assert visible == [(9, 0)]  # (12, 0) clamped to torch's newest, 9.0
+    assert names(setup_py, {}, visible) == (["sm_90", "compute_90"], "the GPUs visible at build time")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert setup_py.visible_capabilities() == []
+
+
 def test_torch_cuda_arch_list_convention(setup_py):
     env = {"TORCH_CUDA_ARCH_LIST": "8.0;8.6;9.0+PTX"}
     got, origin = names(setup_py, env, [(7, 5)])  # the list wins over the visible GPU
