@@ -172,13 +172,9 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         # which initialise those libraries, aside): the dense sequence once untimed (cuBLAS's kernels for every
         # shape loaded), and every form's kernel once on a small weight.
         _warm_libraries(ctx, dtype)
-        _run_sequence(ctx, dense_calls if mlp else [(c, "inner" if k in inner_kinds else "hidden")
-                                                    for c, k in zip(dense_calls, kinds)], mlp, steps, pool, pool_inner)
+        _run_sequence(ctx, as_calls(dense_calls), mlp, steps, pool, pool_inner)
         results = {}
-        dense_total, dense_costs = _run_sequence(ctx, dense_calls if mlp else [(c, "inner" if k in inner_kinds
-                                                                                 else "hidden")
-                                                                                for c, k in zip(dense_calls, kinds)],
-                                                 mlp, steps, pool, pool_inner)
+        dense_total, dense_costs = _run_sequence(ctx, as_calls(dense_calls), mlp, steps, pool, pool_inner)
         results[DENSE] = (dense_total, dense_costs, [masks[k] for k in kinds], 0)
         folder = tempfile.mkdtemp(prefix="st-serving-")
         cache, compact_cache = os.path.join(folder, "tuning.json"), os.path.join(folder, "tuning-compact.json")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F_torch
@@ -510,10 +510,8 @@ class SparseLinear(nn.Module):
             self._stored_form()
             return self._derived
         v, crow, col = self._parameters["values"], self._buffers["crow_indices"], self._buffers["col_indices"]
-        try:
-            key = (v._version, crow._version, col._version, v.data_ptr(), crow.data_ptr(), col.data_ptr())
-        except RuntimeError:  # inference tensors have no version counter
-            key = (-1, -1, -1, v.data_ptr(), crow.data_ptr(), col.data_ptr())
+        key = (_version_or_none(v), _version_or_none(crow), _version_or_none(col), v.data_ptr(), crow.data_ptr(),
+               col.data_ptr())
         key += (id(self._parameters.get("bias")), self.activation, self.negative_slope, self.format, self.backend)
         if key == derived.key:
             return derived
@@ -562,7 +560,7 @@ class SparseLinear(nn.Module):
         derived = self._derived
         sig = derived.signature
         if sig is None:
-            device = self.stored_buffer_device() if self.stored_format else self.values.device
+            device = self._weight_device()
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
             if self.stored_format is not None:
                 nnz, _ = self._pattern_summary()
@@ -574,6 +572,10 @@ class SparseLinear(nn.Module):
             sig = derived.signature = (name, str(self._dtype).replace("torch.", ""), self.out_features,
                                        self.in_features, kind, density, self.bias is not None, self.activation)
         return sig + (bucket,)
+
+    def _weight_device(self) -> torch.device:
+        """Where the weight lives: a compact layer's stored form, else the CSR's values."""
+        return self.stored_buffer_device() if self.stored_format else self.values.device
 
     def stored_buffer_device(self) -> torch.device:
         return next(iter(self._stored_buffers().values())).device
@@ -868,8 +870,8 @@ class SparseLinear(nn.Module):
         free the forms no bucket takes. A bucket an earlier ``prepare()`` decided, in this process or in
         the one that saved a loaded tuning cache file, keeps that decision and only has its form built (a
         second process starts in milliseconds); ``remeasure=True`` times it again. Returns bucket -> form."""
-        counts = sorted({_bucket(int(n)) for n in (token_counts or DEFAULT_TOKEN_COUNTS) if int(n) > 0})
-        device = self.stored_buffer_device() if self.stored_format else self.values.device
+        counts = _buckets(token_counts)
+        device = self._weight_device()
         derived = self._refresh()
         table = tuner("linear")
         result = {}
@@ -1037,7 +1039,7 @@ class SparseLinear(nn.Module):
         name = _forms.COMPACT_FORMS[int(fields[0])]
         incoming = {k[len(prefix) + len("stored_"):]: v for k, v in state_dict.items()
                     if k.startswith(prefix + "stored_") and k != prefix + "stored_summary"}
-        device = self.stored_buffer_device() if self.stored_format else self.values.device
+        device = self._weight_device()
         tensors = {k: torch.empty_like(v, device=device) for k, v in incoming.items()}
         self._become_compact(name, tensors, torch.empty_like(summary, device="cpu"), _DTYPE_CODES[int(fields[3])])
 
@@ -1086,6 +1088,11 @@ def _backward(layer: SparseLinear, grad: torch.Tensor, x: torch.Tensor, values: 
     return grad_x, grad_values
 
 
+def _buckets(token_counts: Optional[Iterable[int]]) -> List[int]:
+    """The buckets prepare() decides for ``token_counts`` (default DEFAULT_TOKEN_COUNTS), in order."""
+    return sorted({_bucket(int(n)) for n in (token_counts or DEFAULT_TOKEN_COUNTS) if int(n) > 0})
+
+
 def _pay_rent(derived: _Derived, name: str, gain: float, cost: float) -> bool:
     """One more call that wanted form ``name`` adds its ``gain`` to the form's rent (in dense calls); True while
     the rent falls short of the build ``cost`` (the call runs dense), False once repaid (the form is built)."""
@@ -1119,12 +1126,9 @@ def _version_or_none(t: torch.Tensor) -> Optional[int]:
 
 
 def _stamps_if_versioned(tensors) -> Optional[tuple]:
-    """_tensor_stamps, or None for tensors made in inference mode (no version counter: nothing can tell
-    whether they changed, so nothing is recorded about them)."""
-    try:
-        return _tensor_stamps(tensors)
-    except RuntimeError:
-        return None
+    """_tensor_stamps, or None where a tensor was made in inference mode (no version counter: nothing can tell
+    whether it changed, so nothing is recorded about it)."""
+    return None if any(t.is_inference() for t in tensors) else _tensor_stamps(tensors)
 
 
 def _same_tensors(stamps, tensors) -> bool:
@@ -1245,9 +1249,9 @@ def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, p
         if sig in done:  # decided by a layer of the same signature: this one builds the forms it takes
             layer._refresh()
             out[name] = {}
-            device = layer.stored_buffer_device() if layer.stored_format else layer.values.device
+            device = layer._weight_device()
             with torch.no_grad():
-                for n in sorted({_bucket(int(c)) for c in (token_counts or DEFAULT_TOKEN_COUNTS) if int(c) > 0}):
+                for n in _buckets(token_counts):
                     decided = tuner("linear").decided(layer._tuning_key(n))
                     if decided is not None:
                         out[name][n] = layer._take_decision(n, decided, device)

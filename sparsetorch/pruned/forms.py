@@ -32,19 +32,13 @@ from sparsetorch.pruned.sparse24_decode import (Sparse24DecodeWeight, decode_app
                                                expand_sparse24_decode, is_pair_layout, nibbles_of_pairs)
 
 __all__ = ["FORM_NAMES", "COMPACT_FORMS", "CsrForm", "DenseForm", "Sparse24Form", "Sparse24DecodeForm", "BitmapForm",
-           "SlotsForm", "Csr16Form", "Pattern", "applicable", "build", "from_tensors", "cuda_features",
+           "SlotsForm", "Csr16Form", "Pattern", "applicable", "build", "from_tensors",
            "residual_24", "MAX_TOKENS"]
 
 FORM_NAMES = ("csr", "dense", "2:4", "2:4 decode", "bitmap", "slots", "csr16")
 # Forms that can be a compact layer's one stored form (each also expands to dense for large token counts).
 COMPACT_FORMS = ("2:4 decode", "slots", "csr")
 _HALF = (torch.bfloat16, torch.float16)
-
-
-def cuda_features(device) -> Dict[str, bool]:
-    """What the loaded build's kernels can do on this CUDA device (tensor-core mma, mma.sp), asked once per
-    device (every undecided call asks)."""
-    return _build_info.loaded_cuda_features(device)
 
 
 def residual_24(crow: torch.Tensor, col: torch.Tensor, shape: Tuple[int, int]) -> int:
@@ -129,7 +123,7 @@ def applicable(p: Pattern, tokens: Optional[int] = None) -> Dict[str, str]:
 
 def _applicable_to_weight(p: Pattern) -> Dict[str, str]:
     half, cuda = p.dtype in _HALF, p.device.type == "cuda"
-    features = cuda_features(p.device) if cuda else {}
+    features = _build_info.loaded_cuda_features(p.device) if cuda else {}  # asked once per device
     mma = features.get("mma", not cuda)
     out = {"csr": None, "dense": None}
     reason24 = sparse24_applies(p.shape, p.dtype, p.device)

@@ -79,7 +79,8 @@ def first_choice(pattern, tokens: int, available: Dict[str, Optional[str]]) -> s
 # tokens (memory-bound: flat up to ~64 tokens), fitted to H100 measurements (bf16, 14336 x 4096 at 70% per
 # row, 90% global and 2:4; docs/performance.md, the serving sequence's build pieces; dense 55 us):
 #   build   slots 3.2 ms at density 0.3, 1.4 ms at 0.1 (a sort); CSR16 0.40 / 0.23 ms; 2:4 decode from a
-#           2:4 pruning's CSR 0.83 ms (the pair-layout check and one kernel)
+#           2:4 pruning's CSR 0.83 ms (the pair-layout check and one kernel; a from_dense pruning now skips
+#           the check, 0.40 ms: not measured since, and below REPAY_AT_ONCE_CALLS either way)
 #   gain    the times against dense in the module docstring (CSR16 0.29-0.37 at 90-95%, 0.65-0.71 at 70%,
 #           0.93-0.99 at 50%; slots 0.47-0.65 at 90-95%, 0.81-0.82 at 70% and 1-8 tokens; 2:4 decode 0.62-0.88)
 # At 70% per row the slot layout repays its build after ~310 calls, CSR16 after ~25; at 90% after ~60 and ~7;
