@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, Tuple
 
 import torch
 
-__all__ = ["TensorCache", "register_clear", "clear_caches", "cache_info", "MISS"]
+__all__ = ["TensorCache", "register_clear", "clear_caches", "cache_info", "tensor_version", "MISS"]
 
 _registry: Dict[str, Tuple[Callable[[], None], Callable[[], int]]] = {}
 
@@ -53,10 +53,12 @@ class _Miss:
 MISS = _Miss()
 
 
-def _version(t: torch.Tensor) -> int:
+def tensor_version(t: torch.Tensor) -> int:
+    """The in-place version counter, or -1 where there is none (a tensor made in inference mode, some sparse
+    layouts): such a tensor can only be known by identity."""
     try:
         return t._version
-    except RuntimeError:  # some sparse layouts have no version counter: identity alone
+    except RuntimeError:
         return -1
 
 
@@ -87,7 +89,7 @@ class TensorCache:
         for t in tensors:
             if type(t) is not torch.Tensor or t.is_inference():
                 return False
-            if not self.unversioned and _version(t) < 0:
+            if not self.unversioned and tensor_version(t) < 0:
                 return False
         return not any(isinstance(e, (torch.SymInt, torch.SymFloat, torch.SymBool)) for e in extra)
 
@@ -104,7 +106,7 @@ class TensorCache:
         if len(refs) != len(tensors):
             return MISS
         for ref, t, version in zip(refs, tensors, versions):
-            if ref() is not t or _version(t) != version:
+            if ref() is not t or tensor_version(t) != version:
                 return MISS
         try:
             self._entries.move_to_end(key)  # least recently used first out
@@ -126,7 +128,7 @@ class TensorCache:
 
         refs = tuple(weakref.ref(t, drop) for t in tensors)
         with self._lock:
-            entries[key] = (refs, tuple(map(_version, tensors)), value)
+            entries[key] = (refs, tuple(map(tensor_version, tensors)), value)
             entries.move_to_end(key)
             while len(entries) > self.max_entries:
                 entries.popitem(last=False)

@@ -45,6 +45,7 @@ from torch import nn
 from sparsetorch import functional as F
 from sparsetorch import timing
 from sparsetorch._autograd import call_op, spmm_call
+from sparsetorch._cache import tensor_version
 from sparsetorch._ops import ops
 from sparsetorch._transpose import transpose_pattern, transpose_values
 from sparsetorch._validate import ensure_valid
@@ -478,7 +479,7 @@ class SparseLinear(nn.Module):
         return int(summary[2]), bool(summary[1])
 
     def _compact_key(self):
-        return tuple((k, t.data_ptr(), t.device, _version_or_none(t))
+        return tuple((k, t.data_ptr(), t.device, tensor_version(t))
                      for k, t in sorted(self._stored_buffers().items()))
 
     def _stored_form(self):
@@ -510,7 +511,7 @@ class SparseLinear(nn.Module):
             self._stored_form()
             return self._derived
         v, crow, col = self._parameters["values"], self._buffers["crow_indices"], self._buffers["col_indices"]
-        key = (_version_or_none(v), _version_or_none(crow), _version_or_none(col), v.data_ptr(), crow.data_ptr(),
+        key = (tensor_version(v), tensor_version(crow), tensor_version(col), v.data_ptr(), crow.data_ptr(),
                col.data_ptr())
         key += (id(self._parameters.get("bias")), self.activation, self.negative_slope, self.format, self.backend)
         if key == derived.key:
@@ -1120,15 +1121,10 @@ def _tensor_stamps(tensors) -> tuple:
     return tuple((t, t._version, t.data_ptr()) for t in tensors)
 
 
-def _version_or_none(t: torch.Tensor) -> Optional[int]:
-    """The in-place version counter; None for a tensor made in inference mode (it has none)."""
-    return None if t.is_inference() else t._version
-
-
 def _stamps_if_versioned(tensors) -> Optional[tuple]:
     """_tensor_stamps, or None where a tensor was made in inference mode (no version counter: nothing can tell
     whether it changed, so nothing is recorded about it)."""
-    return None if any(t.is_inference() for t in tensors) else _tensor_stamps(tensors)
+    return None if any(tensor_version(t) < 0 for t in tensors) else _tensor_stamps(tensors)
 
 
 def _same_tensors(stamps, tensors) -> bool:
