@@ -5,13 +5,14 @@
                                                                # torch.profiler over 5 steps, device time per op
     python -m benchmarks.gnn_profile --memory GCNConv --profile-impls sparsetorch,pyg-sparse
                                                                # the blocks live at a step's peak (CUDA)
-    python -m benchmarks.gnn_profile --minibatch GCNConv:sparsetorch,GCNConv:pyg
+    python -m benchmarks.gnn_profile --minibatch GCNConv:sparsetorch,GCNConv:pyg [--compiled]
                                                                # host time per op of fresh-graph steps (CUDA)
 """
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -132,38 +133,50 @@ def memory_at_peak(device: str = "cuda", layer: str = "GCNConv", nodes: int = 16
     return "\n".join(lines)
 
 
-def profile_minibatch(layer: str = "GCNConv", fanouts=(15, 10), impl: str = "sparsetorch", rows: int = 30) -> str:
+def profile_minibatch(layer: str = "GCNConv", fanouts=(15, 10), impl: str = "sparsetorch", rows: int = 30,
+                      compiled: bool = False) -> str:
     """torch.profiler over 5 fresh-graph training steps of one implementation on the CUDA power-law
-    graph: the ops sorted by host (CPU) time, and the host synchronisations per step."""
+    graph: the ops sorted by host (CPU) time, the host synchronisations per step, and the wall and GPU
+    time per step. ``compiled``: the model under ``torch.compile(dynamic=True)``, as the compile suite runs
+    it (backward and Adam outside)."""
     from torch.profiler import ProfilerActivity, profile
 
     dev = torch.device("cuda")
     ctx = Context(dev, make_timer(dev, True), None, True, None)
     nodes = 300_000
     graph = power_law_edge_index(nodes, 3_000_000, seed=7, device="cuda")
-    batches = make_batches(ctx, graph, nodes, fanouts, 10, seed=len(fanouts))
+    batches = make_batches(ctx, graph, nodes, fanouts, 15, seed=len(fanouts))  # warm-up, timed, profiled
     lib = st.nn if impl == "sparsetorch" else pyg_layers()[0]
     torch.manual_seed(0)
     model = Net3(lib, layer).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    run = torch.compile(model, dynamic=True) if compiled else model
 
     def step(batch):
         x, edge_index, y, size = batch
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x, edge_index)[:size], y).backward()
+        F.cross_entropy(run(x, edge_index)[:size], y).backward()
         opt.step()
 
     for b in batches[:5]:
         step(b)
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for b in batches[5:10]:
+        step(b)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) / 5 * 1e3
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for b in batches[5:]:
+        for b in batches[10:]:
             step(b)
         torch.cuda.synchronize()
     averages = prof.key_averages()
     syncs = sum(e.count for e in averages if e.key in SYNC_CALLS) - 1
     launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-    head = (f"{impl} {layer} fanout {list(fanouts)}: per step {syncs / 5:.1f} host syncs, {launches / 5:.0f} kernel "
+    gpu_ms = sum(e.self_device_time_total for e in averages
+                 if e.device_type == torch.autograd.DeviceType.CUDA) / 5 / 1e3
+    head = (f"{impl} {layer} {'compiled' if compiled else 'eager'} fanout {list(fanouts)}: per step {wall_ms:.3f} ms "
+            f"wall (unprofiled), {gpu_ms:.3f} ms of GPU kernels, {syncs / 5:.1f} host syncs, {launches / 5:.0f} kernel "
             f"launches")
     return head + "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=55)
 
@@ -179,6 +192,7 @@ def main(argv=None):
                     "(for each of --profile-impls)")
     ap.add_argument("--minibatch", default="", help="comma-separated LAYER:IMPL (IMPL sparsetorch or pyg): "
                     "torch.profiler over fresh-graph mini-batch steps")
+    ap.add_argument("--compiled", action="store_true", help="--minibatch: the model under torch.compile(dynamic=True)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--nodes", type=int, default=169_343)
     ap.add_argument("--entries", type=int, default=2_100_000)
@@ -210,7 +224,7 @@ def main(argv=None):
             print(memory_at_peak(str(device), layer, args.nodes, args.entries, channels, impl))
     for spec in [x for x in args.minibatch.split(",") if x]:
         layer, impl = spec.split(":")
-        print(profile_minibatch(layer, impl=impl))
+        print(profile_minibatch(layer, impl=impl, compiled=args.compiled))
     if not (args.steps or args.profile or args.memory or args.minibatch):
         ap.print_help()
 

@@ -109,9 +109,11 @@ def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
 
 
 def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
-    """The serving suite's CPU rehearsal: every pruning case has the dense baseline, the four sparse modes
-    and prepare(), each with its time, ratio, costliest call and memory; compact layers hold less than dense."""
+    """The serving suite's CPU rehearsal: every pruning case has the dense baseline, the five sparse modes
+    and prepare(), each with its time, ratio (the median of its repetitions between dense runs), costliest call
+    and memory; compact layers hold less than dense."""
     from benchmarks.run import main
+    from benchmarks.suites.serving import REPEATS
 
     out = tmp_path / "res"
     main(["--device", "cpu", "--suites", "serving", "--no-plots", "--out", str(out)])
@@ -127,12 +129,32 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
             r = got[mode]
             assert r["time_ms"] > 0 and r["vs_dense"] > 0 and 0 < r["costliest_ms"] <= r["time_ms"], (case, mode)
             assert r["held_bytes"] > 0 and r["costliest_call"].split(" at N=")[0] in ("gate", "up", "down")
+            if mode != "dense F.linear":  # REPEATS runs between dense runs; the row is the median's
+                runs = r["vs_dense_runs"]
+                assert len(runs) == r["repeats"] == REPEATS and runs == sorted(runs), (case, mode)
+                assert r["vs_dense"] == pytest.approx(runs[len(runs) // 2], abs=1e-3), (case, mode)
+        assert got["dense F.linear"]["repeats"] == 2 * REPEATS * (len(modes) - 1), case
         # float32 on the CPU: a compact layer keeps the CSR (8 bytes per kept value, 4 per dense position)
         kept = 0.5 if "2:4" in case else 0.1 if "90%" in case else 0.3
         assert got["sparsetorch compact"]["held_vs_dense"] == pytest.approx(2 * kept, rel=0.02), case
         assert got["prepare"]["time_ms"] > 0
         # a second process's prepare() with the default run's cache file keeps its decisions: builds, no timing
         assert 0 < got["prepare"]["prepare_cached_ms"] < got["prepare"]["prepare_ms"] / 3, case
+
+
+def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
+    """benchmarks.serving_profile (a maintainer's script): dense, then each mode's two passes against it, the
+    routes, and the first-pass calls that cost most over their second."""
+    from benchmarks.serving_profile import main
+
+    main(["--device", "cpu", "--cases", "90%"])
+    out = capsys.readouterr().out
+    assert "90%: dense" in out
+    for mode in ("default", "cache file"):
+        for p in (1, 2):
+            assert f"  {mode}, pass {p}: " in out and "x dense; calls " in out
+    assert out.count("routes of gate: {") == 2 and out.count("pass 1 over pass 2 in calls: ") == 2
+    assert " step   0 gate N=" in out  # the sequence's first call leads: it makes the layer's first forms
 
 
 def test_serving_causal_lm_decodes_like_a_reference_on_cpu():

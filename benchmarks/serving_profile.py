@@ -1,0 +1,101 @@
+"""Where the serving suite's first pass goes (benchmarks/suites/serving.py; issue 63), one run each:
+
+    python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table]
+
+For each MLP case: the dense sequence (after its untimed warm-up), then fresh SparseLinear layers over the
+sequence twice, in default mode and with the tuning cache file that the default mode saved: each pass's total
+against dense, the sum of the calls' event times and the rest of the wall time (silu, the product, the step's
+synchronisation), the routes, and the calls whose first-pass cost exceeds their second-pass cost the most.
+``--table``: torch.profiler over a third, cache-file first pass (host ops by self CPU time).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import torch
+
+import sparsetorch as st
+from benchmarks.harness import make_timer
+from benchmarks.suites import serving
+from benchmarks.suites.common import Context
+
+CASES = {"2:4": (3, 0.5, "2:4"), "90%": (2, 0.9, "global"), "70%": (1, 0.7, "row")}  # seed, sparsity, scheme
+
+
+def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
+    seed, sparsity, scheme = CASES[case]
+    weights = serving._mlp_weights(ctx, seed)
+    kinds = list(weights)
+    dtype = weights["gate"].dtype
+    g = torch.Generator(device=ctx.device).manual_seed(7)
+    pool = torch.randn(max(steps), weights["gate"].shape[1], device=ctx.device, generator=g).to(dtype)
+
+    def fresh():
+        return [st.nn.SparseLinear.from_dense(weights[k], sparsity=sparsity, scheme=scheme).requires_grad_(False)
+                for k in kinds]
+
+    serving._warm_libraries(ctx, dtype)
+    dense = [serving._dense_linear(layer.to_dense().detach()) for layer in fresh()]
+    serving._run_sequence(ctx, dense, True, steps, pool, None)  # cuBLAS's first call per shape, untimed
+    dense_total, dense_costs = serving._run_sequence(ctx, dense, True, steps, pool, None)
+    dense_calls = sum(map(sum, dense_costs))
+    print(f"\n{case}: dense {dense_total * 1e3:.1f} ms (calls {dense_calls * 1e3:.1f} ms, rest "
+          f"{(dense_total - dense_calls) * 1e3:.1f} ms)", flush=True)
+    cache = os.path.join(tempfile.mkdtemp(prefix="st-serving-profile-"), "tuning.json")
+    for mode in ("default", "cache file"):
+        st.clear_tuning()
+        st.clear_caches()
+        layers = fresh()
+        if mode == "cache file":
+            st.set_tuning_cache(cache)
+        passes = [serving._run_sequence(ctx, layers, True, steps, pool, None) for _ in range(2)]
+        if mode == "default":
+            st.save_tuning_cache(cache)
+        st.set_tuning_cache(None)
+        for i, (total, costs) in enumerate(passes):
+            calls = sum(map(sum, costs))
+            print(f"  {mode}, pass {i + 1}: {total * 1e3:.1f} ms ({dense_total / total:.3f}x dense; calls "
+                  f"{calls * 1e3:.1f} ms, rest {(total - calls) * 1e3:.1f} ms)")
+        print(f"  routes of {kinds[0]}: {layers[0].routes}")
+        (_, first), (_, second) = passes
+        extra = sorted(((a - b, i, k, a, b) for i, (r1, r2) in enumerate(zip(first, second))
+                        for k, (a, b) in enumerate(zip(r1, r2))), reverse=True)
+        print(f"  pass 1 over pass 2 in calls: {sum(d for d, *_ in extra if d > 0) * 1e3:.1f} ms; the largest:")
+        for d, i, k, a, b in extra[:10]:
+            print(f"    step {i:3d} {kinds[k]:4s} N={steps[i]:4d}: {a * 1e3:7.3f} ms, then {b * 1e3:7.3f} ms")
+    if table:
+        from torch.profiler import ProfilerActivity, profile
+
+        st.clear_tuning()
+        st.clear_caches()
+        layers = fresh()
+        st.set_tuning_cache(cache)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])
+        with profile(activities=activities) as prof:
+            serving._run_sequence(ctx, layers, True, steps, pool, None)
+        st.set_tuning_cache(None)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.serving_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="2:4,90%,70%", help="comma-separated: 2:4, 90%%, 70%%")
+    ap.add_argument("--table", action="store_true", help="torch.profiler over a cache-file first pass")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    ctx = Context(device, make_timer(device, True), None, True, None)
+    steps = serving.serving_sequence(ctx.cuda)
+    print(f"{len(steps)} steps, {sum(steps)} tokens, CUDA_MODULE_LOADING="
+          f"{os.environ.get('CUDA_MODULE_LOADING', 'unset (lazy)')}")
+    for case in args.cases.split(","):
+        if case not in CASES:
+            ap.error(f"unknown case {case!r}; choose from {', '.join(CASES)}")
+        profile_case(ctx, case, steps, args.table)
+
+
+if __name__ == "__main__":
+    main()
