@@ -25,7 +25,7 @@ SpmmProblem check_blocked_args(const at::Tensor& crow, const at::Tensor& col, co
   const int64_t runs = blocked_runs(sp.m, sp.k);
   TORCH_CHECK_VALUE(run_ptr.dim() == 2 && run_ptr.size(0) == 2 && run_ptr.size(1) == runs + 1, "run_ptr: expected shape (2, ",
                     runs + 1, ") for ", sp.m, " rows and ", sp.k,
-                    " columns (the layout of sparsetorch/_blocked.py), got ", run_ptr.sizes());
+                    " columns (the layout of sparsetorch/pruned/blocked.py), got ", run_ptr.sizes());
   TORCH_CHECK_VALUE(block_col.dim() == 1, "block_col: expected a 1-D tensor, got shape ", block_col.sizes());
   TORCH_CHECK_VALUE(pair_values.dim() == 2 && pair_values.size(1) == 2,
                     "pair_values: expected shape (pairs, 2), got ", pair_values.sizes());
