@@ -14,6 +14,8 @@
 #   SPARSETORCH_DATA the real data (matrices/, Planetoid); without it the data-dependent cases are left out
 #   TORCH_CUDA_ARCH_LIST / SPARSETORCH_CUDA_ARCH, MAX_JOBS   the build's targets and parallelism (setup.py)
 #   DEADLINE         seconds for all the steps together: each step gets what is left (default: no limit)
+#   RESUME           a tests_done.txt of an earlier call: its tests are left out (a suite split over calls that
+#                    each end at a time limit); every call writes $OUT/tests_done.txt, RESUME's ids included
 #   PACK=1           pack $OUT into one $OUT/results.tgz at the end (to copy back from a remote machine)
 # The built module is also saved stripped and gzipped as $OUT/module.so.gz: gunzip it into sparsetorch/ of
 # a later copy of the same tree and the build is skipped (a module newer than every source is reused).
@@ -55,8 +57,17 @@ for what in "$@"; do
   if [ "$(left)" -le 5 ]; then echo "gpu_run: no time left for $what"; rc=1; continue; fi
   case "$what" in
     tests)
-      timeout "$(left)" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/logs/tests.log" 2>&1 || rc=1
-      grep -E "^(FAILED|ERROR)" "$OUT/logs/tests.log" | head -30
+      # -v: each finished test's id is in the log (with -n: "[gw3] [ 12%] PASSED tests/...::name"), so a call
+      # cut short by the deadline says which ran; RESUME's ids are left out of this call and kept in the list
+      if [ -n "${RESUME:-}" ]; then export SPARSETORCH_TESTS_DONE=$RESUME; cp "$RESUME" "$OUT/tests_done.prev"; fi
+      timeout "$(left)" "$PY" -m pytest -v -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/logs/tests.log" 2>&1 || rc=1
+      { cat "$OUT/tests_done.prev" 2>/dev/null
+        sed -nE -e 's/^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests\/.*[^ ]) *$/\2/p' \
+          -e 's/^(tests\/.*[^ ]) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)( +\[ *[0-9]+%\])? *$/\1/p' "$OUT/logs/tests.log"
+      } | sort -u > "$OUT/tests_done.txt"
+      rm -f "$OUT/tests_done.prev"
+      grep -E "^(FAILED|ERROR)|[] ](FAILED|ERROR) tests/" "$OUT/logs/tests.log" | head -30
+      echo "tests finished so far: $(wc -l < "$OUT/tests_done.txt") (\$OUT/tests_done.txt: RESUME= of the next call)"
       tail -2 "$OUT/logs/tests.log" ;;
     main)
       timeout "$(left)" "$PY" -m benchmarks ${MAIN_ARGS:-} --out "$OUT/main" > "$OUT/logs/main.log" 2>&1 || rc=1

@@ -44,6 +44,23 @@ def pytest_report_header(config):
             f"devices under test: {DEVICES}")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A run split over several calls (a GPU machine lent for minutes at a time: scripts/gpu_run.sh's
+    RESUME): the test ids listed in the file $SPARSETORCH_TESTS_DONE (one per line) finished in an earlier
+    call and are deselected."""
+    path = os.environ.get("SPARSETORCH_TESTS_DONE")
+    if not path:
+        return
+    if not os.path.isfile(path):
+        raise pytest.UsageError(f"SPARSETORCH_TESTS_DONE={path}: no such file (the test ids an earlier run finished)")
+    with open(path) as f:
+        done = {line.strip() for line in f if line.strip()}
+    keep = [item for item in items if item.nodeid not in done]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+        items[:] = keep
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """On a build whose code for the GPU has no tensor-core mma, a test of a tensor-core form that the op

@@ -35,3 +35,34 @@ def test_tour_block_runs(device, index):
     # Each block leaves its results on the chosen device.
     results = [v for k, v in namespace.items() if k in ("C", "y", "h") and hasattr(v, "device")]
     assert results and all(v.device.type == device for v in results)
+
+
+def test_a_split_run_leaves_out_the_tests_an_earlier_call_finished(tmp_path):
+    """CONTRIBUTING's split GPU run: the ids in $SPARSETORCH_TESTS_DONE are deselected (conftest.py), and a
+    missing file is a usage error, not a silent full run."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, python_env
+
+    done = tmp_path / "done.txt"
+    done.write_text("tests/test_stats.py::test_the_layout_covers_the_vector_in_order\n")
+
+    def run(path):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_stats.py",
+                               "-k", "layout_covers or defect_is_named"], cwd=ROOT, capture_output=True, text=True,
+                              env=python_env(SPARSETORCH_TESTS_DONE=str(path)), timeout=300)
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+
+    def counts(out):
+        assert out.returncode == 0, out.stdout[-500:]
+        found = re.search(r"(\d+) passed, (\d+) deselected", out.stdout)
+        return int(found.group(1)), int(found.group(2))
+
+    passed, deselected = counts(run(empty))  # -k keeps 2 tests of the file (more where one runs per device)
+    assert passed >= 2
+    assert counts(run(done)) == (passed - 1, deselected + 1)
+    missing = run(tmp_path / "none.txt")
+    assert missing.returncode != 0 and "SPARSETORCH_TESTS_DONE" in missing.stdout + missing.stderr
