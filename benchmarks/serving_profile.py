@@ -3,7 +3,8 @@
     python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table]
 
 For each MLP case: the dense sequence (after its untimed warm-up), then fresh SparseLinear layers over the
-sequence twice, in default mode and with the tuning cache file that the default mode saved: each pass's total
+sequence twice, in default mode, with the tuning cache file that the default mode saved, and prepared
+(``prepare()`` of the sequence's buckets first, untimed, by timing, as a first server process): each pass's total
 against dense, the sum of the calls' event times and the rest of the wall time (silu, the product, the step's
 synchronisation), the routes, and the calls whose first-pass cost exceeds their second-pass cost the most.
 ``--table``: torch.profiler over a third, cache-file first pass (host ops by self CPU time).
@@ -44,12 +45,15 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
     print(f"\n{case}: dense {dense_total * 1e3:.1f} ms (calls {dense_calls * 1e3:.1f} ms, rest "
           f"{(dense_total - dense_calls) * 1e3:.1f} ms)", flush=True)
     cache = os.path.join(tempfile.mkdtemp(prefix="st-serving-profile-"), "tuning.json")
-    for mode in ("default", "cache file"):
+    for mode in ("default", "cache file", "prepared"):
         st.clear_tuning()
         st.clear_caches()
         layers = fresh()
         if mode == "cache file":
             st.set_tuning_cache(cache)
+        if mode == "prepared":
+            for layer in layers:
+                layer.prepare(steps)
         passes = [serving._run_sequence(ctx, layers, True, steps, pool, None) for _ in range(2)]
         if mode == "default":
             st.save_tuning_cache(cache)
@@ -58,7 +62,8 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
             calls = sum(map(sum, costs))
             print(f"  {mode}, pass {i + 1}: {total * 1e3:.1f} ms ({dense_total / total:.3f}x dense; calls "
                   f"{calls * 1e3:.1f} ms, rest {(total - calls) * 1e3:.1f} ms)")
-        print(f"  routes of {kinds[0]}: {layers[0].routes}")
+        for kind, layer in zip(kinds, layers):
+            print(f"  routes of {kind}: {dict(sorted(layer.routes.items()))}")
         (_, first), (_, second) = passes
         extra = sorted(((a - b, i, k, a, b) for i, (r1, r2) in enumerate(zip(first, second))
                         for k, (a, b) in enumerate(zip(r1, r2))), reverse=True)

@@ -143,17 +143,17 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
 
 
 def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
-    """benchmarks.serving_profile (a maintainer's script): dense, then each mode's two passes against it, the
-    routes, and the first-pass calls that cost most over their second."""
+    """benchmarks.serving_profile (a maintainer's script): dense, then each mode's two passes against it (default,
+    cache file, prepared), the routes, and the first-pass calls that cost most over their second."""
     from benchmarks.serving_profile import main
 
     main(["--device", "cpu", "--cases", "90%"])
     out = capsys.readouterr().out
     assert "90%: dense" in out
-    for mode in ("default", "cache file"):
+    for mode in ("default", "cache file", "prepared"):
         for p in (1, 2):
             assert f"  {mode}, pass {p}: " in out and "x dense; calls " in out
-    assert out.count("routes of gate: {") == 2 and out.count("pass 1 over pass 2 in calls: ") == 2
+    assert out.count("routes of gate: {") == 3 and out.count("pass 1 over pass 2 in calls: ") == 3
     assert " step   0 gate N=" in out  # the sequence's first call leads: it makes the layer's first forms
 
 
