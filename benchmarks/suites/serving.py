@@ -37,10 +37,10 @@ emptied tuning table, between two runs of the dense sequence; its ratio is the d
 its time, and the row reports the repetition of median ratio (``vs_dense_runs``: every repetition's ratio).
 
 Row fields: ``time_ms`` (the sequence's total; dense: the median of its runs), ``vs_dense``, ``costliest_ms``
-(the costliest single call of one layer over every repetition, first calls included) and the call it was, ``held_bytes`` (per layer, after the sequence: the CSR
-and every form held; compact: the stored form) against dense (``held_vs_dense``) and against the smallest form
-(``held_vs_smallest``: the compact stored form's bytes), ``peak_transient_bytes`` (a compact layer's dense
-expansion). The floor is not a useful bound for a sequence of first calls: none is given.
+(the costliest single call of one layer over every repetition, first calls included) and the call it was,
+``held_bytes`` (per layer, after the sequence: the CSR and every form held; compact: the stored form) against
+dense (``held_vs_dense``) and against the smallest form (``held_vs_smallest``: the compact stored form's
+bytes), ``peak_transient_bytes`` (a compact layer's dense expansion). The floor is not a useful bound for a sequence of first calls: none is given.
 
 **End to end** (``e2e`` rows, CUDA): a causal LM with random weights in the Llama-3 layout (2 layers of
 Llama-3-8B's shapes, vocabulary 32000, a static KV cache of 512 positions), Wanda-pruned to 2:4 with
@@ -202,16 +202,15 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
                 st.save_tuning_cache(path)
             st.set_tuning_cache(None)
             peak = max(m.memory()["peak_transient"] for m in layers)
-            return total, costs, _held(layers), peak, layers
+            return total, costs, _held(layers), peak
 
         def sparse_run(label, make_layers, path, load_cache, save_cache, prepare_at_load=False):
             """REPEATS runs on fresh layers, each between two dense runs; the first saves the cache file."""
             reps = []
             for rep in range(REPEATS):
                 before = dense_once()
-                total, costs, held, peak, layers = sparse_once(make_layers, path, load_cache, save_cache and rep == 0,
-                                                               prepare_at_load)
-                del layers
+                total, costs, held, peak = sparse_once(make_layers, path, load_cache, save_cache and rep == 0,
+                                                       prepare_at_load)
                 reps.append(((before + dense_once()) / 2 / total, total, costs, held, peak))
             ratios = sorted(r[0] for r in reps)
             median = sorted(reps, key=lambda r: r[0])[len(reps) // 2]
