@@ -22,11 +22,8 @@ from benchmarks.harness import make_timer
 from benchmarks.suites import serving
 from benchmarks.suites.common import Context
 
-CASES = {"2:4": (3, 0.5, "2:4"), "90%": (2, 0.9, "global"), "70%": (1, 0.7, "row")}  # seed, sparsity, scheme
-
-
 def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
-    seed, sparsity, scheme = CASES[case]
+    _, seed, sparsity, scheme = serving.MLP_CASES[case]
     weights = serving._mlp_weights(ctx, seed)
     kinds = list(weights)
     dtype = weights["gate"].dtype
@@ -97,8 +94,8 @@ def main(argv=None):
     print(f"{len(steps)} steps, {sum(steps)} tokens, CUDA_MODULE_LOADING="
           f"{os.environ.get('CUDA_MODULE_LOADING', 'unset (lazy)')}")
     for case in args.cases.split(","):
-        if case not in CASES:
-            ap.error(f"unknown case {case!r}; choose from {', '.join(CASES)}")
+        if case not in serving.MLP_CASES:
+            ap.error(f"unknown case {case!r}; choose from {', '.join(serving.MLP_CASES)}")
         profile_case(ctx, case, steps, args.table)
 
 

@@ -55,10 +55,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"SPARSETORCH_TESTS_DONE={path}: no such file (the test ids an earlier run finished)")
     with open(path) as f:
         done = {line.strip() for line in f if line.strip()}
-    keep = [item for item in items if item.nodeid not in done]
-    if len(keep) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
-        items[:] = keep
+    dropped = [item for item in items if item.nodeid in done]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.nodeid not in done]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -71,6 +71,10 @@ from sparsetorch.pruned import wanda_prune
 DENSE = "dense F.linear"
 PREPARED = "sparsetorch, prepared from a cache file"
 REPEATS = 3  # runs of each sparse mode, each between two dense runs (module docstring)
+# The MLP block's prunings: short name -> (case name, weights' seed, sparsity, scheme); also
+# benchmarks/serving_profile.py's cases.
+MLP_CASES = {"2:4": ("MLP block 2:4", 3, 0.5, "2:4"), "90%": ("MLP block 90%", 2, 0.9, "global"),
+             "70%": ("MLP block 70% per row", 1, 0.7, "row")}
 
 
 def serving_sequence(cuda: bool, seed: int = 2026) -> List[int]:
@@ -136,6 +140,11 @@ def _run_sequence(ctx: Context, layers: List[Callable], mlp: bool, steps: List[i
             total += time.perf_counter() - t0
             costs.append([1e-3 * s.ms() for s in samples])
     return total, costs
+
+
+def _worst_of_runs(runs) -> List[List[float]]:
+    """Per step and layer, the largest cost over several runs' per-call costs (_run_sequence's)."""
+    return [[max(c) for c in zip(*per)] for per in zip(*runs)]
 
 
 def _held(layers: List[nn.Module]) -> List[int]:
@@ -214,8 +223,8 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
                 reps.append(((before + dense_once()) / 2 / total, total, costs, held, peak))
             ratios = sorted(r[0] for r in reps)
             median = sorted(reps, key=lambda r: r[0])[len(reps) // 2]
-            worst = [[max(c) for c in zip(*per)] for per in zip(*(r[2] for r in reps))]
-            results[label] = (median[1], worst, median[3], max(r[4] for r in reps), median[0], ratios)
+            results[label] = (median[1], _worst_of_runs(r[2] for r in reps), median[3], max(r[4] for r in reps),
+                              median[0], ratios)
 
         sparse_run("sparsetorch", fresh_layers, cache, False, True)
         sparse_run("sparsetorch, cache file", fresh_layers, cache, True, False)
@@ -251,8 +260,8 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         sparse_run(PREPARED, fresh_layers, prepared_cache, True, False, prepare_at_load=True)
         dense_totals = sorted(t for t, _ in dense_runs)
         dense_total = dense_totals[len(dense_totals) // 2]
-        dense_worst = [[max(c) for c in zip(*per)] for per in zip(*(c for _, c in dense_runs))]
-        results = {DENSE: (dense_total, dense_worst, [masks[k] for k in kinds], 0, 1.0, [1.0]), **results}
+        dense_row = (dense_total, _worst_of_runs(c for _, c in dense_runs), [masks[k] for k in kinds], 0, 1.0, [1.0])
+        results = {DENSE: dense_row, **results}
 
         for impl, (total, costs, held, peak, ratio, ratios) in results.items():
             worst = max(((c, i, n) for n, per in zip(steps, costs) for i, c in enumerate(per)), key=lambda t: t[0])
@@ -446,11 +455,8 @@ def _e2e_job(ctx: Context) -> Job:
 
 
 def serving_suite(ctx: Context) -> List[Job]:
-    jobs = [
-        _serving_job(ctx, "MLP block 2:4", _mlp_weights(ctx, 3), 0.5, "2:4", mlp=True),
-        _serving_job(ctx, "MLP block 90%", _mlp_weights(ctx, 2), 0.9, "global", mlp=True),
-        _serving_job(ctx, "MLP block 70% per row", _mlp_weights(ctx, 1), 0.7, "row", mlp=True),
-    ]
+    jobs = [_serving_job(ctx, name, _mlp_weights(ctx, seed), sparsity, scheme, mlp=True)
+            for name, seed, sparsity, scheme in MLP_CASES.values()]
     if not ctx.quick:  # --full: the stack's 28 projections and the end-to-end model (compilation: minutes)
         jobs.append(_serving_job(ctx, "4-layer decoder stack projections 2:4", _stack_weights(ctx, 4), 0.5, "2:4",
                                  mlp=False, inner_kinds=tuple(f"down{i}" for i in range(8))))
