@@ -40,7 +40,8 @@ Row fields: ``time_ms`` (the sequence's total; dense: the median of its runs), `
 (the costliest single call of one layer over every repetition, first calls included) and the call it was,
 ``held_bytes`` (per layer, after the sequence: the CSR and every form held; compact: the stored form) against
 dense (``held_vs_dense``) and against the smallest form (``held_vs_smallest``: the compact stored form's
-bytes), ``peak_transient_bytes`` (a compact layer's dense expansion). The floor is not a useful bound for a sequence of first calls: none is given.
+bytes), ``peak_transient_bytes`` (a compact layer's dense expansion). The floor is not a useful bound for a
+sequence of first calls: none is given.
 
 **End to end** (``e2e`` rows, CUDA): a causal LM with random weights in the Llama-3 layout (2 layers of
 Llama-3-8B's shapes, vocabulary 32000, a static KV cache of 512 positions), Wanda-pruned to 2:4 with
@@ -475,8 +476,8 @@ def headlines(rows: List[dict]) -> List[str]:
             r = got.get(impl)
             if r:
                 runs = r.get("vs_dense_runs") or [r["vs_dense"]]
-                parts.append(f"{impl} {r['vs_dense']:.2f}x dense (runs {min(runs):.2f}-{max(runs):.2f}; costliest call "
-                             f"{r['costliest_ms']:.1f} ms, holds {r['held_vs_dense']:.2f}x dense)")
+                parts.append(f"{impl} {r['vs_dense']:.2f}x dense (runs {min(runs):.2f}-{max(runs):.2f}; "
+                             f"costliest call {r['costliest_ms']:.1f} ms, holds {r['held_vs_dense']:.2f}x dense)")
         prep = got.get("prepare")
         if prep and prep.get("prepare_ms"):
             cached = prep.get("prepare_cached_ms")
