@@ -6,7 +6,8 @@ For each MLP case: the dense sequence (after its untimed warm-up), then fresh Sp
 sequence twice, in default mode, with the tuning cache file that the default mode saved, and prepared
 (``prepare()`` of the sequence's buckets first, untimed, by timing, as a first server process): each pass's total
 against dense, the sum of the calls' event times and the rest of the wall time (silu, the product, the step's
-synchronisation), the routes, and the calls whose first-pass cost exceeds their second-pass cost the most.
+synchronisation), the routes, each layer's calls per token-count range against dense's (pass 1 / pass 2), and
+the calls whose first-pass cost exceeds their second-pass cost the most.
 ``--table``: torch.profiler over a third, cache-file first pass (host ops by self CPU time).
 """
 from __future__ import annotations
@@ -61,6 +62,7 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
                   f"{calls * 1e3:.1f} ms, rest {(total - calls) * 1e3:.1f} ms)")
         for kind, layer in zip(kinds, layers):
             print(f"  routes of {kind}: {dict(sorted(layer.routes.items()))}")
+        _by_range(steps, kinds, dense_costs, [c for _, c in passes])
         (_, first), (_, second) = passes
         extra = sorted(((a - b, i, k, a, b) for i, (r1, r2) in enumerate(zip(first, second))
                         for k, (a, b) in enumerate(zip(r1, r2))), reverse=True)
@@ -79,6 +81,23 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
             serving._run_sequence(ctx, layers, True, steps, pool, None)
         st.set_tuning_cache(None)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
+RANGES = ((1, 2), (3, 8), (9, 16), (17, 32), (33, 64), (65, 4096))
+
+
+def _by_range(steps, kinds, dense_costs, pass_costs) -> None:
+    """Calls' event time per token-count range and layer, dense against each pass: where a pass gains or loses."""
+    for lo, hi in RANGES:
+        idx = [i for i, n in enumerate(steps) if lo <= n <= hi]
+        if not idx:
+            continue
+        parts = []
+        for k, kind in enumerate(kinds):
+            dense = sum(dense_costs[i][k] for i in idx)
+            ours = [sum(costs[i][k] for i in idx) for costs in pass_costs]
+            parts.append(f"{kind} {dense * 1e3:.2f} ms: " + "/".join(f"{dense / t:.2f}x" for t in ours))
+        print(f"    N {lo}-{hi} ({len(idx)} steps): " + "; ".join(parts))
 
 
 def main(argv=None):

@@ -295,9 +295,44 @@ def test_decided_24_bucket_runs_a_new_token_count_on_dense_and_plans_it_the_seco
             assert ran == [expected], (n, ran)
             assert _rel(y.float(), _ref(layer, x.float())) < 2e-2
             assert "2:4" in layer._derived.forms or expected == "dense"
-    assert layer.routes[256] == "2:4" and len(lin._sparse24.PLANS) == 2
+    # the plans the 2:4 calls made (at 200 and 208 tokens; the CPU reference makes none)
+    assert layer.routes[256] == "2:4" and len(lin._sparse24.PLANS) == (2 if device == "cuda" else 0)
     st.clear_caches()
     assert len(lin._sparse24.PLANS) == 0
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY and sparse24.available() else []))
+def test_layers_of_one_shape_each_run_a_new_token_count_dense_once_and_share_its_plan(monkeypatch, device):
+    """Two 2:4 layers of one shape (a block's gate and up) at a token count new to both: each runs it dense
+    once (the other's first request does not make it the plan-making second call), the first to see it again
+    makes the plan, and a layer reaching a count whose plan exists takes the 2:4 form at once."""
+    if device == "cpu":
+        monkeypatch.setattr(lin, "_plans_per_token_count", lambda x: True)
+        made = set()  # the CPU reference makes no plans: count the 2:4 calls as the CUDA form does
+        monkeypatch.setattr(lin._sparse24.PLANS, "seen", lambda key: int(key in made))
+        original = forms.Sparse24Form.__call__
+
+        def call(self, x, bias, act, slope, code, _o=original):
+            made.add(lin._sparse24.PLANS.key(x, (48, 64), False, bias, code))
+            return _o(self, x, bias, act, slope, code)
+        monkeypatch.setattr(forms.Sparse24Form, "__call__", call)
+    torch.manual_seed(10)
+    base = torch.nn.Linear(64, 48, bias=False).to(device, torch.bfloat16)  # a plan is keyed on the bias too
+    gate, up, third = (st.nn.SparseLinear.from_dense(base, scheme="2:4") for _ in range(3))
+    table = tuning.tuner("linear")
+    ran = []
+    monkeypatch.setattr(lin.F_torch, "linear", lambda *a, _o=F.linear, **k: ran.append("dense") or _o(*a, **k))
+    with torch.no_grad():
+        for layer in (gate, up, third):
+            table.decide(layer._tuning_key(16), "dense")
+            table.decide(layer._tuning_key(256), "2:4")
+            layer(torch.randn(16, 64, device=device).bfloat16())  # the dense form, held from now on
+        for layer, expected in ((gate, ["dense"]), (up, ["dense"]), (gate, []), (up, []), (third, [])):
+            ran.clear()
+            x = torch.randn(200, 64, device=device).bfloat16()
+            y = layer(x)
+            assert ran == expected, (layer is gate, ran)
+            assert _rel(y.float(), _ref(layer, x.float())) < 2e-2
 
 
 def test_a_held_dense_form_is_the_expansion_later_builds_start_from(monkeypatch):

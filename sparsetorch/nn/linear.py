@@ -151,6 +151,7 @@ class _Derived:
         self.rent: Dict[str, float] = {}   # form not built yet -> what it would have gained so far (dense calls)
         self.renting: Dict[int, str] = {}  # bucket -> the form it runs dense for until that form repays its build
         self.pinned: set = set()           # forms a CUDA graph capture ran: held for the layer's life
+        self.plan_requests: set = set()    # cuSPARSELt plan keys this layer ran dense once (_sparse24_call)
 
     def __getstate__(self):
         return {}
@@ -750,8 +751,10 @@ class SparseLinear(nn.Module):
         (padded to 8): on an H100 a 14336 x 4096 call at a new count of 136-2001 tokens took 1.4-1.7 ms against
         0.2-0.8 ms repeated, and the dense form 0.3-0.5 ms (docs/performance.md, the serving sequence). So where
         the layer holds its dense form, a count's first call runs on it and the plan is made the second time
-        that count comes (a server's ever-new prefill sizes stay on dense; a repeated size pays one dense
-        call); the 2:4 form itself is built at its first use. During a CUDA graph capture nothing is built:
+        that count comes to this layer (a server's ever-new prefill sizes stay on dense; a repeated size pays one
+        dense call; a plan another layer of the same shape made is used at once: in the serving profile's prepared
+        2:4 block, gate's first call at a new count had made up's the plan-making second, 1.1-1.5 ms, H200); the
+        2:4 form itself is built at its first use. During a CUDA graph capture nothing is built:
         a form not held yet runs on the dense one."""
         derived = self._derived
         shape = (self.out_features, self.in_features)
@@ -763,10 +766,14 @@ class SparseLinear(nn.Module):
             if dense is not None and _plans_per_token_count(a):
                 capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
                 key = _sparse24.PLANS.key(a, shape, residual, bias, code)
-                first = not capturing and _sparse24.PLANS.seen(key) == 0
+                # no 2:4 call made this plan yet (layers of one shape share plans: gate and up) and this
+                # layer's own first request for it: dense, and the layer's second request makes the plan
+                first = not capturing and _sparse24.PLANS.seen(key) == 0 and key not in derived.plan_requests
                 if first or (capturing and form is None):
                     if first:
-                        _sparse24.PLANS.sight(key)  # the second call at this count makes the plan
+                        if len(derived.plan_requests) >= _sparse24.PLAN_CACHE_ENTRIES:
+                            derived.plan_requests.clear()
+                        derived.plan_requests.add(key)
                     return F_torch.linear(a, dense.weight, bias) if act == "none" else dense(a, bias, act, slope)
             if form is None:
                 form = self._form("2:4", a.device)
