@@ -127,7 +127,10 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
         assert set(modes) | {"prepare"} == set(got), case
         for mode in modes:
             r = got[mode]
-            assert r["time_ms"] > 0 and r["vs_dense"] > 0 and 0 < r["costliest_ms"] <= r["time_ms"], (case, mode)
+            # the costliest call is the worst over every repetition: within the longest repetition's total
+            runs_ms = r["time_ms_runs"]
+            assert r["time_ms"] > 0 and r["vs_dense"] > 0 and 0 < r["costliest_ms"] <= max(runs_ms), (case, mode)
+            assert min(runs_ms) - 1e-3 <= r["time_ms"] <= max(runs_ms) + 1e-3, (case, mode)
             assert r["held_bytes"] > 0 and r["costliest_call"].split(" at N=")[0] in ("gate", "up", "down")
             if mode != "dense F.linear":  # REPEATS runs between dense runs; the row is the median's
                 runs = r["vs_dense_runs"]

@@ -34,7 +34,8 @@ form's kernel on a small weight (the code loaded, cuSPARSELt initialised):
 **Repetitions.** Single runs of this 60 ms sequence moved by up to 10% (the dense sequence alone by 11% between
 cases of one process, H100): each sparse mode runs ``REPEATS`` times, each time on fresh layers and an
 emptied tuning table, between two runs of the dense sequence; its ratio is the dense neighbours' mean over
-its time, and the row reports the repetition of median ratio (``vs_dense_runs``: every repetition's ratio).
+its time, and the row reports the repetition of median ratio (``vs_dense_runs``: every repetition's ratio,
+ascending; ``time_ms_runs``: their totals in the same order, dense's in the order run).
 
 Row fields: ``time_ms`` (the sequence's total; dense: the median of its runs), ``vs_dense``, ``costliest_ms``
 (the costliest single call of one layer over every repetition, first calls included) and the call it was,
@@ -222,10 +223,10 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
                 total, costs, held, peak = sparse_once(make_layers, path, load_cache, save_cache and rep == 0,
                                                        prepare_at_load)
                 reps.append(((before + dense_once()) / 2 / total, total, costs, held, peak))
-            ratios = sorted(r[0] for r in reps)
-            median = sorted(reps, key=lambda r: r[0])[len(reps) // 2]
+            reps.sort(key=lambda r: r[0])
+            median = reps[len(reps) // 2]
             results[label] = (median[1], _worst_of_runs(r[2] for r in reps), median[3], max(r[4] for r in reps),
-                              median[0], ratios)
+                              median[0], [r[0] for r in reps], [r[1] for r in reps])
 
         sparse_run("sparsetorch", fresh_layers, cache, False, True)
         sparse_run("sparsetorch, cache file", fresh_layers, cache, True, False)
@@ -261,14 +262,15 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         sparse_run(PREPARED, fresh_layers, prepared_cache, True, False, prepare_at_load=True)
         dense_totals = sorted(t for t, _ in dense_runs)
         dense_total = dense_totals[len(dense_totals) // 2]
-        dense_row = (dense_total, _worst_of_runs(c for _, c in dense_runs), [masks[k] for k in kinds], 0, 1.0, [1.0])
+        dense_row = (dense_total, _worst_of_runs(c for _, c in dense_runs), [masks[k] for k in kinds], 0, 1.0, [1.0],
+                     [t for t, _ in dense_runs])
         results = {DENSE: dense_row, **results}
 
-        for impl, (total, costs, held, peak, ratio, ratios) in results.items():
+        for impl, (total, costs, held, peak, ratio, ratios, totals) in results.items():
             worst = max(((c, i, n) for n, per in zip(steps, costs) for i, c in enumerate(per)), key=lambda t: t[0])
             row = {**base, "impl": impl, "time_ms": total * 1e3, "vs_dense": ratio,
                    "vs_dense_runs": [round(r, 3) for r in ratios], "repeats": len(ratios) if impl != DENSE
-                   else len(dense_runs),
+                   else len(dense_runs), "time_ms_runs": [round(t * 1e3, 3) for t in totals],
                    "costliest_ms": worst[0] * 1e3, "costliest_call": f"{kinds[worst[1]]} at N={worst[2]}",
                    "held_bytes": int(np.mean(held)), "held_vs_dense": float(np.mean([h / masks[k] for h, k in
                                                                                      zip(held, kinds)])),
