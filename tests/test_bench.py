@@ -109,7 +109,7 @@ def test_quick_run_on_cpu_writes_results(tmp_path, capsys):
 
 
 def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
-    """The serving suite's CPU rehearsal: every pruning case has the dense baseline, the five sparse modes
+    """The serving suite's CPU rehearsal: every pruning case has the dense baseline, nn.Linear, the five sparse modes
     and prepare(), each with its time, ratio (the median of its repetitions between dense runs), costliest call
     and memory; compact layers hold less than dense."""
     from benchmarks.run import main
@@ -118,7 +118,8 @@ def test_serving_suite_on_cpu_reports_every_mode(tmp_path):
     out = tmp_path / "res"
     main(["--device", "cpu", "--suites", "serving", "--no-plots", "--out", str(out)])
     rows = json.loads((out / "results.json").read_text())["rows"]
-    modes = ["dense F.linear", "sparsetorch", "sparsetorch, cache file", "sparsetorch, prepared from a cache file",
+    modes = ["dense F.linear", "dense nn.Linear", "sparsetorch", "sparsetorch, cache file",
+             "sparsetorch, prepared from a cache file",
              "sparsetorch compact", "sparsetorch compact, cache file"]
     cases = {r["case"] for r in rows}
     assert {"MLP block 2:4", "MLP block 90%", "MLP block 70% per row"} <= cases

@@ -16,7 +16,10 @@ holds the stream: a first call's builds count). The process's
 one-time costs are taken first, untimed: the dense sequence once (cuBLAS's kernels for every shape) and every
 form's kernel on a small weight (the code loaded, cuSPARSELt initialised):
 
-* ``dense F.linear``: the pruned weights stored dense.
+* ``dense F.linear``: the pruned weights stored dense, each call a bare ``F.linear`` (the baseline).
+* ``dense nn.Linear``: the same weights in ``nn.Linear`` modules (bias-free), as a dense model calls them:
+  the module call's host time is the part of a SparseLinear call's overhead that any layer pays (a step whose
+  kernels finish before the host has launched the next ones is host-bound: then it shows in the total).
 * ``sparsetorch``: ``SparseLinear.from_dense`` layers, default mode (the rule decides each new bucket, samples
   refine it).
 * ``sparsetorch, cache file``: the same with the decisions of the run above loaded from a tuning cache file
@@ -71,6 +74,7 @@ from benchmarks.suites.decode import LLAMA3_8B, TINY, calibrate, dense_stack, he
 from sparsetorch.pruned import wanda_prune
 
 DENSE = "dense F.linear"
+DENSE_MODULES = "dense nn.Linear"
 PREPARED = "sparsetorch, prepared from a cache file"
 REPEATS = 3  # runs of each sparse mode, each between two dense runs (module docstring)
 # The MLP block's prunings: short name -> (case name, weights' seed, sparsity, scheme); also
@@ -195,7 +199,7 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
             dense_runs.append(_run_sequence(ctx, as_calls(dense_calls), mlp, steps, pool, pool_inner))
             return dense_runs[-1][0]
 
-        results = {}  # label -> (total, costs, held, peak, ratio, every repetition's ratio)
+        results = {}  # label -> (total, costs, held, peak, ratio, every repetition's ratio, their totals)
         folder = tempfile.mkdtemp(prefix="st-serving-")
         cache, compact_cache = os.path.join(folder, "tuning.json"), os.path.join(folder, "tuning-compact.json")
 
@@ -228,6 +232,26 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
             results[label] = (median[1], _worst_of_runs(r[2] for r in reps), median[3], max(r[4] for r in reps),
                               median[0], [r[0] for r in reps], [r[1] for r in reps])
 
+        def modules_run():
+            """REPEATS runs of the dense weights in nn.Linear modules, each between two dense runs."""
+            modules = []
+            for k in kinds:
+                w = dense_w[k]
+                module = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+                modules.append(module.requires_grad_(False))
+                with torch.no_grad():
+                    module.weight.copy_(w)
+            reps = []
+            for _ in range(REPEATS):
+                before = dense_once()
+                total, costs = _run_sequence(ctx, as_calls(modules), mlp, steps, pool, pool_inner)
+                reps.append(((before + dense_once()) / 2 / total, total, costs))
+            reps.sort(key=lambda r: r[0])
+            median = reps[len(reps) // 2]
+            results[DENSE_MODULES] = (median[1], _worst_of_runs(r[2] for r in reps), [masks[k] for k in kinds], 0,
+                                      median[0], [r[0] for r in reps], [r[1] for r in reps])
+
+        modules_run()
         sparse_run("sparsetorch", fresh_layers, cache, False, True)
         sparse_run("sparsetorch, cache file", fresh_layers, cache, True, False)
         compact_layers = lambda: [m.compact() for m in fresh_layers()]  # noqa: E731
@@ -473,6 +497,9 @@ def headlines(rows: List[dict]) -> List[str]:
     for case in dict.fromkeys(r["case"] for r in rows if r.get("suite") == "serving" and "e2e" not in r["case"]):
         got = {r["impl"]: r for r in rows if r.get("case") == case}
         parts = []
+        modules = got.get(DENSE_MODULES)
+        if modules:
+            parts.append(f"{DENSE_MODULES} {modules['vs_dense']:.2f}x F.linear")
         for impl in ("sparsetorch", "sparsetorch, cache file", PREPARED, "sparsetorch compact",
                      "sparsetorch compact, cache file"):
             r = got.get(impl)
