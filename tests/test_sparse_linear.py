@@ -439,6 +439,22 @@ def test_prepare_model_shares_a_signature_between_layers(capsys):
     assert len(st.tuning_table(kind="linear")) == 2  # one signature, two buckets
 
 
+def test_prepare_model_prepares_each_layer_forced_to_a_format():
+    """Layers forced to a format record no decision in the tuner: st.nn.prepare prepares each (on CUDA its
+    2:4 algorithm search per bucket, else searched on the bucket's first call), and an "auto" layer of the
+    same signature after them still times its buckets."""
+    torch.manual_seed(5)
+    base = torch.nn.Linear(64, 64)
+    forced = [st.nn.SparseLinear.from_dense(base, scheme="2:4", format="2:4") for _ in range(2)]
+    auto = st.nn.SparseLinear.from_dense(base, scheme="2:4")
+    model = torch.nn.Sequential(*forced, auto)
+    assert forced[0]._tuning_key(1) == auto._tuning_key(1)  # one signature
+    out = st.nn.prepare(model, [1, 16], progress=False)
+    assert out["0"] == out["1"] == {1: "2:4", 16: "2:4"}
+    assert set(forced[1]._derived.algs) == {1, 16}
+    assert set(out["2"]) == {1, 16} and len(st.tuning_table(kind="linear")) == 2
+
+
 def test_prepare_keeps_its_own_and_a_cache_files_decisions_and_builds_their_forms(tmp_path, monkeypatch):
     """A second prepare(), and the prepare() of a process that loaded a tuning cache file, time nothing: each
     bucket keeps its decision and has its form built; remeasure=True times again; a bucket decided by the

@@ -1242,14 +1242,18 @@ def compact(model: nn.Module, format: Optional[str] = None) -> nn.Module:
 
 def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, progress: bool = True,
             budget_ms: float = 0.5, remeasure: bool = False) -> Dict[str, Dict[int, str]]:
-    """:meth:`SparseLinear.prepare` on every SparseLinear of ``model`` (layers of one signature share the
-    decisions: each signature is timed once; with a tuning cache file of an earlier run, none is), with a
-    progress line on stderr. Returns name -> bucket -> form."""
+    """:meth:`SparseLinear.prepare` on every SparseLinear of ``model`` (format "auto" and compact layers of
+    one signature share the decisions: each signature is timed once; with a tuning cache file of an earlier
+    run, none is; a layer forced to a format is prepared alone), with a progress line on stderr. Returns
+    name -> bucket -> form."""
     layers = _layers(model)
     done, out, start = set(), {}, time.perf_counter()
     for i, (name, layer) in enumerate(layers):
         sig = layer._tuning_key(0)[:-1]
-        if sig in done:  # decided by a layer of the same signature: this one builds the forms it takes
+        # a layer forced to one format records nothing in the tuner (its prepare() searches its own 2:4
+        # algorithms): it neither shares nor lends decisions
+        shares = layer.format == "auto" or layer.stored_format is not None
+        if shares and sig in done:  # decided by a layer of the same signature: this one builds the forms it takes
             layer._refresh()
             out[name] = {}
             device = layer._weight_device()
@@ -1261,7 +1265,8 @@ def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, p
             layer._release_unused()
         else:
             out[name] = layer.prepare(token_counts, budget_ms=budget_ms, remeasure=remeasure)
-            done.add(sig)
+            if shares:
+                done.add(sig)
         if progress:
             bar = "#" * (20 * (i + 1) // len(layers))
             sys.stderr.write(f"\rsparsetorch prepare [{bar:<20}] {i + 1}/{len(layers)} layers, "
