@@ -235,12 +235,11 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         def modules_run():
             """REPEATS runs of the dense weights in nn.Linear modules, each between two dense runs."""
             modules = []
-            for k in kinds:
+            for k in kinds:  # the very tensors F.linear multiplies (no copy: the same memory, the same GEMM)
                 w = dense_w[k]
-                module = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
-                modules.append(module.requires_grad_(False))
-                with torch.no_grad():
-                    module.weight.copy_(w)
+                module = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta", dtype=w.dtype)
+                module.weight = nn.Parameter(w, requires_grad=False)
+                modules.append(module)
             reps = []
             for _ in range(REPEATS):
                 before = dense_once()
