@@ -23,6 +23,7 @@ from benchmarks.harness import make_timer
 from benchmarks.suites import serving
 from benchmarks.suites.common import Context
 
+
 def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
     _, seed, sparsity, scheme = serving.MLP_CASES[case]
     weights = serving._mlp_weights(ctx, seed)

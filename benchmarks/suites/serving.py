@@ -219,36 +219,33 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
             peak = max(m.memory()["peak_transient"] for m in layers)
             return total, costs, _held(layers), peak
 
-        def sparse_run(label, make_layers, path, load_cache, save_cache, prepare_at_load=False):
-            """REPEATS runs on fresh layers, each between two dense runs; the first saves the cache file."""
+        def interleaved(label, run_once):
+            """REPEATS runs of ``run_once(rep) -> (total, costs, held, peak)``, each between two dense runs."""
             reps = []
             for rep in range(REPEATS):
                 before = dense_once()
-                total, costs, held, peak = sparse_once(make_layers, path, load_cache, save_cache and rep == 0,
-                                                       prepare_at_load)
+                total, costs, held, peak = run_once(rep)
                 reps.append(((before + dense_once()) / 2 / total, total, costs, held, peak))
             reps.sort(key=lambda r: r[0])
             median = reps[len(reps) // 2]
             results[label] = (median[1], _worst_of_runs(r[2] for r in reps), median[3], max(r[4] for r in reps),
                               median[0], [r[0] for r in reps], [r[1] for r in reps])
 
+        def sparse_run(label, make_layers, path, load_cache, save_cache, prepare_at_load=False):
+            """Fresh layers in every repetition; the first saves the cache file."""
+            interleaved(label, lambda rep: sparse_once(make_layers, path, load_cache, save_cache and rep == 0,
+                                                       prepare_at_load))
+
         def modules_run():
-            """REPEATS runs of the dense weights in nn.Linear modules, each between two dense runs."""
+            """The dense weights in nn.Linear modules."""
             modules = []
             for k in kinds:  # the very tensors F.linear multiplies (no copy: the same memory, the same GEMM)
                 w = dense_w[k]
                 module = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta", dtype=w.dtype)
                 module.weight = nn.Parameter(w, requires_grad=False)
                 modules.append(module)
-            reps = []
-            for _ in range(REPEATS):
-                before = dense_once()
-                total, costs = _run_sequence(ctx, as_calls(modules), mlp, steps, pool, pool_inner)
-                reps.append(((before + dense_once()) / 2 / total, total, costs))
-            reps.sort(key=lambda r: r[0])
-            median = reps[len(reps) // 2]
-            results[DENSE_MODULES] = (median[1], _worst_of_runs(r[2] for r in reps), [masks[k] for k in kinds], 0,
-                                      median[0], [r[0] for r in reps], [r[1] for r in reps])
+            interleaved(DENSE_MODULES, lambda rep: (*_run_sequence(ctx, as_calls(modules), mlp, steps, pool,
+                                                                   pool_inner), [masks[k] for k in kinds], 0))
 
         modules_run()
         sparse_run("sparsetorch", fresh_layers, cache, False, True)
