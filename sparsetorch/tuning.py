@@ -9,6 +9,9 @@ both implementations below:
 * the first sample of each candidate is a warm-up and is discarded (cold code, workspaces);
 * after one counted sample each, candidates slower than ``PRUNE_FACTOR`` x the best are dropped;
 * once every survivor has ``SAMPLES`` counted samples, the signature is decided for the fastest median;
+* calls of one signature may differ in size (SparseLinear: the token counts of a bucket), and a candidate's
+  time grows with the size at its own rate: only samples of sizes within ``SIZE_WINDOW`` of the largest
+  size the signature has run count, and smaller calls take the best so far without a sample;
 * no call synchronises, and no call costs more than one run of one candidate;
 * the table is bounded (least recently used signatures dropped first) and thread-safe;
 * inside CUDA graph capture nothing is sampled: the decided choice, else the rule.
@@ -52,7 +55,8 @@ from sparsetorch._version import __version__
 from sparsetorch.timing import Sample
 
 __all__ = ["Tuner", "tuner", "TUNER_KINDS", "clear_tuning", "save_tuning_cache", "set_tuning_cache",
-           "tuning_signature", "tuning_table", "SIGNATURE_FIELDS", "SAMPLES", "WARMUP_SAMPLES", "PRUNE_FACTOR"]
+           "tuning_signature", "tuning_table", "SIGNATURE_FIELDS", "SAMPLES", "WARMUP_SAMPLES", "PRUNE_FACTOR",
+           "SIZE_WINDOW"]
 
 # The policy (the same constants as csrc/common/spmm_tuning.h: kWarmupSamples, kSamples, kPruneFactor).
 WARMUP_SAMPLES = 1
@@ -60,6 +64,12 @@ SAMPLES = 3
 PRUNE_FACTOR = 2.0
 DEFAULT_CAPACITY = 4096
 MAX_IN_FLIGHT = 64  # samples whose events are not read yet, per table; beyond it calls take the best so far
+# Samples count from this fraction of the largest size a signature has run. SparseLinear's bucket (n/2, n]
+# spans 2x in tokens, and the 2:4 decode kernel's time steps per 8 tokens while dense's is flat: at 17 tokens it
+# beat dense on a 4096 x 14336 weight that it lost to at 32 (H200, the serving sequence), and medians of
+# samples at mixed counts decided the bucket by which counts came. Sparse forms lose ground to dense as tokens
+# grow, so judging at the top of a bucket keeps a form only where it wins over the whole bucket.
+SIZE_WINDOW = 0.75
 
 # The spmm signature's fields in order (csrc/common/spmm_tuning.h, enum Field).
 SIGNATURE_FIELDS = ("dtype", "n", "batch_flags", "batch_bucket", "b_layout", "rows_bucket", "cols_bucket",
@@ -67,17 +77,22 @@ SIGNATURE_FIELDS = ("dtype", "n", "batch_flags", "batch_bucket", "b_layout", "ro
 
 
 class _Candidate:
-    __slots__ = ("issued", "returned", "costs", "dropped")
+    __slots__ = ("issued", "returned", "costs", "sizes", "dropped")
 
     def __init__(self):
         self.issued = 0     # samples handed out, warm-up included
         self.returned = 0   # samples that came back, warm-up included
         self.costs: List[float] = []  # counted samples (ms)
+        self.sizes: List[float] = []  # the size of each counted sample's call
         self.dropped = False
+
+    def pending(self) -> int:
+        """Counted samples handed out and not back yet."""
+        return max(0, self.issued - WARMUP_SAMPLES) - max(0, self.returned - WARMUP_SAMPLES)
 
 
 class _Entry:
-    __slots__ = ("decided", "candidates", "rule", "in_flight", "source", "measured")
+    __slots__ = ("decided", "candidates", "rule", "in_flight", "source", "measured", "top")
 
     def __init__(self, rule: str):
         self.decided: Optional[str] = None
@@ -86,14 +101,21 @@ class _Entry:
         self.in_flight = 0
         self.source = "rule"  # "sampled", "measured" (decide()), "cache" (a cache file)
         self.measured = False  # decided by an explicit measurement, here or in the process that saved the file
+        self.top = 0.0  # the largest size a call of this signature has had
+
+    def costs(self, cand: _Candidate) -> List[float]:
+        """A candidate's counted samples that count now: those of sizes within SIZE_WINDOW of the top."""
+        floor = SIZE_WINDOW * self.top
+        return [ms for ms, size in zip(cand.costs, cand.sizes) if size >= floor]
 
 
 class Tuner:
     """A bounded table of signatures -> the fastest way to run a call (see the module docstring).
 
-    ``choose(key, candidates, rule)`` returns ``(choice, sample)``: run ``choice``; when ``sample`` is not
-    None, bracket that run with ``sample.start()`` / ``sample.stop()`` and hand it back with
-    ``submit(key, choice, sample)``. A decided key returns its choice (when among ``candidates``) and no
+    ``choose(key, candidates, rule, device, size)`` returns ``(choice, sample)``: run ``choice``; when
+    ``sample`` is not None, bracket that run with ``sample.start()`` / ``sample.stop()`` and hand it back
+    with ``submit(key, choice, sample, size)``. ``size``: the call's size where calls of one signature
+    differ (SIZE_WINDOW), else leave it 1. A decided key returns its choice (when among ``candidates``) and no
     sample. ``decide(key, choice)`` records an explicit measurement (e.g. SparseLinear.prepare)."""
 
     def __init__(self, kind: str, capacity: int = DEFAULT_CAPACITY):
@@ -111,7 +133,7 @@ class Tuner:
 
     # -- the online loop --
 
-    def choose(self, key: Hashable, candidates: Sequence[str], rule: str, device="cuda"
+    def choose(self, key: Hashable, candidates: Sequence[str], rule: str, device="cuda", size: float = 1.0
                ) -> Tuple[str, Optional[Sample]]:
         with self._lock:
             self._poll()
@@ -129,16 +151,18 @@ class Tuner:
                 return rule, None
             if entry is None:
                 entry = self._new(key, rule)
+            entry.top = max(entry.top, float(size))
             for name in candidates:
                 entry.candidates.setdefault(name, _Candidate())
             offered = [name for name in candidates if not entry.candidates[name].dropped]
             if not offered:
                 return rule, None
-            if len(self._pending) >= MAX_IN_FLIGHT:
+            if len(self._pending) >= MAX_IN_FLIGHT or size < SIZE_WINDOW * entry.top:
                 return self._best(entry, offered, rule), None
             # the candidate that still needs samples and has had the fewest handed out (rule first on ties)
-            need = [name for name in offered
-                    if entry.candidates[name].issued < WARMUP_SAMPLES + self._wanted(entry, name)]
+            wanted = self._wanted(entry)
+            need = [name for name in offered if entry.candidates[name].issued < WARMUP_SAMPLES
+                    or len(entry.costs(entry.candidates[name])) + entry.candidates[name].pending() < wanted]
             if not need:
                 return self._best(entry, offered, rule), None
             order = {name: i for i, name in enumerate([rule] + [c for c in candidates if c != rule])}
@@ -147,10 +171,10 @@ class Tuner:
             entry.in_flight += 1
             return name, Sample(device)
 
-    def submit(self, key: Hashable, choice: str, sample: Sample) -> None:
-        """A sample handed out by :meth:`choose`, recorded around the run of ``choice``."""
+    def submit(self, key: Hashable, choice: str, sample: Sample, size: float = 1.0) -> None:
+        """A sample handed out by :meth:`choose`, recorded around the run of ``choice`` (a call of ``size``)."""
         with self._lock:
-            self._pending.append((key, choice, sample))
+            self._pending.append((key, choice, sample, float(size)))
 
     def fail(self, key: Hashable, choice: str) -> None:
         """``choice`` raised on this signature's call: no longer a candidate."""
@@ -161,8 +185,9 @@ class Tuner:
                 entry.in_flight = max(0, entry.in_flight - 1)
                 self._maybe_decide(key, entry)
 
-    def record(self, key: Hashable, choice: str, ms: float) -> None:
-        """A finished sample of ``choice`` took ``ms`` (the first of each candidate is the warm-up)."""
+    def record(self, key: Hashable, choice: str, ms: float, size: float = 1.0) -> None:
+        """A finished sample of ``choice`` took ``ms`` on a call of ``size`` (the first of each candidate is
+        the warm-up)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry.decided is not None:
@@ -172,42 +197,43 @@ class Tuner:
             cand.returned += 1
             if cand.returned > WARMUP_SAMPLES:
                 cand.costs.append(float(ms))
+                cand.sizes.append(float(size))
             self._maybe_decide(key, entry)
 
-    def _wanted(self, entry: _Entry, name: str) -> int:
-        """Counted samples still wanted of a candidate: one until every candidate has one, then SAMPLES."""
+    def _wanted(self, entry: _Entry) -> int:
+        """Counted samples wanted of each candidate: one until every candidate has one, then SAMPLES."""
         live = [c for c in entry.candidates.values() if not c.dropped]
-        return 1 if any(not c.costs for c in live) else SAMPLES
+        return 1 if any(not entry.costs(c) for c in live) else SAMPLES
 
     def _maybe_decide(self, key, entry: _Entry) -> None:
-        live = {n: c for n, c in entry.candidates.items() if not c.dropped}
+        live = {n: entry.costs(c) for n, c in entry.candidates.items() if not c.dropped}
         if not live:
             self._decide(key, entry, entry.rule, "sampled")
             return
-        if any(not c.costs for c in live.values()):
+        if any(not costs for costs in live.values()):
             return
-        best = min(min(c.costs) for c in live.values())
-        for c in live.values():  # pruning after one counted sample each
-            if min(c.costs) > PRUNE_FACTOR * best:
-                c.dropped = True
-        live = {n: c for n, c in live.items() if not c.dropped}
-        if all(len(c.costs) >= SAMPLES for c in live.values()):
-            medians = {n: sorted(c.costs)[len(c.costs) // 2] for n, c in live.items()}
+        best = min(min(costs) for costs in live.values())
+        for name, costs in list(live.items()):  # pruning after one counted sample each
+            if min(costs) > PRUNE_FACTOR * best:
+                entry.candidates[name].dropped = True
+                del live[name]
+        if all(len(costs) >= SAMPLES for costs in live.values()):
+            medians = {n: sorted(costs)[len(costs) // 2] for n, costs in live.items()}
             self._decide(key, entry, min(medians, key=medians.get), "sampled")
 
     def _best(self, entry: _Entry, offered: Sequence[str], rule: str) -> str:
-        timed = {n: min(entry.candidates[n].costs) for n in offered if entry.candidates[n].costs}
+        timed = {n: min(costs) for n in offered for costs in [entry.costs(entry.candidates[n])] if costs}
         return min(timed, key=timed.get) if timed else rule
 
     def _poll(self) -> None:
         if not self._pending:
             return
         waiting = []
-        for key, choice, sample in self._pending:
+        for key, choice, sample, size in self._pending:
             if sample.done():
-                self.record(key, choice, sample.ms())
+                self.record(key, choice, sample.ms(), size)
             else:
-                waiting.append((key, choice, sample))
+                waiting.append((key, choice, sample, size))
         self._pending = waiting
 
     def _new(self, key, rule: str) -> _Entry:
@@ -249,7 +275,9 @@ class Tuner:
         with self._lock:
             entry = self._entries.get(key) or self._new(key, choice)
             for name, ms in (times or {}).items():
-                entry.candidates.setdefault(name, _Candidate()).costs.append(float(ms))
+                cand = entry.candidates.setdefault(name, _Candidate())
+                cand.costs.append(float(ms))
+                cand.sizes.append(entry.top)
             self._entries.move_to_end(key)
             self._decide(key, entry, choice, source, source == "measured" if measured is None else bool(measured))
 
@@ -271,8 +299,9 @@ class Tuner:
                 if decided_only and e.decided is None:
                     continue
                 out.append({"kind": self.kind, "key": key, "route": e.decided, "decided": e.decided is not None,
-                            "rule": e.rule, "source": e.source, "measured": e.measured,
-                            "candidates": {n: {"issued": c.issued, "costs_ms": list(c.costs), "dropped": c.dropped}
+                            "rule": e.rule, "source": e.source, "measured": e.measured, "top_size": e.top,
+                            "candidates": {n: {"issued": c.issued, "costs_ms": list(c.costs), "sizes": list(c.sizes),
+                                               "dropped": c.dropped}
                                            for n, c in e.candidates.items()}})
             return out
 

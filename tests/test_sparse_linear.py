@@ -268,6 +268,39 @@ def test_undecided_bucket_samples_held_forms_then_decides():
     assert all(len(c["costs_ms"]) >= 1 for c in entry["candidates"].values())
 
 
+def test_undecided_bucket_samples_only_near_its_largest_token_count(monkeypatch):
+    """A bucket's token counts span 2x, and a sparse form's time grows with them faster than dense's: a call
+    is sampled only within tuning.SIZE_WINDOW of the largest count the bucket has run, so counts low in the
+    bucket do not decide it; the bucket still decides, and every call is the product."""
+    torch.manual_seed(2)
+    layer = st.nn.SparseLinear.from_dense(torch.nn.Linear(64, 48), sparsity=0.5)  # float32 CPU: dense by rule
+    key = layer._tuning_key(32)
+    layer._derived.choices[16] = "csr"  # a neighbour's choice: bucket 32 has two candidates held
+    layer._form("csr", torch.device("cpu"))
+    table = tuning.tuner("linear")
+    sampled, largest = [], [0]
+    submit = table.submit
+
+    def watch(k, choice, sample, size=1.0):
+        if k == key:
+            sampled.append((size, largest[0]))
+        submit(k, choice, sample, size)
+
+    monkeypatch.setattr(table, "submit", watch)
+    with torch.no_grad():
+        for i in range(400):
+            n = 17 + (i * 7) % 16  # 17..32, mixed
+            largest[0] = max(largest[0], n)
+            x = torch.randn(n, 64)
+            assert _rel(layer(x), _ref(layer, x)) < 1e-5
+            if table.decided(key) is not None:
+                break
+    assert table.decided(key) in ("dense", "csr")
+    assert len(sampled) >= 2 * tuning.WARMUP_SAMPLES + tuning.SAMPLES  # a warm-up each, 3 of the survivor
+    assert all(size >= tuning.SIZE_WINDOW * top for size, top in sampled)
+    assert min(size for size, _ in sampled) < 24 <= max(size for size, _ in sampled)  # the window moved up
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY and sparse24.available() else []))
 def test_decided_24_bucket_runs_a_new_token_count_on_dense_and_plans_it_the_second_time(monkeypatch, device):
     """A bucket decided for the 2:4 form, in a layer holding its dense form: each token count (padded to
@@ -439,12 +472,13 @@ def test_prepare_model_shares_a_signature_between_layers(capsys):
     assert len(st.tuning_table(kind="linear")) == 2  # one signature, two buckets
 
 
-def test_prepare_model_prepares_each_layer_forced_to_a_format():
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY and sparse24.available() else []))
+def test_prepare_model_prepares_each_layer_forced_to_a_format(device):
     """Layers forced to a format record no decision in the tuner: st.nn.prepare prepares each (on CUDA its
     2:4 algorithm search per bucket, else searched on the bucket's first call), and an "auto" layer of the
     same signature after them still times its buckets."""
     torch.manual_seed(5)
-    base = torch.nn.Linear(64, 64)
+    base = torch.nn.Linear(64, 64, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     forced = [st.nn.SparseLinear.from_dense(base, scheme="2:4", format="2:4") for _ in range(2)]
     auto = st.nn.SparseLinear.from_dense(base, scheme="2:4")
     model = torch.nn.Sequential(*forced, auto)
@@ -453,6 +487,10 @@ def test_prepare_model_prepares_each_layer_forced_to_a_format():
     assert out["0"] == out["1"] == {1: "2:4", 16: "2:4"}
     assert set(forced[1]._derived.algs) == {1, 16}
     assert set(out["2"]) == {1, 16} and len(st.tuning_table(kind="linear")) == 2
+    x = torch.randn(16, 64, device=device, dtype=base.weight.dtype)
+    with torch.no_grad():
+        for layer in model:
+            assert _rel(layer(x), _ref(layer, x)) < (2e-2 if device == "cuda" else 1e-5)
 
 
 def test_prepare_keeps_its_own_and_a_cache_files_decisions_and_builds_their_forms(tmp_path, monkeypatch):

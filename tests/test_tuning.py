@@ -197,6 +197,49 @@ def test_costs_are_normalised_by_work_and_bounded_below_by_host_time():
     assert e["decided"] and e["route"] == "balanced"
 
 
+def test_python_tuner_counts_only_samples_near_the_largest_size():
+    """The Python tables (SparseLinear's forms, SpmmPlan's layouts): a signature's calls may differ in size
+    (a bucket's token counts), and only samples within SIZE_WINDOW of the largest size seen count; a smaller
+    call takes the best so far without a sample. Here "decode" wins at 17 and loses at 32."""
+    table = tuning.tuner("linear")
+    key = ("test", "size window")
+    cost = {17: {"dense": 1.0, "decode": 0.7}, 20: {}, 24: {"dense": 1.0, "decode": 1.2}, 32: {"dense": 1.0, "decode": 1.3}}
+
+    def call(size):
+        name, sample = table.choose(key, ["dense", "decode"], "dense", "cpu", size=size)
+        if sample is not None:
+            table.record(key, name, cost[size][name], size)
+        return name, sample is not None
+
+    assert [call(17) for _ in range(4)] == [("dense", True), ("decode", True)] * 2  # warm-up, one counted each
+    assert call(17)[1]  # undecided: more samples at 17
+    assert call(32)[1]  # the largest size so far: the samples at 17 no longer count
+    e = next(e for e in st.tuning_table(kind="linear") if e["key"] == key)
+    assert e["top_size"] == 32 and not e["decided"]
+    assert call(20)[1] is False  # below the window: the best so far, no sample
+    assert call(24)[1]  # 24 >= 0.75 x 32: counted
+    while table.decided(key) is None:
+        call(32)
+    assert table.decided(key) == "dense"
+    e = next(e for e in st.tuning_table(kind="linear") if e["key"] == key)
+    assert all(size >= tuning.SIZE_WINDOW * 32 for c in e["candidates"].values() for size in c["sizes"][2:])
+
+
+def test_python_tuner_of_one_size_decides_as_before():
+    """Calls of one size (the default) count every sample: warm-up, one each, pruning at 2x, three each."""
+    table = tuning.tuner("plan")
+    key = ("test", "one size")
+    cost = {"a": 1.0, "b": 0.8, "c": 2.5}
+    handed = []
+    while table.decided(key) is None and len(handed) < 20:
+        name, sample = table.choose(key, list(cost), "a", "cpu")
+        assert sample is not None
+        handed.append(name)
+        table.record(key, name, cost[name])
+    assert handed == ["a", "b", "c"] * 2 + ["a", "b"] * 2
+    assert table.decided(key) == "b"
+
+
 def test_lost_and_failed_samples():
     s = sig(4)
     assert nxt(s, ["native", "balanced", "densify"]) == ("native", True)

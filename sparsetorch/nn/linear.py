@@ -679,7 +679,7 @@ class SparseLinear(nn.Module):
             if decided is not None:
                 route, sample = decided, None
             else:
-                route, sample = table.choose(key, list(self._candidates(n, rule)), rule, x.device)
+                route, sample = table.choose(key, list(self._candidates(n, rule)), rule, x.device, size=n)
             decided = table.decided(key) is not None
             derived.decided[bucket] = decided
         if capturing and route.partition("#")[0] not in derived.forms and route not in ("csr", "expand"):
@@ -807,7 +807,7 @@ class SparseLinear(nn.Module):
                 derived.skipped[route] = f"{type(e).__name__}: {e}"
                 raise
             sample.stop()
-            tuner("linear").submit(self._tuning_key(bucket), route, sample)
+            tuner("linear").submit(self._tuning_key(bucket), route, sample, size=n)
         if bias_act and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             renting = derived.renting.get(bucket)
             if renting is not None:  # bound too, so the calls that pay the rent take the fast path
