@@ -137,7 +137,7 @@ class _Derived:
         self.forms: Dict[str, Any] = {}
         self.choices: Dict[int, str] = {}   # bucket -> the route its calls take now (decided or rule)
         self.decided: Dict[int, bool] = {}
-        self.runners: Dict[int, Any] = {}   # bucket -> bound call, once decided
+        self.runners: Dict[int, Any] = {}   # bucket -> bound call, once decided (the fast path of its token counts)
         self.algs: Dict[int, int] = {}      # bucket -> cuSPARSELt algorithm of the 2:4 form (prepare())
         self.skipped: Dict[str, str] = {}   # form -> why it was not built
         self.peak_transient = 0
@@ -147,7 +147,6 @@ class _Derived:
         self.check = None                  # x -> whether the fast path may run x (SparseLinear._stamp)
         self.trained = False               # the values changed since the forms were built: keep refresh maps
         self.rules: Dict[int, str] = {}    # bucket -> the rule's form (an undecided bucket samples around it)
-        self.exact: Dict[int, Any] = {}    # token count -> bound call of a decided bucket (the fast path)
         self.rent: Dict[str, float] = {}   # form not built yet -> what it would have gained so far (dense calls)
         self.renting: Dict[int, str] = {}  # bucket -> the form it runs dense for until that form repays its build
         self.pinned: set = set()           # forms a CUDA graph capture ran: held for the layer's life
@@ -250,7 +249,6 @@ class SparseLinear(nn.Module):
             derived = self.__dict__.get("_derived")
             if derived is not None:
                 derived.stamp, derived.check, derived.key = None, None, None
-                derived.exact = {}
                 derived.runners = {}
 
     def _state_tensors(self):
@@ -522,7 +520,7 @@ class SparseLinear(nn.Module):
         if key[1:3] + key[4:6] != old[1:3] + old[4:6] or meta != derived.values_meta:
             derived = self._derived = _Derived()
         else:
-            derived.runners, derived.exact = {}, {}
+            derived.runners = {}
             if key[:6] != old[:6]:
                 derived.trained = True  # the layer trains: forms built from now on keep their refresh maps
                 with torch.no_grad():
@@ -669,7 +667,6 @@ class SparseLinear(nn.Module):
             derived.rules[bucket] = rule
             if derived.renting.pop(bucket, None) is not None:  # its bound rent call goes with it
                 derived.runners.pop(bucket, None)
-                derived.exact = {}
             want = (decided or rule).partition("#")[0]
             if rent and not capturing and self._renting(want):
                 derived.decided[bucket] = False
@@ -792,7 +789,6 @@ class SparseLinear(nn.Module):
         if bias_act:
             call = derived.runners.get(bucket)
             if call is not None and (rent or not getattr(call, "renting", False)):
-                derived.exact[n] = call
                 return call(x)
         route, sample = self._choose(x, bucket, rent)
         call = self._runner(route, x, bucket, decided=sample is None) if bias_act else self._bare(route, x, bucket)
@@ -814,7 +810,6 @@ class SparseLinear(nn.Module):
                 call = self._rent_runner(bucket, renting, call)
             if renting is not None or derived.decided.get(bucket):
                 derived.runners[bucket] = call
-                derived.exact[n] = call
             if renting is None and derived.decided.get(bucket):
                 self._release_unused()
         return y
@@ -837,7 +832,6 @@ class SparseLinear(nn.Module):
                 return dense_call(a)
             derived.runners = {b: c for b, c in derived.runners.items()
                                if b != bucket and derived.renting.get(b) != name}
-            derived.exact = {}
             return owner._run(a, rent=owner.build_when_repaid)
 
         call.renting = True
@@ -865,7 +859,6 @@ class SparseLinear(nn.Module):
         for name in [n for n in derived.forms if n not in used and n != "csr"]:
             del derived.forms[name]
             derived.runners = {b: c for b, c in derived.runners.items() if derived.choices.get(b) != name}
-            derived.exact = {}
 
     # --- prepare: decide buckets now ------------------------------------------------------------------
 
@@ -891,7 +884,6 @@ class SparseLinear(nn.Module):
                         derived.algs[bucket] = self._form("2:4", device).search(self._random_input(bucket, device),
                                                                                 self._parameters.get("bias"))
                         derived.runners.pop(bucket, None)
-                        derived.exact = {}
                     continue
                 key = self._tuning_key(bucket)
                 # prepare()'s own decisions are kept, here or through a cache file; the online samples' are not (a
@@ -941,7 +933,6 @@ class SparseLinear(nn.Module):
         derived.decided[bucket] = True
         derived.renting.pop(bucket, None)
         derived.runners.pop(bucket, None)
-        derived.exact = {}
         return name
 
     def _all_candidates(self, n: int) -> Sequence[str]:
@@ -954,12 +945,14 @@ class SparseLinear(nn.Module):
     # --- forward -------------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The steady inference call: a decided token count whose bound call holds while the state tensors are
-        # the same objects at the same versions and addresses (_stamp; setting an attribute the call captured
-        # drops every bound call: __setattr__).
+        # The steady inference call: a decided bucket's bound call (_run binds it), which holds while the state
+        # tensors are the same objects at the same versions and addresses (_stamp; setting an attribute the call
+        # captured drops every bound call: __setattr__). A renting bucket's call is bound only in eager calls
+        # that rent, as these are (build_when_repaid is captured).
         if not torch.compiler.is_compiling():
             derived = self._derived
-            call = derived.exact.get(x.shape[0])
+            n = x.shape[0]
+            call = derived.runners.get(1 << (n - 1).bit_length() if n > 0 else 0)  # _bucket(n)
             if call is not None:
                 check = derived.check
                 if check is not None and check(x):
