@@ -29,13 +29,8 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
     weights = serving._mlp_weights(ctx, seed)
     kinds = list(weights)
     dtype = weights["gate"].dtype
-    g = torch.Generator(device=ctx.device).manual_seed(7)
-    pool = torch.randn(max(steps), weights["gate"].shape[1], device=ctx.device, generator=g).to(dtype)
-
-    def fresh():
-        return [st.nn.SparseLinear.from_dense(weights[k], sparsity=sparsity, scheme=scheme).requires_grad_(False)
-                for k in kinds]
-
+    pool, _ = serving.input_pools(ctx, steps, weights)
+    fresh = lambda: serving.fresh_layers(weights, sparsity, scheme)  # noqa: E731
     serving._warm_libraries(ctx, dtype)
     dense = [serving._dense_linear(layer.to_dense().detach()) for layer in fresh()]
     serving._run_sequence(ctx, dense, True, steps, pool, None)  # cuBLAS's first call per shape, untimed

@@ -65,10 +65,11 @@ PRUNE_FACTOR = 2.0
 DEFAULT_CAPACITY = 4096
 MAX_IN_FLIGHT = 64  # samples whose events are not read yet, per table; beyond it calls take the best so far
 # Samples count from this fraction of the largest size a signature has run. SparseLinear's bucket (n/2, n]
-# spans 2x in tokens, and the 2:4 decode kernel's time steps per 8 tokens while dense's is flat: at 17 tokens it
-# beat dense on a 4096 x 14336 weight that it lost to at 32 (H200, the serving sequence), and medians of
-# samples at mixed counts decided the bucket by which counts came. Sparse forms lose ground to dense as tokens
-# grow, so judging at the top of a bucket keeps a form only where it wins over the whole bucket.
+# spans 2x in tokens, and the 2:4 decode kernel's time steps per 8 tokens while dense's is flat (it takes
+# 0.71-0.88x dense's time at 16 tokens, 1.3x at 32 on a wide weight: pruned/rule.py), so medians of samples at
+# mixed counts decide by which counts came (the likely cause of a 4096 x 14336 weight taking it at 17-32 tokens,
+# 0.43-0.66x dense, H200). Sparse forms lose ground to dense as tokens grow: judged at the top of a bucket, a
+# form is kept only where it wins over the whole bucket.
 SIZE_WINDOW = 0.75
 
 # The spmm signature's fields in order (csrc/common/spmm_tuning.h, enum Field).

@@ -158,24 +158,31 @@ def _held(layers: List[nn.Module]) -> List[int]:
             for m in layers]
 
 
+def fresh_layers(weights: Dict[str, torch.Tensor], sparsity, scheme: str) -> List[st.nn.SparseLinear]:
+    """The pruned layers of ``weights`` (kind -> dense weight) as a server loads them: inference only."""
+    return [st.nn.SparseLinear.from_dense(w, sparsity=sparsity, scheme=scheme).requires_grad_(False)
+            for w in weights.values()]
+
+
+def input_pools(ctx: Context, steps: List[int], weights: Dict[str, torch.Tensor], inner_kinds=("down",)):
+    """The inputs each step slices: (tokens, hidden) rows for the layers reading the hidden state, (tokens,
+    inner) rows for ``inner_kinds`` (a stack's layers called alone; the MLP block feeds down its own product)."""
+    dtype = next(iter(weights.values())).dtype
+    hidden = next(w.shape[1] for k, w in weights.items() if k not in inner_kinds)
+    inner = max(w.shape[1] for w in weights.values())
+    g = torch.Generator(device=ctx.device).manual_seed(7)
+    pool = torch.randn(max(steps), hidden, device=ctx.device, generator=g).to(dtype)
+    return pool, torch.randn(max(steps), inner, device=ctx.device, generator=g).to(dtype)
+
+
 def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], sparsity, scheme: str, mlp: bool,
                  inner_kinds=("down",)) -> Job:
     def run():
         steps = serving_sequence(ctx.cuda)
         dtype = next(iter(weights.values())).dtype
-        hidden = next(w.shape[1] for k, w in weights.items() if k not in inner_kinds)
-        inner = max(w.shape[1] for w in weights.values())
-        g = torch.Generator(device=ctx.device).manual_seed(7)
-        pool = torch.randn(max(steps), hidden, device=ctx.device, generator=g).to(dtype)
-        pool_inner = torch.randn(max(steps), inner, device=ctx.device, generator=g).to(dtype)
+        pool, pool_inner = input_pools(ctx, steps, weights, inner_kinds)
         kinds = list(weights)
-
-        def fresh_layers():
-            out = []
-            for kind in kinds:
-                layer = st.nn.SparseLinear.from_dense(weights[kind], sparsity=sparsity, scheme=scheme)
-                out.append(layer.requires_grad_(False))
-            return out
+        new_layers = lambda: fresh_layers(weights, sparsity, scheme)  # noqa: E731
 
         def as_calls(layers):
             if mlp:
@@ -185,7 +192,7 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
         rows = []
         base = {"suite": "serving", "case": name, "sparsity": sparsity if scheme != "2:4" else "2:4",
                 "steps": len(steps), "tokens": int(sum(steps)), "dtype": str(dtype).replace("torch.", "")}
-        dense_w = {kind: layer.to_dense().detach() for kind, layer in zip(kinds, fresh_layers())}
+        dense_w = {kind: layer.to_dense().detach() for kind, layer in zip(kinds, new_layers())}
         masks = {k: w.numel() * w.element_size() for k, w in dense_w.items()}
         dense_calls = [_dense_linear(dense_w[k]) for k in kinds]
         # The process's one-time costs are no layer's (the issue's rule: the first cuBLAS and cuSPARSELt calls,
@@ -248,9 +255,9 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
                                                                    pool_inner), [masks[k] for k in kinds], 0))
 
         modules_run()
-        sparse_run("sparsetorch", fresh_layers, cache, False, True)
-        sparse_run("sparsetorch, cache file", fresh_layers, cache, True, False)
-        compact_layers = lambda: [m.compact() for m in fresh_layers()]  # noqa: E731
+        sparse_run("sparsetorch", new_layers, cache, False, True)
+        sparse_run("sparsetorch, cache file", new_layers, cache, True, False)
+        compact_layers = lambda: [m.compact() for m in new_layers()]  # noqa: E731
         smallest = [m.memory()["stored"] for m in compact_layers()]
         sparse_run("sparsetorch compact", compact_layers, compact_cache, False, True)
         sparse_run("sparsetorch compact, cache file", compact_layers, compact_cache, True, False)
@@ -262,7 +269,7 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
             st.clear_tuning()
             if load_cache:
                 st.set_tuning_cache(prepared_cache)
-            layers = fresh_layers()
+            layers = new_layers()
             if ctx.cuda:
                 torch.cuda.synchronize()
             per_layer = []
@@ -279,7 +286,7 @@ def _serving_job(ctx: Context, name: str, weights: Dict[str, torch.Tensor], spar
             return per_layer
 
         per_layer, per_layer_cached = timed_prepare(False), timed_prepare(True)
-        sparse_run(PREPARED, fresh_layers, prepared_cache, True, False, prepare_at_load=True)
+        sparse_run(PREPARED, new_layers, prepared_cache, True, False, prepare_at_load=True)
         dense_totals = sorted(t for t, _ in dense_runs)
         dense_total = dense_totals[len(dense_totals) // 2]
         dense_row = (dense_total, _worst_of_runs(c for _, c in dense_runs), [masks[k] for k in kinds], 0, 1.0, [1.0],

@@ -863,14 +863,16 @@ class SparseLinear(nn.Module):
     # --- prepare: decide buckets now ------------------------------------------------------------------
 
     def prepare(self, token_counts: Optional[Iterable[int]] = None, *, budget_ms: float = 0.5,
-                remeasure: bool = False) -> Dict[int, str]:
+                remeasure: bool = False, _shared: bool = False) -> Dict[int, str]:
         """Decide the form of every bucket of ``token_counts`` (default 1, 2, 4, ..., 2048) now: build every
         form that applies (but the CSR SpMM of a half-precision CUDA weight: ``rule.timed_forms``), time each
         on random input (clean L2, about ``budget_ms`` of device time per form), search cuSPARSELt's
         algorithm for the 2:4 form, record the decisions in the tuner (and so in the tuning cache file), and
         free the forms no bucket takes. A bucket an earlier ``prepare()`` decided, in this process or in
         the one that saved a loaded tuning cache file, keeps that decision and only has its form built (a
-        second process starts in milliseconds); ``remeasure=True`` times it again. Returns bucket -> form."""
+        second process starts in milliseconds); ``remeasure=True`` times it again. Returns bucket -> form.
+        ``_shared`` (st.nn.prepare): a layer of this signature was just prepared; take its decisions, whatever
+        made them, and time nothing."""
         counts = _buckets(token_counts)
         device = self._weight_device()
         derived = self._refresh()
@@ -890,10 +892,12 @@ class SparseLinear(nn.Module):
                 # few real calls among the rule's form and its neighbours', no cuSPARSELt search), nor a compact
                 # layer's (its one candidate, its rule, is timed again: one form)
                 kept = None
-                if not remeasure and self.stored_format is None and table.measured(key):
+                if _shared or (not remeasure and self.stored_format is None and table.measured(key)):
                     kept = table.decided(key)
                 if kept is not None and self._runs_here(kept):
                     result[bucket] = self._take_decision(bucket, kept, device)
+                    continue
+                if _shared:
                     continue
                 names = self._all_candidates(bucket)
                 x = self._random_input(bucket, device)
@@ -1246,20 +1250,10 @@ def prepare(model: nn.Module, token_counts: Optional[Iterable[int]] = None, *, p
         # a layer forced to one format records nothing in the tuner (its prepare() searches its own 2:4
         # algorithms): it neither shares nor lends decisions
         shares = layer.format == "auto" or layer.stored_format is not None
-        if shares and sig in done:  # decided by a layer of the same signature: this one builds the forms it takes
-            layer._refresh()
-            out[name] = {}
-            device = layer._weight_device()
-            with torch.no_grad():
-                for n in _buckets(token_counts):
-                    decided = tuner("linear").decided(layer._tuning_key(n))
-                    if decided is not None:
-                        out[name][n] = layer._take_decision(n, decided, device)
-            layer._release_unused()
-        else:
-            out[name] = layer.prepare(token_counts, budget_ms=budget_ms, remeasure=remeasure)
-            if shares:
-                done.add(sig)
+        taken = shares and sig in done  # a layer of this signature decided: this one takes it and builds the forms
+        out[name] = layer.prepare(token_counts, budget_ms=budget_ms, remeasure=remeasure, _shared=taken)
+        if shares:
+            done.add(sig)
         if progress:
             bar = "#" * (20 * (i + 1) // len(layers))
             sys.stderr.write(f"\rsparsetorch prepare [{bar:<20}] {i + 1}/{len(layers)} layers, "
