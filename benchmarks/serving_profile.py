@@ -1,6 +1,6 @@
 """Where the serving suite's first pass goes (benchmarks/suites/serving.py; issue 63), one run each:
 
-    python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table]
+    python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table] [--call-kinds]
 
 For each MLP case: the dense sequence (after its untimed warm-up), then fresh SparseLinear layers over the
 sequence twice, in default mode, with the tuning cache file that the default mode saved, and prepared
@@ -9,6 +9,8 @@ against dense, the sum of the calls' event times and the rest of the wall time (
 synchronisation), the routes, each layer's calls per token-count range against dense's (pass 1 / pass 2), and
 the calls whose first-pass cost exceeds their second-pass cost the most.
 ``--table``: torch.profiler over a third, cache-file first pass (host ops by self CPU time).
+``--call-kinds``: each pass's calls grouped by what the layer did (CallKinds): count, time and ratio to dense's
+same calls. Its bookkeeping runs inside the calls' event spans (a few us each, both passes alike).
 """
 from __future__ import annotations
 
@@ -20,11 +22,53 @@ import torch
 
 import sparsetorch as st
 from benchmarks.harness import make_timer
+from sparsetorch.nn.linear import _bucket
+from sparsetorch.tuning import tuner
 from benchmarks.suites import serving
 from benchmarks.suites.common import Context
 
 
-def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
+class CallKinds:
+    """A SparseLinear whose calls are labelled by what the layer did: "bound" (the bucket's bound call, the
+    steady path; "bound, renting" while it runs dense to repay a form), "first" (the bucket's first call: its
+    rule), "undecided" (a later call of an undecided bucket), with "+sample" where the tuner handed out a
+    sample and "+build" where a form was built."""
+
+    def __init__(self, layer):
+        self.layer, self.kinds = layer, []
+
+    def _issued(self, bucket: int) -> int:
+        entry = tuner("linear")._entries.get(self.layer._tuning_key(bucket))
+        return 0 if entry is None else sum(c.issued for c in entry.candidates.values())
+
+    def __call__(self, x):
+        derived, bucket = self.layer._derived, _bucket(x.shape[0])
+        bound = derived.runners.get(bucket)
+        first = bucket not in derived.rules and bucket not in derived.choices
+        forms, issued = set(derived.forms), self._issued(bucket)
+        y = self.layer(x)
+        if bound is not None:
+            kind = "bound, renting" if getattr(bound, "renting", False) else "bound"
+        else:
+            kind = "first" if first else "undecided"
+        kind += "+sample" * (self._issued(bucket) > issued) + "+build" * bool(set(self.layer._derived.forms) - forms)
+        self.kinds.append(kind)
+        return y
+
+
+def _by_kind(watched, dense_costs, costs) -> str:
+    """A pass's calls by CallKinds label: count, time, and dense's time on the same steps over it."""
+    groups = {}
+    for k, w in enumerate(watched):
+        for i, kind in enumerate(w.kinds):
+            g = groups.setdefault(kind, [0, 0.0, 0.0])
+            g[0], g[1], g[2] = g[0] + 1, g[1] + costs[i][k], g[2] + dense_costs[i][k]
+        w.kinds = []
+    return ("    by call kind: " + "; ".join(f"{kind} {c} calls {t * 1e3:.2f} ms ({d / t:.2f}x dense)"
+                                          for kind, (c, t, d) in sorted(groups.items(), key=lambda g: -g[1][1])))
+
+
+def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool = False) -> None:
     _, seed, sparsity, scheme = serving.MLP_CASES[case]
     weights = serving._mlp_weights(ctx, seed)
     kinds = list(weights)
@@ -48,7 +92,11 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
         if mode == "prepared":
             for layer in layers:
                 layer.prepare(steps)
-        passes = [serving._run_sequence(ctx, layers, True, steps, pool, None) for _ in range(2)]
+        watched = [CallKinds(layer) for layer in layers] if call_kinds else None
+        passes, kinds_of_pass = [], []
+        for _ in range(2):
+            passes.append(serving._run_sequence(ctx, watched or layers, True, steps, pool, None))
+            kinds_of_pass.append(_by_kind(watched, dense_costs, passes[-1][1]) if call_kinds else None)
         if mode == "default":
             st.save_tuning_cache(cache)
         st.set_tuning_cache(None)
@@ -56,6 +104,8 @@ def profile_case(ctx: Context, case: str, steps, table: bool) -> None:
             calls = sum(map(sum, costs))
             print(f"  {mode}, pass {i + 1}: {total * 1e3:.1f} ms ({dense_total / total:.3f}x dense; calls "
                   f"{calls * 1e3:.1f} ms, rest {(total - calls) * 1e3:.1f} ms)")
+            if kinds_of_pass[i]:
+                print(kinds_of_pass[i])
         for kind, layer in zip(kinds, layers):
             print(f"  routes of {kind}: {dict(sorted(layer.routes.items()))}")
         _by_range(steps, kinds, dense_costs, [c for _, c in passes])
@@ -101,6 +151,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="2:4,90%,70%", help="comma-separated: 2:4, 90%%, 70%%")
     ap.add_argument("--table", action="store_true", help="torch.profiler over a cache-file first pass")
+    ap.add_argument("--call-kinds", action="store_true", help="each pass's calls by what the layer did")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -111,7 +162,7 @@ def main(argv=None):
     for case in args.cases.split(","):
         if case not in serving.MLP_CASES:
             ap.error(f"unknown case {case!r}; choose from {', '.join(serving.MLP_CASES)}")
-        profile_case(ctx, case, steps, args.table)
+        profile_case(ctx, case, steps, args.table, args.call_kinds)
 
 
 if __name__ == "__main__":

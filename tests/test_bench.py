@@ -151,7 +151,7 @@ def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
     cache file, prepared), the routes, and the first-pass calls that cost most over their second."""
     from benchmarks.serving_profile import main
 
-    main(["--device", "cpu", "--cases", "90%"])
+    main(["--device", "cpu", "--cases", "90%", "--call-kinds"])
     out = capsys.readouterr().out
     assert "90%: dense" in out
     for mode in ("default", "cache file", "prepared"):
@@ -159,6 +159,15 @@ def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
             assert f"  {mode}, pass {p}: " in out and "x dense; calls " in out
     assert out.count("routes of gate: {") == 3 and out.count("pass 1 over pass 2 in calls: ") == 3
     assert " step   0 gate N=" in out  # the sequence's first call leads: it makes the layer's first forms
+    # --call-kinds: every pass's calls by what the layer did, all of them counted; a default first pass begins
+    # with the layers' first calls, which build their first forms
+    lines = [line for line in out.splitlines() if line.startswith("    by call kind: ")]
+    assert len(lines) == 6 and "first+build 3 calls" in lines[0]
+    steps = int(out.split(" steps, ")[0])
+    for line in lines:
+        groups = [g.split(" calls ")[0].rsplit(" ", 1) for g in line[len("    by call kind: "):].split("; ")]
+        assert sum(int(count) for _, count in groups) == 3 * steps
+        assert {kind.split("+")[0] for kind, _ in groups} <= {"bound", "bound, renting", "first", "undecided"}
 
 
 def test_serving_causal_lm_decodes_like_a_reference_on_cpu():
