@@ -31,6 +31,16 @@ the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
   decode       decode steps (N = 1..16 tokens) of a Llama-3-8B-shaped decoder stack (--layers, default 4 /
                a 1-layer hidden-256 stack on the CPU), Wanda-pruned to 50% and 70% per row and 2:4:
                SparseLinear against the pruned weights stored dense, tokens/s, eager and CUDA graph.
+  serving      pruned layers as a server runs them: a fixed 300-step sequence of 1-64-token decode steps and
+               128-2048-token prefill chunks / a CPU sequence of 64 steps at a sixteenth of the sizes, over a
+               Llama-3-8B MLP block at 70% per row, 90% and 2:4, first calls included: SparseLinear default,
+               with a tuning cache file, prepared, compact, against dense F.linear and nn.Linear; the
+               costliest call, memory held, prepare() time [the 4-layer stack's projections; on CUDA an
+               end-to-end pruned causal LM decoding 256 tokens, eager and reduce-overhead].
+  compile      the layers under torch.compile and CUDA graphs: GCN / SAGE mini-batch and Planetoid training
+               steps against torch_geometric, the pruned MLP block and decoder stack against dense, eager /
+               compiled / reduce-overhead / a manual CUDA graph, with graph and break counts and compile
+               times [every Planetoid graph, 70% per row].
   distributed  SpMM and GCN steps on 1 vs 2+ GPUs (left out with fewer than 2 devices; with --device cpu a
                rehearsal on CPU processes).
   cpu          the CPU kernels, on the CPU also on a GPU machine: SpMM on graphs and pruned weights
