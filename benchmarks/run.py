@@ -35,8 +35,10 @@ the quick run's on CUDA / on the CPU; --full adds the sizes in brackets:
                128-2048-token prefill chunks / a CPU sequence of 64 steps at a sixteenth of the sizes, over a
                Llama-3-8B MLP block at 70% per row, 90% and 2:4, first calls included: SparseLinear default,
                with a tuning cache file, prepared, compact, against dense F.linear and nn.Linear; the
-               costliest call, memory held, prepare() time [the 4-layer stack's projections; on CUDA an
-               end-to-end pruned causal LM decoding 256 tokens, eager and reduce-overhead].
+               costliest call, memory held, prepare() time [the 4-layer stack's projections].
+  e2e          (CUDA) a causal LM with random weights in the Llama-3 layout (2 layers of Llama-3-8B's shapes),
+               Wanda-pruned to 2:4, prepared and compacted, decoding 256 tokens at batch 1 and 16, eager and
+               reduce-overhead, against the dense model run the same ways: tokens/s, weight bytes.
   compile      the layers under torch.compile and CUDA graphs: GCN / SAGE mini-batch and Planetoid training
                steps against torch_geometric, the pruned MLP block and decoder stack against dense, eager /
                compiled / reduce-overhead / a manual CUDA graph, with graph and break counts and compile
@@ -96,6 +98,7 @@ SUITES = {
     "fresh": "fresh:fresh_suite",
     "cpu": "cpu:cpu_suite",
     "serving": "serving:serving_suite",
+    "e2e": "serving:e2e_suite",
     "compile": "compile:compile_suite",
 }
 

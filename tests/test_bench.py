@@ -170,6 +170,23 @@ def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
         assert {kind.split("+")[0] for kind, _ in groups} <= {"bound", "bound, renting", "first", "undecided"}
 
 
+def test_e2e_suite_is_left_out_on_cpu_and_its_rows_make_a_headline(capsys, tmp_path):
+    """The end-to-end model's suite runs on CUDA only (said at the end of a CPU run, nothing raised); its rows'
+    headline gives tokens/s and weight bytes against dense."""
+    from benchmarks.run import main
+    from benchmarks.suites.serving import headlines
+
+    main(["--device", "cpu", "--suites", "e2e", "--no-plots", "--out", str(tmp_path)])
+    assert "e2e (the whole suite): CUDA only" in capsys.readouterr().out
+    case = "e2e causal LM, 2 Llama-3-8B layers 2:4, batch 1, eager"
+    rows = [{"suite": "e2e", "case": case, "impl": "dense", "tokens_per_s": 100.0, "vs_dense": 1.0,
+             "linear_weight_bytes": 2**30},
+            {"suite": "e2e", "case": case, "impl": "sparsetorch compact", "tokens_per_s": 130.0, "vs_dense": 1.3,
+             "linear_weight_bytes": 2**29}]
+    assert headlines(rows) == [f"{case}: sparsetorch compact 130 tokens/s against dense 100 (1.30x); linear weights "
+                               "512 MiB against 1024 MiB"]
+
+
 def test_serving_causal_lm_decodes_like_a_reference_on_cpu():
     """The end-to-end model of the serving suite (--full, CUDA only there): its decode steps, with the static
     KV cache, the causal mask and grouped-query attention, equal an attention written out per head."""

@@ -47,11 +47,11 @@ dense (``held_vs_dense``) and against the smallest form (``held_vs_smallest``: t
 bytes), ``peak_transient_bytes`` (a compact layer's dense expansion). The floor is not a useful bound for a
 sequence of first calls: none is given.
 
-**End to end** (``e2e`` rows, CUDA): a causal LM with random weights in the Llama-3 layout (2 layers of
-Llama-3-8B's shapes, vocabulary 32000, a static KV cache of 512 positions), Wanda-pruned to 2:4 with
-calibration data, prepared and compacted, decoding 256 tokens greedily at batch sizes 1 and 16, eager and
-compiled (``torch.compile(mode="reduce-overhead")``), against the dense model run the same ways: tokens/s
-and the bytes of the linear layers' weights.
+**End to end** (its own suite, ``--suites e2e``, CUDA only; compilation takes minutes): a causal LM with
+random weights in the Llama-3 layout (2 layers of Llama-3-8B's shapes, vocabulary 32000, a static KV cache of
+512 positions), Wanda-pruned to 2:4 with calibration data, prepared and compacted, decoding 256 tokens
+greedily at batch sizes 1 and 16, eager and compiled (``torch.compile(mode="reduce-overhead")``), against the
+dense model run the same ways: tokens/s and the bytes of the linear layers' weights.
 """
 from __future__ import annotations
 
@@ -470,7 +470,7 @@ def _e2e_job(ctx: Context) -> Job:
                     _decode(model, batch, 3, ctx.device, step)  # warm-up (and compilation)
                     compile_s = time.perf_counter() - t_compile
                     seconds = _decode(model, batch, tokens, ctx.device, step)
-                    rows.append({"suite": "serving", "case": f"e2e causal LM, {layers} Llama-3-8B layers 2:4, "
+                    rows.append({"suite": "e2e", "case": f"e2e causal LM, {layers} Llama-3-8B layers 2:4, "
                                  f"batch {batch}, {mode}", "impl": impl, "dtype": "bfloat16", "batch": batch,
                                  "mode": mode, "time_ms": seconds * 1e3, "tokens_per_s": batch * tokens / seconds,
                                  "warmup_s": compile_s, "linear_weight_bytes": dense_bytes if impl == "dense"
@@ -487,17 +487,32 @@ def _e2e_job(ctx: Context) -> Job:
 def serving_suite(ctx: Context) -> List[Job]:
     jobs = [_serving_job(ctx, name, _mlp_weights(ctx, seed), sparsity, scheme, mlp=True)
             for name, seed, sparsity, scheme in MLP_CASES.values()]
-    if not ctx.quick:  # --full: the stack's 28 projections and the end-to-end model (compilation: minutes)
+    if not ctx.quick:  # --full: the stack's 28 projections
         jobs.append(_serving_job(ctx, "4-layer decoder stack projections 2:4", _stack_weights(ctx, 4), 0.5, "2:4",
                                  mlp=False, inner_kinds=tuple(f"down{i}" for i in range(8))))
-        if ctx.cuda:
-            jobs.append(_e2e_job(ctx))
     return jobs
+
+
+def e2e_suite(ctx: Context) -> List[Job]:
+    """The end-to-end pruned causal LM (module docstring), on CUDA."""
+    if not ctx.cuda:
+        ctx.leave_out("e2e (the whole suite)", "CUDA only: Llama-3-8B's layer shapes in bf16, decoding under CUDA "
+                      "graphs")
+        return []
+    return [_e2e_job(ctx)]
 
 
 def headlines(rows: List[dict]) -> List[str]:
     lines = []
-    for case in dict.fromkeys(r["case"] for r in rows if r.get("suite") == "serving" and "e2e" not in r["case"]):
+    for case in dict.fromkeys(r["case"] for r in rows if r.get("suite") == "e2e"):
+        got = {r["impl"]: r for r in rows if r.get("case") == case}
+        dense, sparse = got.get("dense"), got.get("sparsetorch compact")
+        if dense and sparse:
+            mib = {impl: r["linear_weight_bytes"] / 2**20 for impl, r in (("dense", dense), ("sparse", sparse))}
+            lines.append(f"{case}: sparsetorch compact {sparse['tokens_per_s']:.0f} tokens/s against dense "
+                         f"{dense['tokens_per_s']:.0f} ({sparse['vs_dense']:.2f}x); linear weights "
+                         f"{mib['sparse']:.0f} MiB against {mib['dense']:.0f} MiB")
+    for case in dict.fromkeys(r["case"] for r in rows if r.get("suite") == "serving"):
         got = {r["impl"]: r for r in rows if r.get("case") == case}
         parts = []
         modules = got.get(DENSE_MODULES)
