@@ -472,6 +472,21 @@ def test_prepare_model_shares_a_signature_between_layers(capsys):
     assert len(st.tuning_table(kind="linear")) == 2  # one signature, two buckets
 
 
+def test_prepare_model_shares_a_signature_between_compact_layers():
+    """Compact layers of one signature: the first is timed, the others take its decisions (their stored form or
+    the expansion) without a pattern to analyse; each runs what it decided."""
+    torch.manual_seed(7)
+    base = torch.nn.Linear(64, 32)
+    model = torch.nn.Sequential(*[st.nn.SparseLinear.from_dense(base, sparsity=0.5) for _ in range(3)])
+    st.nn.compact(model)
+    out = st.nn.prepare(model, [1, 16], progress=False)
+    assert out["0"] == out["1"] == out["2"] and set(out["0"]) == {1, 16}
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        for layer in model:
+            assert _rel(layer(x), F.linear(x, base.weight * (layer.to_dense() != 0), base.bias)) < 1e-5
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY and sparse24.available() else []))
 def test_prepare_model_prepares_each_layer_forced_to_a_format(device):
     """Layers forced to a format record no decision in the tuner: st.nn.prepare prepares each (on CUDA its

@@ -422,26 +422,27 @@ def _decode(model: CausalLM, batch: int, tokens: int, device, step=None) -> floa
         attn.k_cache.zero_()
         attn.v_cache.zero_()
     tok = torch.ones(batch, dtype=torch.long, device=device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     with torch.no_grad():
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for p in range(tokens):
             pos = torch.full((1,), p, dtype=torch.long, device=device)
             tok = step(tok, pos).argmax(-1)
-        torch.cuda.synchronize()
+        sync()
     return time.perf_counter() - t0
 
 
-def _e2e_job(ctx: Context) -> Job:
+def _e2e_job(ctx: Context, shape=LLAMA3_8B, name: str = "Llama-3-8B", layers: int = 2, vocab: int = 32000,
+             max_len: int = 512, tokens: int = 256, batches=(1, 16), modes=("eager", "compiled")) -> Job:
+    """The suite's model (module docstring); the arguments shrink it for the CPU test of its plumbing."""
     def run():
-        shape = LLAMA3_8B
-        layers, vocab, max_len, tokens, batches = 2, 32000, 512, 256, (1, 16)
         dtype = torch.bfloat16
         from dataclasses import replace
 
-        shape = replace(shape, layers=layers)
-        stack = dense_stack(shape, ctx.device, dtype, seed=5)
-        norms = calibrate(stack, shape, ctx.device, dtype, seed=6)
+        model_shape = replace(shape, layers=layers)
+        stack = dense_stack(model_shape, ctx.device, dtype, seed=5)
+        norms = calibrate(stack, model_shape, ctx.device, dtype, seed=6)
         dense_lin, sparse_lin = [], []
         for i, layer in enumerate(stack.layers):
             d, s = {}, {}
@@ -457,20 +458,20 @@ def _e2e_job(ctx: Context) -> Job:
         del stack
         rows = []
         for batch in batches:
-            dense = CausalLM(shape, dense_lin, vocab, max_len, batch, ctx.device, dtype, seed=9)
-            sparse = CausalLM(shape, sparse_lin, vocab, max_len, batch, ctx.device, dtype, seed=9)
+            dense = CausalLM(model_shape, dense_lin, vocab, max_len, batch, ctx.device, dtype, seed=9)
+            sparse = CausalLM(model_shape, sparse_lin, vocab, max_len, batch, ctx.device, dtype, seed=9)
             st.nn.prepare(sparse, [batch], progress=False)
             st.nn.compact(sparse)
             dense_bytes = sum(m.weight.numel() * m.weight.element_size() for d in dense_lin for m in d.values())
             sparse_bytes = sum(m.memory()["held"] for s in sparse_lin for m in s.values())
-            for mode in ("eager", "compiled"):
+            for mode in modes:
                 for impl, model in (("dense", dense), ("sparsetorch compact", sparse)):
                     step = model if mode == "eager" else torch.compile(model, mode="reduce-overhead", fullgraph=True)
                     t_compile = time.perf_counter()
                     _decode(model, batch, 3, ctx.device, step)  # warm-up (and compilation)
                     compile_s = time.perf_counter() - t_compile
                     seconds = _decode(model, batch, tokens, ctx.device, step)
-                    rows.append({"suite": "e2e", "case": f"e2e causal LM, {layers} Llama-3-8B layers 2:4, "
+                    rows.append({"suite": "e2e", "case": f"e2e causal LM, {layers} {name} layers 2:4, "
                                  f"batch {batch}, {mode}", "impl": impl, "dtype": "bfloat16", "batch": batch,
                                  "mode": mode, "time_ms": seconds * 1e3, "tokens_per_s": batch * tokens / seconds,
                                  "warmup_s": compile_s, "linear_weight_bytes": dense_bytes if impl == "dense"

@@ -894,7 +894,8 @@ class SparseLinear(nn.Module):
                 kept = None
                 if _shared or (not remeasure and self.stored_format is None and table.measured(key)):
                     kept = table.decided(key)
-                if kept is not None and self._runs_here(kept):
+                # (a compact layer's decision is its stored form or the expansion: its own rule's, no form to check)
+                if kept is not None and (self.stored_format is not None or self._runs_here(kept)):
                     result[bucket] = self._take_decision(bucket, kept, device)
                     continue
                 if _shared:
