@@ -11,7 +11,8 @@ both implementations below:
 * once every survivor has ``SAMPLES`` counted samples, the signature is decided for the fastest median;
 * calls of one signature may differ in size (SparseLinear: the token counts of a bucket), and a candidate's
   time grows with the size at its own rate: only samples of sizes within ``SIZE_WINDOW`` of the largest
-  size the signature has run count, and smaller calls take the best so far without a sample;
+  size the signature has run count, smaller calls take the best so far without a sample, and a candidate
+  pruned on samples that no longer count is offered again;
 * no call synchronises, and no call costs more than one run of one candidate;
 * the table is bounded (least recently used signatures dropped first) and thread-safe;
 * inside CUDA graph capture nothing is sampled: the decided choice, else the rule.
@@ -78,7 +79,7 @@ SIGNATURE_FIELDS = ("dtype", "n", "batch_flags", "batch_bucket", "b_layout", "ro
 
 
 class _Candidate:
-    __slots__ = ("issued", "returned", "costs", "sizes", "dropped")
+    __slots__ = ("issued", "returned", "costs", "sizes", "dropped", "pruned_top")
 
     def __init__(self):
         self.issued = 0     # samples handed out, warm-up included
@@ -86,6 +87,7 @@ class _Candidate:
         self.costs: List[float] = []  # counted samples (ms)
         self.sizes: List[float] = []  # the size of each counted sample's call
         self.dropped = False
+        self.pruned_top: Optional[float] = None  # dropped by pruning while the signature's top size was this
 
     def pending(self) -> int:
         """Counted samples handed out and not back yet."""
@@ -154,7 +156,9 @@ class Tuner:
                 entry = self._new(key, rule)
             entry.top = max(entry.top, float(size))
             for name in candidates:
-                entry.candidates.setdefault(name, _Candidate())
+                cand = entry.candidates.setdefault(name, _Candidate())
+                if cand.pruned_top is not None and SIZE_WINDOW * entry.top > cand.pruned_top:
+                    cand.dropped, cand.pruned_top = False, None  # pruned by samples that no longer count
             offered = [name for name in candidates if not entry.candidates[name].dropped]
             if not offered:
                 return rule, None
@@ -216,7 +220,7 @@ class Tuner:
         best = min(min(costs) for costs in live.values())
         for name, costs in list(live.items()):  # pruning after one counted sample each
             if min(costs) > PRUNE_FACTOR * best:
-                entry.candidates[name].dropped = True
+                entry.candidates[name].dropped, entry.candidates[name].pruned_top = True, entry.top
                 del live[name]
         if all(len(costs) >= SAMPLES for costs in live.values()):
             medians = {n: sorted(costs)[len(costs) // 2] for n, costs in live.items()}

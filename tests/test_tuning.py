@@ -225,6 +225,34 @@ def test_python_tuner_counts_only_samples_near_the_largest_size():
     assert all(size >= tuning.SIZE_WINDOW * 32 for c in e["candidates"].values() for size in c["sizes"][2:])
 
 
+def test_python_tuner_prunes_only_on_samples_that_still_count():
+    """A candidate dropped by pruning (over 2x the best) at small sizes comes back once the largest size has
+    grown past what those samples ran: here dense is 2.5x decode's time at 17 tokens and wins at 32. A
+    candidate that failed stays dropped."""
+    table = tuning.tuner("linear")
+    key = ("test", "pruned then back")
+    cost = {17: {"dense": 1.0, "decode": 0.4, "bad": 0.5}, 32: {"dense": 1.0, "decode": 1.3, "bad": 0.5}}
+
+    def call(size):
+        name, sample = table.choose(key, ["dense", "decode", "bad"], "dense", "cpu", size=size)
+        if sample is not None:
+            if name == "bad":
+                table.fail(key, name)
+            else:
+                table.record(key, name, cost[size][name], size)
+        return name, sample is not None
+
+    for _ in range(6):
+        call(17)
+    e = next(e for e in st.tuning_table(kind="linear") if e["key"] == key)
+    assert e["candidates"]["dense"]["dropped"] and e["candidates"]["bad"]["dropped"]
+    while table.decided(key) is None:
+        call(32)
+    assert table.decided(key) == "dense"
+    e = next(e for e in st.tuning_table(kind="linear") if e["key"] == key)
+    assert not e["candidates"]["dense"]["dropped"] and e["candidates"]["bad"]["dropped"]
+
+
 def test_python_tuner_of_one_size_decides_as_before():
     """Calls of one size (the default) count every sample: warm-up, one each, pruning at 2x, three each."""
     table = tuning.tuner("plan")
