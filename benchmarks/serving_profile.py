@@ -23,6 +23,7 @@ import torch
 import sparsetorch as st
 from benchmarks.harness import make_timer
 from sparsetorch.nn.linear import _bucket
+from sparsetorch.pruned.sparse24 import PLANS
 from sparsetorch.tuning import tuner
 from benchmarks.suites import serving
 from benchmarks.suites.common import Context
@@ -32,7 +33,8 @@ class CallKinds:
     """A SparseLinear whose calls are labelled by what the layer did: "bound" (the bucket's bound call, the
     steady path; "bound, renting" while it runs dense to repay a form), "first" (the bucket's first call: its
     rule), "undecided" (a later call of an undecided bucket), with "+sample" where the tuner handed out a
-    sample and "+build" where a form was built."""
+    sample, "+build" where a form was built, "+plan" where cuSPARSELt made a plan for a new token count, and
+    "+plan deferred" where the 2:4 form ran dense at a count's first request to this layer."""
 
     def __init__(self, layer):
         self.layer, self.kinds = layer, []
@@ -46,12 +48,15 @@ class CallKinds:
         bound = derived.runners.get(bucket)
         first = bucket not in derived.rules and bucket not in derived.choices
         forms, issued = set(derived.forms), self._issued(bucket)
+        plans, requests = len(PLANS), len(derived.plan_requests)
         y = self.layer(x)
         if bound is not None:
             kind = "bound, renting" if getattr(bound, "renting", False) else "bound"
         else:
             kind = "first" if first else "undecided"
-        kind += "+sample" * (self._issued(bucket) > issued) + "+build" * bool(set(self.layer._derived.forms) - forms)
+        after = self.layer._derived
+        kind += "+sample" * (self._issued(bucket) > issued) + "+build" * bool(set(after.forms) - forms)
+        kind += "+plan" * (len(PLANS) > plans) + "+plan deferred" * (len(after.plan_requests) > requests)
         self.kinds.append(kind)
         return y
 
