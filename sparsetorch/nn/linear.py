@@ -582,13 +582,13 @@ class SparseLinear(nn.Module):
 
     # --- choosing and running -----------------------------------------------------------------------
 
-    def _candidates(self, n: int, rule: str) -> Sequence[str]:
+    def _candidates(self, n: int, rule: str, pattern: Optional[_forms.Pattern] = None) -> List[str]:
         """What an undecided call of n tokens may sample without building anything: the rule's form and the
         forms the neighbouring buckets (n/2, 2n) take, where the layer holds them and they apply at n
         (crossovers fall between neighbours, and a form never sampled far from where it wins costs no more
         than a few steady calls). A compact layer samples nothing (_choose)."""
         derived = self._derived
-        available = _forms.applicable(self._pattern(), n)
+        available = _forms.applicable(pattern or self._pattern(), n)
         bucket = _bucket(n)
         out = [rule]
         for neighbour in (bucket // 2, bucket * 2):
@@ -597,14 +597,14 @@ class SparseLinear(nn.Module):
                 out.append(name)
         return out
 
-    def _rule(self, n: int) -> str:
+    def _rule(self, n: int, pattern: Optional[_forms.Pattern] = None) -> str:
         if self.stored_format is not None:
             if self.stored_format == "csr":
                 return "csr" if self.stored_buffer_device().type != "cuda" else "expand"
             return _rule.compact_choice(self.stored_format, _StoredPattern(self), n)
         if self.format != "auto":
             return self._forced(n)
-        pattern = self._pattern()
+        pattern = pattern or self._pattern()
         return _rule.first_choice(pattern, n, _forms.applicable(pattern, n))
 
     def _forced(self, n: int) -> str:
@@ -659,16 +659,17 @@ class SparseLinear(nn.Module):
             derived.decided[bucket] = True
         else:
             key = self._tuning_key(bucket)
-            rule = self._rule(n)
+            pattern = self._pattern()  # current: _run refreshed the derived state (one pass, not one per use)
+            rule = self._rule(n, pattern)
             table = tuner("linear")
             decided = table.decided(key)
-            if decided is not None and not self._runs_here(decided):
+            if decided is not None and not self._runs_here(decided, pattern):
                 decided = None  # e.g. a cache file's, of a build with other GPU code: the rule decides instead
             derived.rules[bucket] = rule
             if derived.renting.pop(bucket, None) is not None:  # its bound rent call goes with it
                 derived.runners.pop(bucket, None)
             want = (decided or rule).partition("#")[0]
-            if rent and not capturing and self._renting(want):
+            if rent and not capturing and self._renting(want, pattern):
                 derived.decided[bucket] = False
                 derived.renting[bucket] = want  # _run binds a call that pays the rent (_rent_runner)
                 derived.choices[bucket] = "dense"
@@ -676,7 +677,7 @@ class SparseLinear(nn.Module):
             if decided is not None:
                 route, sample = decided, None
             else:
-                route, sample = table.choose(key, list(self._candidates(n, rule)), rule, x.device, size=n)
+                route, sample = table.choose(key, self._candidates(n, rule, pattern), rule, x.device, size=n)
             decided = table.decided(key) is not None
             derived.decided[bucket] = decided
         if capturing and route.partition("#")[0] not in derived.forms and route not in ("csr", "expand"):
@@ -687,16 +688,17 @@ class SparseLinear(nn.Module):
             derived.pinned.add(route.partition("#")[0])
         return route, sample
 
-    def _runs_here(self, route: str) -> bool:
+    def _runs_here(self, route: str, pattern: Optional[_forms.Pattern] = None) -> bool:
         """Whether a decided route names a form this layer can run with this build on this device (a tuning
         cache file may hold another build's decisions for the same GPU and signature). Token limits are speed
         rules, not checked here; off CUDA the 2:4 form runs as its reference, as a forced format="2:4" does."""
         name = route.partition("#")[0]
         if name not in _forms.FORM_NAMES:
             return False
-        return _forms.applicable(self._pattern()).get(name) is None or (name == "2:4" and not self.values.is_cuda)
+        available = _forms.applicable(pattern or self._pattern())
+        return available.get(name) is None or (name == "2:4" and not self.values.is_cuda)
 
-    def _renting(self, name: str) -> bool:
+    def _renting(self, name: str, pattern: Optional[_forms.Pattern] = None) -> bool:
         """Whether this call runs dense because the form ``name``, not held yet, has not repaid its
         build: each call that wants it adds what it would have gained (pruned/rule.py: build_cost, gain), and
         it is built once that reaches its build cost. A form that repays its build within a few calls
@@ -704,7 +706,7 @@ class SparseLinear(nn.Module):
         derived = self._derived
         if name in derived.forms:
             return False
-        pattern = self._pattern()
+        pattern = pattern or self._pattern()
         if not _rule.rents(name, pattern):
             return False
         return _pay_rent(derived, name, _rule.gain(name, pattern), _rule.build_cost(name, pattern))
