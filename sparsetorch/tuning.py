@@ -227,7 +227,11 @@ class Tuner:
             self._decide(key, entry, min(medians, key=medians.get), "sampled")
 
     def _best(self, entry: _Entry, offered: Sequence[str], rule: str) -> str:
-        timed = {n: min(costs) for n in offered for costs in [entry.costs(entry.candidates[n])] if costs}
+        timed = {}
+        for name in offered:
+            costs = entry.costs(entry.candidates[name])
+            if costs:
+                timed[name] = min(costs)
         return min(timed, key=timed.get) if timed else rule
 
     def _poll(self) -> None:

@@ -582,13 +582,13 @@ class SparseLinear(nn.Module):
 
     # --- choosing and running -----------------------------------------------------------------------
 
-    def _candidates(self, n: int, rule: str, pattern: Optional[_forms.Pattern] = None) -> List[str]:
+    def _candidates(self, n: int, rule: str, pattern: _forms.Pattern) -> List[str]:
         """What an undecided call of n tokens may sample without building anything: the rule's form and the
         forms the neighbouring buckets (n/2, 2n) take, where the layer holds them and they apply at n
         (crossovers fall between neighbours, and a form never sampled far from where it wins costs no more
         than a few steady calls). A compact layer samples nothing (_choose)."""
         derived = self._derived
-        available = _forms.applicable(pattern or self._pattern(), n)
+        available = _forms.applicable(pattern, n)
         bucket = _bucket(n)
         out = [rule]
         for neighbour in (bucket // 2, bucket * 2):
@@ -604,7 +604,7 @@ class SparseLinear(nn.Module):
             return _rule.compact_choice(self.stored_format, _StoredPattern(self), n)
         if self.format != "auto":
             return self._forced(n)
-        pattern = pattern or self._pattern()
+        pattern = self._pattern() if pattern is None else pattern
         return _rule.first_choice(pattern, n, _forms.applicable(pattern, n))
 
     def _forced(self, n: int) -> str:
@@ -695,10 +695,10 @@ class SparseLinear(nn.Module):
         name = route.partition("#")[0]
         if name not in _forms.FORM_NAMES:
             return False
-        available = _forms.applicable(pattern or self._pattern())
+        available = _forms.applicable(self._pattern() if pattern is None else pattern)
         return available.get(name) is None or (name == "2:4" and not self.values.is_cuda)
 
-    def _renting(self, name: str, pattern: Optional[_forms.Pattern] = None) -> bool:
+    def _renting(self, name: str, pattern: _forms.Pattern) -> bool:
         """Whether this call runs dense because the form ``name``, not held yet, has not repaid its
         build: each call that wants it adds what it would have gained (pruned/rule.py: build_cost, gain), and
         it is built once that reaches its build cost. A form that repays its build within a few calls
@@ -706,7 +706,6 @@ class SparseLinear(nn.Module):
         derived = self._derived
         if name in derived.forms:
             return False
-        pattern = pattern or self._pattern()
         if not _rule.rents(name, pattern):
             return False
         return _pay_rent(derived, name, _rule.gain(name, pattern), _rule.build_cost(name, pattern))
@@ -958,8 +957,7 @@ class SparseLinear(nn.Module):
         # that rent, as these are (build_when_repaid is captured).
         if not torch.compiler.is_compiling():
             derived = self._derived
-            n = x.shape[0]
-            call = derived.runners.get(1 << (n - 1).bit_length() if n > 0 else 0)  # _bucket(n)
+            call = derived.runners.get(_bucket(x.shape[0]))
             if call is not None:
                 check = derived.check
                 if check is not None and check(x):
