@@ -188,9 +188,9 @@ def test_e2e_suite_is_left_out_on_cpu_and_its_rows_make_a_headline(capsys, tmp_p
 
 
 def test_e2e_job_runs_its_model_end_to_end_on_cpu():
-    """The e2e job's plumbing on a tiny model in eager mode (the suite runs it on CUDA only): pruning with
-    calibration, st.nn.prepare and compact, the decode loop; rows for both sides with tokens/s, the weights'
-    bytes (compact 2:4 at most 0.6x dense's) and ratios against dense."""
+    """The e2e job's plumbing on a tiny model, eager and compiled (the suite runs it on CUDA only): pruning with
+    calibration, st.nn.prepare and compact, the decode loop (a compiled module as its step); rows for both
+    sides with tokens/s, the weights' bytes (compact 2:4 at most 0.6x dense's) and ratios against dense."""
     import torch
     from benchmarks.suites.common import Context
     from benchmarks.suites.decode import TINY
@@ -198,11 +198,11 @@ def test_e2e_job_runs_its_model_end_to_end_on_cpu():
 
     ctx = Context(torch.device("cpu"), None, None, True, None)
     rows = _e2e_job(ctx, shape=TINY, name="tiny", layers=1, vocab=64, max_len=8, tokens=4, batches=(1, 2),
-                    modes=("eager",))()
-    assert [(r["batch"], r["impl"]) for r in rows] == [(1, "dense"), (1, "sparsetorch compact"), (2, "dense"),
-                                                       (2, "sparsetorch compact")]
+                    modes=("eager", "compiled"))()
+    assert [(r["batch"], r["mode"], r["impl"]) for r in rows] == [
+        (b, m, impl) for b in (1, 2) for m in ("eager", "compiled") for impl in ("dense", "sparsetorch compact")]
     for r in rows:
-        assert r["suite"] == "e2e" and r["case"] == f"e2e causal LM, 1 tiny layers 2:4, batch {r['batch']}, eager"
+        assert r["suite"] == "e2e" and r["case"] == f"e2e causal LM, 1 tiny layers 2:4, batch {r['batch']}, {r['mode']}"
         assert r["tokens_per_s"] > 0 and r["vs_dense"] > 0
     dense, sparse = rows[0]["linear_weight_bytes"], rows[1]["linear_weight_bytes"]
     assert 0 < sparse <= 0.6 * dense

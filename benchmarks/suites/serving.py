@@ -417,7 +417,7 @@ class CausalLM(nn.Module):
 
 def _decode(model: CausalLM, batch: int, tokens: int, device, step=None) -> float:
     """Seconds to decode ``tokens`` tokens greedily from token 1 at position 0 (caches zeroed first)."""
-    step = step or model
+    step = model if step is None else step  # (a compiled module has no truth value: OptimizedModule.__len__)
     for attn in model.attn:
         attn.k_cache.zero_()
         attn.v_cache.zero_()
