@@ -536,8 +536,10 @@ class SparseLinear(nn.Module):
         self._stamp(derived)
         return derived
 
-    def _pattern(self) -> _forms.Pattern:
-        derived = self._refresh()
+    def _pattern(self, derived: Optional[_Derived] = None) -> _forms.Pattern:
+        """The pattern's analysis. ``derived``: the state a caller has just refreshed (the slow path refreshes
+        once per call: each refresh reads 6 tensors' versions and addresses, ~2.7 us on the CI CPU)."""
+        derived = self._refresh() if derived is None else derived
         if derived.pattern is None:
             if self.stored_format is not None:
                 raise RuntimeError("a compact layer has no pattern to analyse")
@@ -619,9 +621,11 @@ class SparseLinear(nn.Module):
                 raise ValueError(f"format '2:4': {reason}")
         return fmt
 
-    def _form(self, name: str, device: torch.device):
-        """The form ``name``, built now if the layer does not hold it (never during a graph capture)."""
-        derived = self._refresh()  # current (a first use replaces it), so the form is stored where it is read
+    def _form(self, name: str, device: torch.device, derived: Optional[_Derived] = None):
+        """The form ``name``, built now if the layer does not hold it (never during a graph capture).
+        ``derived``: as for _pattern."""
+        # current (a first use replaces it), so the form is stored where it is read
+        derived = self._refresh() if derived is None else derived
         form = derived.forms.get(name)
         if form is not None:
             return form
@@ -659,7 +663,7 @@ class SparseLinear(nn.Module):
             derived.decided[bucket] = True
         else:
             key = self._tuning_key(bucket)
-            pattern = self._pattern()  # current: _run refreshed the derived state (one pass, not one per use)
+            pattern = self._pattern(derived)  # _run refreshed the derived state
             rule = self._rule(n, pattern)
             table = tuner("linear")
             decided = table.decided(key)
@@ -723,9 +727,10 @@ class SparseLinear(nn.Module):
         """The call of ``route`` with the layer's epilogue bound: y = call(x2). ``decided``: the bucket's
         bound call (not a sample, not prepare()'s timing), where the 2:4 form defers new cuSPARSELt plans."""
         name, _, alg = route.partition("#")
+        derived = self._derived  # current: both callers (_run, prepare) refreshed it
         bias, act, slope = self._parameters.get("bias"), self.activation, self.negative_slope
         if name == "2:4" and decided and self.stored_format is None and self.format == "auto":
-            return self._sparse24_call(int(alg) if alg else self._derived.algs.get(bucket, -1), bias, act, slope)
+            return self._sparse24_call(int(alg) if alg else derived.algs.get(bucket, -1), bias, act, slope)
         if name == "expand":
             form = self._stored_form()
             derived = self._derived
@@ -736,9 +741,9 @@ class SparseLinear(nn.Module):
                 return _forms.DenseForm(dense)(a, bias, act, slope)
 
             return expand_call
-        form = self._stored_form() if name == self.stored_format else self._form(name, x.device)
+        form = self._stored_form() if name == self.stored_format else self._form(name, x.device, derived)
         if name == "2:4":
-            code = int(alg) if alg else self._derived.algs.get(bucket, -1)
+            code = int(alg) if alg else derived.algs.get(bucket, -1)
             return lambda a: form(a, bias, act, slope, code)
         if name == "dense" and act == "none":  # torch's linear with positional arguments (0.2 us less than a
             return _linear_call(form.weight, bias)  # partial's keywords on this CPU)
@@ -756,7 +761,7 @@ class SparseLinear(nn.Module):
         a form not held yet runs on the dense one."""
         derived = self._derived
         shape = (self.out_features, self.in_features)
-        residual = bool(self._pattern().residual24)
+        residual = bool(self._pattern(derived).residual24)
 
         def call(a):
             dense = derived.forms.get("dense")
