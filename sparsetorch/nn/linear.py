@@ -733,7 +733,7 @@ class SparseLinear(nn.Module):
             return self._sparse24_call(int(alg) if alg else derived.algs.get(bucket, -1), bias, act, slope)
         if name == "expand":
             form = self._stored_form()
-            derived = self._derived
+            derived = self._derived  # _stored_form replaces the state where the stored tensors changed
 
             def expand_call(a, form=form, derived=derived):
                 dense = form.to_dense()
