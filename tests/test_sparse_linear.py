@@ -489,23 +489,25 @@ def test_prepare_model_shares_a_signature_between_compact_layers():
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_READY and sparse24.available() else []))
 def test_prepare_model_prepares_each_layer_forced_to_a_format(device):
-    """Layers forced to a format record no decision in the tuner: st.nn.prepare prepares each (on CUDA its
-    2:4 algorithm search per bucket, else searched on the bucket's first call), and an "auto" layer of the
-    same signature after them still times its buckets."""
+    """Layers forced to a format record no decision in the tuner: st.nn.prepare prepares each (a forced
+    "2:4" runs the 2:4 decode kernel up to 16 tokens on CUDA, else cuSPARSELt, whose algorithm prepare
+    searches per bucket), and an "auto" layer of the same signature after them still times its buckets."""
     torch.manual_seed(5)
     base = torch.nn.Linear(64, 64, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     forced = [st.nn.SparseLinear.from_dense(base, scheme="2:4", format="2:4") for _ in range(2)]
     auto = st.nn.SparseLinear.from_dense(base, scheme="2:4")
     model = torch.nn.Sequential(*forced, auto)
     assert forced[0]._tuning_key(1) == auto._tuning_key(1)  # one signature
-    out = st.nn.prepare(model, [1, 16], progress=False)
-    assert out["0"] == out["1"] == {1: "2:4", 16: "2:4"}
-    assert set(forced[1]._derived.algs) == {1, 16}
-    assert set(out["2"]) == {1, 16} and len(st.tuning_table(kind="linear")) == 2
-    x = torch.randn(16, 64, device=device, dtype=base.weight.dtype)
+    out = st.nn.prepare(model, [1, 16, 64], progress=False)
+    few = "2:4 decode" if device == "cuda" else "2:4"
+    assert out["0"] == out["1"] == {1: few, 16: few, 64: "2:4"}
+    assert set(forced[1]._derived.algs) == ({64} if device == "cuda" else {1, 16, 64})
+    assert set(out["2"]) == {1, 16, 64} and len(st.tuning_table(kind="linear")) == 3
     with torch.no_grad():
-        for layer in model:
-            assert _rel(layer(x), _ref(layer, x)) < (2e-2 if device == "cuda" else 1e-5)
+        for n in (16, 64):
+            x = torch.randn(n, 64, device=device, dtype=base.weight.dtype)
+            for layer in model:
+                assert _rel(layer(x), _ref(layer, x)) < (2e-2 if device == "cuda" else 1e-5)
 
 
 def test_prepare_keeps_its_own_and_a_cache_files_decisions_and_builds_their_forms(tmp_path, monkeypatch):
