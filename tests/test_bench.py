@@ -192,11 +192,12 @@ def test_e2e_job_runs_its_model_end_to_end_on_cpu():
     calibration, st.nn.prepare and compact, the decode loop (a compiled module as its step); rows for both
     sides with tokens/s, the weights' bytes (compact 2:4 at most 0.6x dense's) and ratios against dense."""
     import torch
+    from benchmarks.harness import Ceilings
     from benchmarks.suites.common import Context
     from benchmarks.suites.decode import TINY
     from benchmarks.suites.serving import _e2e_job
 
-    ctx = Context(torch.device("cpu"), None, None, True, None)
+    ctx = Context(torch.device("cpu"), None, Ceilings(bandwidth=1e11, gemm={"float32": 1e12}), True, None)
     rows = _e2e_job(ctx, shape=TINY, name="tiny", layers=1, vocab=64, max_len=8, tokens=4, batches=(1, 2),
                     modes=("eager", "compiled"))()
     assert [(r["batch"], r["mode"], r["impl"]) for r in rows] == [
@@ -206,6 +207,11 @@ def test_e2e_job_runs_its_model_end_to_end_on_cpu():
         assert r["tokens_per_s"] > 0 and r["vs_dense"] > 0
     dense, sparse = rows[0]["linear_weight_bytes"], rows[1]["linear_weight_bytes"]
     assert 0 < sparse <= 0.6 * dense
+    # the floor: the stored weights, the lm_head and the KV cache once per step, at the given bandwidth
+    head_and_cache = 2 * (64 * TINY.hidden + 2 * (2 * TINY.kv_heads * 8 * TINY.head_dim))  # bf16; k, v at batch 2
+    for r, weights in ((rows[-2], dense), (rows[-1], sparse)):
+        assert r["batch"] == 2 and r["floor_ms"] == pytest.approx(4 * (weights + head_and_cache) / 1e11 * 1e3)
+        assert r["of_floor"] == pytest.approx(r["floor_ms"] / r["time_ms"])
 
 
 def test_serving_causal_lm_decodes_like_a_reference_on_cpu():

@@ -47,11 +47,13 @@ dense (``held_vs_dense``) and against the smallest form (``held_vs_smallest``: t
 bytes), ``peak_transient_bytes`` (a compact layer's dense expansion). The floor is not a useful bound for a
 sequence of first calls: none is given.
 
-**End to end** (its own suite, ``--suites e2e``, CUDA only; compilation takes minutes): a causal LM with
+**End to end** (its own suite, ``--suites e2e``, CUDA only; 40 s on an H100, compilation included): a causal LM with
 random weights in the Llama-3 layout (2 layers of Llama-3-8B's shapes, vocabulary 32000, a static KV cache of
 512 positions), Wanda-pruned to 2:4 with calibration data, prepared and compacted, decoding 256 tokens
 greedily at batch sizes 1 and 16, eager and compiled (``torch.compile(mode="reduce-overhead")``), against the
-dense model run the same ways: tokens/s and the bytes of the linear layers' weights.
+dense model run the same ways: tokens/s and the bytes of the linear layers' weights; the floor: every weight
+(the linear layers' stored bytes, the lm_head) and the whole KV cache read once per step at the measured copy
+bandwidth.
 """
 from __future__ import annotations
 
@@ -433,6 +435,16 @@ def _decode(model: CausalLM, batch: int, tokens: int, device, step=None) -> floa
     return time.perf_counter() - t0
 
 
+def _decode_step_bytes(model: CausalLM, linear_bytes: int) -> float:
+    """The bytes one decode step reads at least: every weight once (the linear layers' stored bytes, the
+    lm_head) and the whole KV cache (attention reads every position, masked). Norms, activations and the
+    embedding rows are under 0.1% of it; the flops (2 per weight and token: 16 GFLOP a step at batch 16)
+    take under 5% of the bytes' time on these GPUs, so the floor is the bytes'."""
+    head = model.head.numel() * model.head.element_size()
+    cache = sum(b.numel() * b.element_size() for a in model.attn for b in (a.k_cache, a.v_cache))
+    return float(linear_bytes + head + cache)
+
+
 def _e2e_job(ctx: Context, shape=LLAMA3_8B, name: str = "Llama-3-8B", layers: int = 2, vocab: int = 32000,
              max_len: int = 512, tokens: int = 256, batches=(1, 16), modes=("eager", "compiled")) -> Job:
     """The suite's model (module docstring); the arguments shrink it for the CPU test of its plumbing."""
@@ -471,11 +483,16 @@ def _e2e_job(ctx: Context, shape=LLAMA3_8B, name: str = "Llama-3-8B", layers: in
                     _decode(model, batch, 3, ctx.device, step)  # warm-up (and compilation)
                     compile_s = time.perf_counter() - t_compile
                     seconds = _decode(model, batch, tokens, ctx.device, step)
-                    rows.append({"suite": "e2e", "case": f"e2e causal LM, {layers} {name} layers 2:4, "
-                                 f"batch {batch}, {mode}", "impl": impl, "dtype": "bfloat16", "batch": batch,
-                                 "mode": mode, "time_ms": seconds * 1e3, "tokens_per_s": batch * tokens / seconds,
-                                 "warmup_s": compile_s, "linear_weight_bytes": dense_bytes if impl == "dense"
-                                 else sparse_bytes})
+                    linear_bytes = dense_bytes if impl == "dense" else sparse_bytes
+                    row = {"suite": "e2e", "case": f"e2e causal LM, {layers} {name} layers 2:4, batch {batch}, "
+                           f"{mode}", "impl": impl, "dtype": "bfloat16", "batch": batch, "mode": mode,
+                           "time_ms": seconds * 1e3, "tokens_per_s": batch * tokens / seconds, "warmup_s": compile_s,
+                           "linear_weight_bytes": linear_bytes}
+                    if ctx.ceilings is not None:
+                        floor = tokens * ctx.ceilings.floor(_decode_step_bytes(model, linear_bytes), 0.0, "bfloat16")
+                        row.update(floor_ms=floor * 1e3, of_floor=floor / seconds,
+                                   floor_tokens_per_s=batch * tokens / floor)
+                    rows.append(row)
             torch._dynamo.reset()
         dense_rows = {r["case"]: r["time_ms"] for r in rows if r["impl"] == "dense"}
         for r in rows:
@@ -500,7 +517,7 @@ def e2e_suite(ctx: Context) -> List[Job]:
         ctx.leave_out("e2e (the whole suite)", "CUDA only: Llama-3-8B's layer shapes in bf16, decoding under CUDA "
                       "graphs")
         return []
-    return [_e2e_job(ctx, batches=(batch,)) for batch in (1, 16)]  # a job each: a run cut short keeps batch 1's rows
+    return [_e2e_job(ctx, batches=(batch,)) for batch in (1, 16)]  # a job each: a run cut short keeps the first
 
 
 def headlines(rows: List[dict]) -> List[str]:
@@ -512,7 +529,9 @@ def headlines(rows: List[dict]) -> List[str]:
             mib = {impl: r["linear_weight_bytes"] / 2**20 for impl, r in (("dense", dense), ("sparse", sparse))}
             lines.append(f"{case}: sparsetorch compact {sparse['tokens_per_s']:.0f} tokens/s against dense "
                          f"{dense['tokens_per_s']:.0f} ({sparse['vs_dense']:.2f}x); linear weights "
-                         f"{mib['sparse']:.0f} MiB against {mib['dense']:.0f} MiB")
+                         f"{mib['sparse']:.0f} MiB against {mib['dense']:.0f} MiB"
+                         + (f"; {sparse['of_floor']:.0%} / {dense['of_floor']:.0%} of their byte floors"
+                            if "of_floor" in sparse and "of_floor" in dense else ""))
     for case in dict.fromkeys(r["case"] for r in rows if r.get("suite") == "serving"):
         got = {r["impl"]: r for r in rows if r.get("case") == case}
         parts = []
