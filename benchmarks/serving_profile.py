@@ -1,6 +1,6 @@
 """Where the serving suite's first pass goes (benchmarks/suites/serving.py; issue 63), one run each:
 
-    python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table] [--call-kinds]
+    python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table] [--call-kinds] [--samples]
 
 For each MLP case: the dense sequence (after its untimed warm-up), then fresh SparseLinear layers over the
 sequence twice, in default mode, with the tuning cache file that the default mode saved, and prepared
@@ -11,6 +11,10 @@ the calls whose first-pass cost exceeds their second-pass cost the most.
 ``--table``: torch.profiler over a third, cache-file first pass (host ops by self CPU time).
 ``--call-kinds``: each pass's calls grouped by what the layer did (CallKinds): count, time and ratio to dense's
 same calls. Its bookkeeping runs inside the calls' event spans (a few us each, both passes alike).
+``--samples``: after the default mode's passes, each bucket the tuner sampled (two or more candidates): its
+decision, rule and largest count, every counted sample as (tokens, us), and each candidate form's time alone
+at the bucket's smallest and largest counts (``st.timing.time_call``, clean L2): whether the samples saw what
+the forms cost.
 """
 from __future__ import annotations
 
@@ -73,12 +77,13 @@ def _by_kind(watched, dense_costs, costs) -> str:
                                           for kind, (c, t, d) in sorted(groups.items(), key=lambda g: -g[1][1])))
 
 
-def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool = False) -> None:
+def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool = False, samples: bool = False
+                 ) -> None:
     _, seed, sparsity, scheme = serving.MLP_CASES[case]
     weights = serving._mlp_weights(ctx, seed)
     kinds = list(weights)
     dtype = weights["gate"].dtype
-    pool, _ = serving.input_pools(ctx, steps, weights)
+    pool, pool_inner = serving.input_pools(ctx, steps, weights)
     fresh = lambda: serving.fresh_layers(weights, sparsity, scheme)  # noqa: E731
     serving._warm_libraries(ctx, dtype)
     dense = [serving._dense_linear(layer.to_dense().detach()) for layer in fresh()]
@@ -104,6 +109,8 @@ def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool =
             kinds_of_pass.append(_by_kind(watched, dense_costs, passes[-1][1]) if call_kinds else None)
         if mode == "default":
             st.save_tuning_cache(cache)
+            if samples:
+                _sampled_buckets(ctx, kinds, layers, {"gate": pool, "up": pool, "down": pool_inner})
         st.set_tuning_cache(None)
         for i, (total, costs) in enumerate(passes):
             calls = sum(map(sum, costs))
@@ -137,6 +144,40 @@ def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool =
 RANGES = ((1, 2), (3, 8), (9, 16), (17, 32), (33, 64), (65, 4096))
 
 
+def _sampled_buckets(ctx: Context, kinds, layers, inputs) -> None:
+    """Each sampled tuner entry of these layers (layers of one signature share theirs: gate and up): decision,
+    rule, largest count, the counted samples (tokens, us), and each candidate form timed alone at the bucket's
+    smallest and largest counts."""
+    signatures = {}
+    for kind, layer in zip(kinds, layers):
+        signatures.setdefault(layer._tuning_key(0)[:-1], (kind, layer))
+    found = 0
+    for entry in tuner("linear").entries():
+        kind, layer = signatures.get(tuple(entry["key"][:-1]), (None, None))
+        if layer is None or len(entry["candidates"]) < 2:
+            continue
+        found += 1
+        bucket = entry["key"][-1]
+        seen = {name: [(round(size), round(ms * 1e3)) for ms, size in zip(c["costs_ms"], c["sizes"])]
+                for name, c in entry["candidates"].items()}
+        alone = []
+        layer._refresh()  # _runner reads the current state
+        with torch.no_grad():
+            for n in sorted({bucket // 2 + 1, bucket}):
+                x = inputs[kind][:n].contiguous()
+                for name in entry["candidates"]:
+                    if name.partition("#")[0] not in layer._derived.forms:
+                        continue  # not built: a sample never ran it
+                    call = layer._runner(name, x, bucket)
+                    ms = st.timing.time_call(lambda: call(x), ctx.device, l2="clean", budget_ms=2.0, min_reps=3,
+                                             max_reps=20)
+                    alone.append(f"{name} at {n}: {ms * 1e3:.0f}")
+        print(f"  sampled {kind} bucket {bucket}: decided {entry['route']} (rule {entry['rule']}, largest count "
+              f"{entry['top_size']:.0f}); samples (tokens, us) {seen}; alone (us): {', '.join(alone)}")
+    if not found:
+        print("  sampled: no bucket had two candidates")
+
+
 def _by_range(steps, kinds, dense_costs, pass_costs) -> None:
     """Calls' event time per token-count range and layer, dense against each pass: where a pass gains or loses."""
     for lo, hi in RANGES:
@@ -157,6 +198,7 @@ def main(argv=None):
     ap.add_argument("--cases", default="2:4,90%,70%", help="comma-separated: 2:4, 90%%, 70%%")
     ap.add_argument("--table", action="store_true", help="torch.profiler over a cache-file first pass")
     ap.add_argument("--call-kinds", action="store_true", help="each pass's calls by what the layer did")
+    ap.add_argument("--samples", action="store_true", help="each sampled bucket's samples against its forms alone")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -167,7 +209,7 @@ def main(argv=None):
     for case in args.cases.split(","):
         if case not in serving.MLP_CASES:
             ap.error(f"unknown case {case!r}; choose from {', '.join(serving.MLP_CASES)}")
-        profile_case(ctx, case, steps, args.table, args.call_kinds)
+        profile_case(ctx, case, steps, args.table, args.call_kinds, args.samples)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,26 @@ def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
         assert {kind.split("+")[0] for kind, _ in groups} <= {"bound", "bound, renting", "first", "undecided"}
 
 
+def test_serving_profile_samples_shows_each_sampled_bucket_against_its_forms_alone(monkeypatch, capsys):
+    """serving_profile --samples: every bucket the tuner sampled (two candidates offered: on the CPU the layer
+    offers one, so the test offers both CSR and dense) with its decision, its counted samples and each
+    candidate timed alone at the bucket's ends."""
+    import sparsetorch as st
+    from benchmarks.serving_profile import main
+
+    monkeypatch.setattr(st.nn.SparseLinear, "_candidates",
+                        lambda self, n, rule, pattern: [rule] + [f for f in ("dense", "csr") if f != rule])
+    main(["--device", "cpu", "--cases", "90%", "--samples"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  sampled ")]
+    assert {line.split(" bucket ")[0] for line in lines} == {"  sampled gate", "  sampled down"}  # up shares gate's
+    for line in lines:
+        bucket = int(line.split(" bucket ")[1].split(":")[0])
+        assert "decided " in line and "samples (tokens, us) {'" in line
+        alone = line.split("alone (us): ")[1]
+        for form in ("dense", "csr"):
+            assert f"{form} at {bucket}: " in alone and f"{form} at {bucket // 2 + 1}: " in alone
+
+
 def test_e2e_suite_is_left_out_on_cpu_and_its_rows_make_a_headline(capsys, tmp_path):
     """The end-to-end model's suite runs on CUDA only (said at the end of a CPU run, nothing raised); its rows'
     headline gives tokens/s and weight bytes against dense."""
