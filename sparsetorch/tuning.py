@@ -68,9 +68,9 @@ MAX_IN_FLIGHT = 64  # samples whose events are not read yet, per table; beyond i
 # Samples count from this fraction of the largest size a signature has run. SparseLinear's bucket (n/2, n]
 # spans 2x in tokens, and the 2:4 decode kernel's time steps per 8 tokens while dense's is flat (it takes
 # 0.71-0.88x dense's time at 16 tokens, 1.3x at 32 on a wide weight: pruned/rule.py), so medians of samples at
-# mixed counts decide by which counts came (the likely cause of a 4096 x 14336 weight taking it at 17-32 tokens,
-# 0.43-0.66x dense, H200). Sparse forms lose ground to dense as tokens grow: judged at the top of a bucket, a
-# form is kept only where it wins over the whole bucket.
+# mixed counts decide by which counts came. Sparse forms lose ground to dense as tokens grow: judged near the
+# largest count so far, a form is kept only where it wins there. (It did not stop the serving sequence's
+# layers taking the decode kernel at 17-64 tokens where it loses: docs/tuning.md, item 3.)
 SIZE_WINDOW = 0.75
 
 # The spmm signature's fields in order (csrc/common/spmm_tuning.h, enum Field).

@@ -47,13 +47,13 @@ dense (``held_vs_dense``) and against the smallest form (``held_vs_smallest``: t
 bytes), ``peak_transient_bytes`` (a compact layer's dense expansion). The floor is not a useful bound for a
 sequence of first calls: none is given.
 
-**End to end** (its own suite, ``--suites e2e``, CUDA only; 40 s on an H100, compilation included): a causal LM with
-random weights in the Llama-3 layout (2 layers of Llama-3-8B's shapes, vocabulary 32000, a static KV cache of
-512 positions), Wanda-pruned to 2:4 with calibration data, prepared and compacted, decoding 256 tokens
-greedily at batch sizes 1 and 16, eager and compiled (``torch.compile(mode="reduce-overhead")``), against the
-dense model run the same ways: tokens/s and the bytes of the linear layers' weights; the floor: every weight
-(the linear layers' stored bytes, the lm_head) and the whole KV cache read once per step at the measured copy
-bandwidth.
+**End to end** (its own suite, ``--suites e2e``, CUDA only; 40 s on an H100, compilation included): a
+causal LM with random weights in the Llama-3 layout (2 layers of Llama-3-8B's shapes, vocabulary 32000, a
+static KV cache of 512 positions), Wanda-pruned to 2:4 with calibration data, prepared and compacted, decoding
+256 tokens greedily at batch sizes 1 and 16, eager and compiled (``torch.compile(mode="reduce-overhead")``),
+against the dense model run the same ways: tokens/s and the bytes of the linear layers' weights; the floor:
+every weight (the linear layers' stored bytes, the lm_head) and the whole KV cache read once per step at the
+measured copy bandwidth.
 """
 from __future__ import annotations
 
@@ -438,8 +438,8 @@ def _decode(model: CausalLM, batch: int, tokens: int, device, step=None) -> floa
 def _decode_step_bytes(model: CausalLM, linear_bytes: int) -> float:
     """The bytes one decode step reads at least: every weight once (the linear layers' stored bytes, the
     lm_head) and the whole KV cache (attention reads every position, masked). Norms, activations and the
-    embedding rows are under 0.1% of it; the flops (2 per weight and token: 16 GFLOP a step at batch 16)
-    take under 5% of the bytes' time on these GPUs, so the floor is the bytes'."""
+    embedding rows are under 0.1% of it; the flops (2 per weight and token: 18 GFLOP a dense step at batch 16)
+    take under 6% of the bytes' time on an H100, so the floor is the bytes'."""
     head = model.head.numel() * model.head.element_size()
     cache = sum(b.numel() * b.element_size() for a in model.attn for b in (a.k_cache, a.v_cache))
     return float(linear_bytes + head + cache)
