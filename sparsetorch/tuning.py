@@ -7,8 +7,16 @@ device events read later without a sync (:class:`sparsetorch.timing.Sample`). Th
 both implementations below:
 
 * the first sample of each candidate is a warm-up and is discarded (cold code, workspaces);
-* after one counted sample each, candidates slower than ``PRUNE_FACTOR`` x the best are dropped;
-* once every survivor has ``SAMPLES`` counted samples, the signature is decided for the fastest median;
+* after one counted sample each, candidates slower than ``PRUNE_FACTOR`` x the best are dropped, but for the
+  rule's: one sample can carry a one-time cost (a library kernel loaded on its first use), and only the rule's
+  candidate is a choice the signature falls back on;
+* once every survivor has ``SAMPLES`` counted samples, the signature is decided for the fastest *minimum*
+  (ties: the rule's): a disturbance of a sample run as a real call (the GPU idle while the host launches,
+  a kernel loaded lazily, another stream's work) only adds time, so the smallest sample is the nearest to
+  the candidate's own cost (docs/tuning.md, item 3, gives the case that showed it);
+* the candidate handed out is the one with the fewest handed out, ties in an order that turns by one every
+  round: signatures called at fixed places in a step (a model's gate and up layers share one) have each
+  candidate sampled at each place, not one candidate always first on an idle GPU;
 * calls of one signature may differ in size (SparseLinear: the token counts of a bucket), and a candidate's
   time grows with the size at its own rate: only samples of sizes within ``SIZE_WINDOW`` of the largest
   size the signature has run count, smaller calls take the best so far without a sample, and a candidate
@@ -67,10 +75,9 @@ DEFAULT_CAPACITY = 4096
 MAX_IN_FLIGHT = 64  # samples whose events are not read yet, per table; beyond it calls take the best so far
 # Samples count from this fraction of the largest size a signature has run. SparseLinear's bucket (n/2, n]
 # spans 2x in tokens, and the 2:4 decode kernel's time steps per 8 tokens while dense's is flat (it takes
-# 0.71-0.88x dense's time at 16 tokens, 1.3x at 32 on a wide weight: pruned/rule.py), so medians of samples at
-# mixed counts decide by which counts came. Sparse forms lose ground to dense as tokens grow: judged near the
-# largest count so far, a form is kept only where it wins there. (It did not stop the serving sequence's
-# layers taking the decode kernel at 17-64 tokens where it loses: docs/tuning.md, item 3.)
+# 0.71-0.88x dense's time at 16 tokens, 1.3x at 32 on a wide weight: pruned/rule.py), so samples at mixed
+# counts decide by which counts came. Sparse forms lose ground to dense as tokens grow: judged near the
+# largest count so far, a form is kept only where it wins there.
 SIZE_WINDOW = 0.75
 
 # The spmm signature's fields in order (csrc/common/spmm_tuning.h, enum Field).
@@ -164,13 +171,16 @@ class Tuner:
                 return rule, None
             if len(self._pending) >= MAX_IN_FLIGHT or size < SIZE_WINDOW * entry.top:
                 return self._best(entry, offered, rule), None
-            # the candidate that still needs samples and has had the fewest handed out (rule first on ties)
+            # the candidate that still needs samples and has had the fewest handed out; ties in the order
+            # rule first, then the others, turned by one every round of handouts (the module docstring)
             wanted = self._wanted(entry)
             need = [name for name in offered if entry.candidates[name].issued < WARMUP_SAMPLES
                     or len(entry.costs(entry.candidates[name])) + entry.candidates[name].pending() < wanted]
             if not need:
                 return self._best(entry, offered, rule), None
-            order = {name: i for i, name in enumerate([rule] + [c for c in candidates if c != rule])}
+            names = [rule] + [c for c in entry.candidates if c != rule]
+            turn = sum(c.issued for c in entry.candidates.values()) // len(names)
+            order = {name: (i - turn) % len(names) for i, name in enumerate(names)}
             name = min(need, key=lambda c: (entry.candidates[c].issued, order.get(c, len(order))))
             entry.candidates[name].issued += 1
             entry.in_flight += 1
@@ -218,13 +228,17 @@ class Tuner:
         if any(not costs for costs in live.values()):
             return
         best = min(min(costs) for costs in live.values())
-        for name, costs in list(live.items()):  # pruning after one counted sample each
-            if min(costs) > PRUNE_FACTOR * best:
+        for name, costs in list(live.items()):  # pruning after one counted sample each, never the rule's
+            if name != entry.rule and min(costs) > PRUNE_FACTOR * best:
                 entry.candidates[name].dropped, entry.candidates[name].pruned_top = True, entry.top
                 del live[name]
         if all(len(costs) >= SAMPLES for costs in live.values()):
-            medians = {n: sorted(costs)[len(costs) // 2] for n, costs in live.items()}
-            self._decide(key, entry, min(medians, key=medians.get), "sampled")
+            self._decide(key, entry, self._fastest(entry, {n: min(c) for n, c in live.items()}), "sampled")
+
+    @staticmethod
+    def _fastest(entry: _Entry, least: Dict[str, float]) -> str:
+        """The candidate of the smallest minimum sample; the rule's on ties."""
+        return min(least, key=lambda n: (least[n], n != entry.rule))
 
     def _best(self, entry: _Entry, offered: Sequence[str], rule: str) -> str:
         timed = {}
@@ -232,7 +246,7 @@ class Tuner:
             costs = entry.costs(entry.candidates[name])
             if costs:
                 timed[name] = min(costs)
-        return min(timed, key=timed.get) if timed else rule
+        return self._fastest(entry, timed) if timed else rule
 
     def _poll(self) -> None:
         if not self._pending:

@@ -180,11 +180,10 @@ struct Entry {
   std::list<SpmmSignature>::iterator lru;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return std::numeric_limits<double>::infinity();
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+// A candidate's cost: its smallest counted sample (a disturbance of a sample only adds time; tuning.py's
+// module docstring).
+double least(const std::vector<double>& v) {
+  return v.empty() ? std::numeric_limits<double>::infinity() : *std::min_element(v.begin(), v.end());
 }
 
 bool offered(const std::vector<SpmmBackend>& candidates, SpmmBackend route) {
@@ -238,7 +237,8 @@ struct TuningTable::Impl {
     ++generation;
   }
 
-  // Prunes after one counted sample each; decides once every survivor has kSamples.
+  // Prunes after one counted sample each (never the rules' route, first); decides once every survivor has
+  // kSamples.
   void evaluate(Entry& e) {
     if (e.decided) return;
     std::vector<Candidate*> active;
@@ -254,9 +254,9 @@ struct TuningTable::Impl {
     }
     if (!e.pruned) {
       double best = std::numeric_limits<double>::infinity();
-      for (Candidate* c : active) best = std::min(best, *std::min_element(c->costs.begin(), c->costs.end()));
+      for (Candidate* c : active) best = std::min(best, least(c->costs));
       for (Candidate* c : active) {
-        if (*std::min_element(c->costs.begin(), c->costs.end()) > kPruneFactor * best) c->dropped = true;
+        if (c != &e.cands.front() && least(c->costs) > kPruneFactor * best) c->dropped = true;
       }
       e.pruned = true;
       active.erase(std::remove_if(active.begin(), active.end(), [](Candidate* c) { return c->dropped; }), active.end());
@@ -268,7 +268,7 @@ struct TuningTable::Impl {
     }
     Candidate* best = active.front();
     for (Candidate* c : active) {
-      if (median(c->costs) < median(best->costs)) best = c;  // ties: rotation order (the rules' route first)
+      if (least(c->costs) < least(best->costs)) best = c;  // ties: the rules' route (first)
     }
     set_decided(e, best->route);
   }
@@ -319,12 +319,18 @@ TuningChoice TuningTable::next(const SpmmSignature& sig, const std::vector<SpmmB
       return {rules, false};
     }
   }
-  // The next sample: the candidate with the fewest handed out, in rotation order, below the target
-  // (a warm-up and one counted sample each before the pruning, kSamples counted after it).
+  // The next sample: the candidate with the fewest handed out, below the target (a warm-up and one counted
+  // sample each before the pruning, kSamples counted after it); ties in rotation order, turned by one every
+  // round of handouts (signatures called at fixed places in a step get each route sampled at each place).
   const int target = kWarmupSamples + (e.pruned ? kSamples : 1);
+  const size_t n = e.cands.size();
+  size_t handed = 0;
+  for (const Candidate& c : e.cands) handed += static_cast<size_t>(c.issued);
+  const size_t turn = n ? handed / n : 0;
   Candidate* pick = nullptr;
   bool dropped_any = false;
-  for (Candidate& c : e.cands) {
+  for (size_t i = 0; i < n; ++i) {
+    Candidate& c = e.cands[(i + turn) % n];
     if (c.dropped || c.issued >= target) continue;
     if (!offered(candidates, c.route)) {
       if (++c.skipped > kMaxSkips) {
@@ -345,7 +351,7 @@ TuningChoice TuningTable::next(const SpmmSignature& sig, const std::vector<SpmmB
   const Candidate* best = nullptr;
   for (const Candidate& c : e.cands) {
     if (c.dropped || c.costs.empty() || !offered(candidates, c.route)) continue;
-    if (best == nullptr || median(c.costs) < median(best->costs)) best = &c;
+    if (best == nullptr || least(c.costs) < least(best->costs)) best = &c;
   }
   return {best ? best->route : rules, false};
 }

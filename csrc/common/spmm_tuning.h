@@ -89,8 +89,9 @@ double product_work(const SpmmProblem& p, const CsrAnalysis& a);
 // --- the table ------------------------------------------------------------------------------------
 
 constexpr int kWarmupSamples = 1;   // the first sample of each candidate is discarded (cold code, workspaces)
-constexpr int kSamples = 3;         // samples per surviving candidate before deciding (their median)
+constexpr int kSamples = 3;         // samples per surviving candidate before deciding (their minimum)
 constexpr double kPruneFactor = 2.0;  // after one sample each, candidates above this times the best are dropped
+                                      // (never the rules' route)
 constexpr int kMaxSkips = 16;       // a candidate the signature's matrices keep not offering is dropped
 constexpr int64_t kDefaultCapacity = 4096;
 

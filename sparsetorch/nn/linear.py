@@ -378,14 +378,14 @@ class SparseLinear(nn.Module):
 
     @property
     def route_times(self) -> Dict[int, Dict[str, float]]:
-        """Token-count bucket -> form -> milliseconds measured (samples' medians, or prepare()'s times)."""
+        """Token-count bucket -> form -> milliseconds measured (the smallest counted sample, which decides, or
+        prepare()'s time)."""
         out = {}
         table = tuner("linear")
         for bucket in self._derived.choices:
             for e in table.entries():
                 if e["key"] == self._tuning_key(bucket):
-                    out[bucket] = {n: sorted(c["costs_ms"])[len(c["costs_ms"]) // 2]
-                                   for n, c in e["candidates"].items() if c["costs_ms"]}
+                    out[bucket] = {n: min(c["costs_ms"]) for n, c in e["candidates"].items() if c["costs_ms"]}
         return out
 
     def memory(self) -> Dict[str, int]:
