@@ -1,6 +1,7 @@
 """Where the serving suite's first pass goes (benchmarks/suites/serving.py; issue 63), one run each:
 
     python -m benchmarks.serving_profile [--cases 2:4,90%,70%] [--table] [--call-kinds] [--samples]
+                                          [--dense-runs N] [--pin CPU]
 
 For each MLP case: the dense sequence (after its untimed warm-up), then fresh SparseLinear layers over the
 sequence twice, in default mode, with the tuning cache file that the default mode saved, and prepared
@@ -15,6 +16,10 @@ same calls. Its bookkeeping runs inside the calls' event spans (a few us each, b
 decision, rule and largest count, every counted sample as (tokens, us), and each candidate form's time alone
 at the bucket's smallest and largest counts (``st.timing.time_call``, clean L2): whether the samples saw what
 the forms cost.
+``--dense-runs N``: the dense sequence N times (the ratios take the median run): how far one process's host
+moves between runs of the same work (the serving suite's dense runs fell at ~60 or ~83 ms in one process on an
+H100 host, 2026-12-08). ``--pin CPU``: the process pinned to that CPU first (``os.sched_setaffinity``), to see
+whether the spread follows the scheduler's placement.
 """
 from __future__ import annotations
 
@@ -77,8 +82,8 @@ def _by_kind(watched, dense_costs, costs) -> str:
                                           for kind, (c, t, d) in sorted(groups.items(), key=lambda g: -g[1][1])))
 
 
-def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool = False, samples: bool = False
-                 ) -> None:
+def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool = False, samples: bool = False,
+                 dense_runs: int = 1) -> None:
     _, seed, sparsity, scheme = serving.MLP_CASES[case]
     weights = serving._mlp_weights(ctx, seed)
     kinds = list(weights)
@@ -88,10 +93,13 @@ def profile_case(ctx: Context, case: str, steps, table: bool, call_kinds: bool =
     serving._warm_libraries(ctx, dtype)
     dense = [serving._dense_linear(layer.to_dense().detach()) for layer in fresh()]
     serving._run_sequence(ctx, dense, True, steps, pool, None)  # cuBLAS's first call per shape, untimed
-    dense_total, dense_costs = serving._run_sequence(ctx, dense, True, steps, pool, None)
+    runs = [serving._run_sequence(ctx, dense, True, steps, pool, None) for _ in range(max(1, dense_runs))]
+    dense_total, dense_costs = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     dense_calls = sum(map(sum, dense_costs))
     print(f"\n{case}: dense {dense_total * 1e3:.1f} ms (calls {dense_calls * 1e3:.1f} ms, rest "
           f"{(dense_total - dense_calls) * 1e3:.1f} ms)", flush=True)
+    if len(runs) > 1:
+        print(f"  dense runs in order (ms): {', '.join(f'{r[0] * 1e3:.1f}' for r in runs)}", flush=True)
     cache = os.path.join(tempfile.mkdtemp(prefix="st-serving-profile-"), "tuning.json")
     for mode in ("default", "cache file", "prepared"):
         st.clear_tuning()
@@ -199,8 +207,13 @@ def main(argv=None):
     ap.add_argument("--table", action="store_true", help="torch.profiler over a cache-file first pass")
     ap.add_argument("--call-kinds", action="store_true", help="each pass's calls by what the layer did")
     ap.add_argument("--samples", action="store_true", help="each sampled bucket's samples against its forms alone")
+    ap.add_argument("--dense-runs", type=int, default=1, help="the dense sequence this many times (median taken)")
+    ap.add_argument("--pin", type=int, default=None, metavar="CPU", help="pin the process to this CPU first")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})
+        print(f"pinned to CPU {args.pin}")
     device = torch.device(args.device)
     ctx = Context(device, make_timer(device, True), None, True, None)
     steps = serving.serving_sequence(ctx.cuda)
@@ -209,7 +222,7 @@ def main(argv=None):
     for case in args.cases.split(","):
         if case not in serving.MLP_CASES:
             ap.error(f"unknown case {case!r}; choose from {', '.join(serving.MLP_CASES)}")
-        profile_case(ctx, case, steps, args.table, args.call_kinds, args.samples)
+        profile_case(ctx, case, steps, args.table, args.call_kinds, args.samples, args.dense_runs)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,23 @@ def test_serving_profile_reports_both_passes_of_each_mode_on_cpu(capsys):
         assert {kind.split("+")[0] for kind, _ in groups} <= {"bound", "bound, renting", "first", "undecided"}
 
 
+def test_serving_profile_dense_runs_and_pin(monkeypatch, capsys):
+    """--dense-runs N: the dense sequence N times, each total printed in order, the median run the baseline;
+    --pin CPU: the process pinned first (recorded here, not done: the test process keeps its CPUs)."""
+    import os
+
+    from benchmarks.serving_profile import main
+
+    pinned = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append((pid, set(cpus))))
+    main(["--device", "cpu", "--cases", "90%", "--dense-runs", "3", "--pin", "1"])
+    out = capsys.readouterr().out
+    assert pinned == [(0, {1})] and "pinned to CPU 1" in out
+    runs = [float(t) for t in out.split("dense runs in order (ms): ")[1].splitlines()[0].split(", ")]
+    dense = float(out.split("90%: dense ")[1].split(" ms")[0])
+    assert len(runs) == 3 and dense == sorted(runs)[1]
+
+
 def test_serving_profile_samples_shows_each_sampled_bucket_against_its_forms_alone(monkeypatch, capsys):
     """serving_profile --samples: every bucket the tuner sampled (two candidates offered: on the CPU the layer
     offers one, so the test offers both CSR and dense) with its decision, its counted samples and each
